@@ -1,0 +1,103 @@
+//! `pwrun`: pagewire's built-in launcher (DESIGN.md "Launching").
+//!
+//! `pwrun -n N [--timeout SECONDS] [--env KEY=VALUE]... [--] PROGRAM [ARGS]...` starts N
+//! local ranks of PROGRAM, serves their bootstrap, and takes the job down when a rank
+//! fails. The heavy lifting is `pagewire_transport::boot::launch`.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{anyhow, Result};
+use clap::Parser;
+use pagewire_transport::boot::{launch, LaunchConfig};
+use pagewire_transport::Error;
+
+/// Start N local ranks of PROGRAM under pagewire's built-in launcher.
+#[derive(Debug, Parser)]
+#[command(
+    name = "pwrun",
+    version,
+    about,
+    override_usage = "pwrun -n N [--timeout SECONDS] [--env KEY=VALUE]... [--] PROGRAM [ARGS]...",
+    after_help = "Exit status: 0 when every rank exits 0; else the first failing rank's \
+                  status (128+N if killed by signal N), 124 on timeout, 2 on bad usage."
+)]
+struct Cli {
+    /// Number of ranks to start.
+    #[arg(
+        short = 'n',
+        long = "np",
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    ranks: u32,
+
+    /// Stop the job after SECONDS (fractions allowed); the exit status is then 124.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_timeout)]
+    timeout: Option<Duration>,
+
+    /// Set KEY=VALUE in every rank's environment (repeatable).
+    #[arg(long = "env", value_name = "KEY=VALUE", value_parser = parse_env)]
+    env: Vec<(OsString, OsString)>,
+
+    /// The program every rank runs, followed by its arguments (passed through as is).
+    #[arg(
+        value_name = "PROGRAM",
+        required = true,
+        num_args = 1..,
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    command: Vec<OsString>,
+}
+
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    if secs.is_nan() || secs <= 0.0 {
+        return Err(format!("the timeout must be positive, got {s}"));
+    }
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("`{s}`: {e}"))
+}
+
+fn parse_env(s: &str) -> Result<(OsString, OsString), String> {
+    match s.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.into(), value.into())),
+        _ => Err(format!("`{s}` is not of the form KEY=VALUE")),
+    }
+}
+
+/// Runs the job; returns the exit status for `pwrun`.
+fn run(cli: Cli) -> Result<i32> {
+    let mut command = cli.command.into_iter();
+    let program = PathBuf::from(command.next().ok_or_else(|| anyhow!("no PROGRAM given"))?);
+    let cfg = LaunchConfig {
+        ranks: cli.ranks as usize,
+        program,
+        args: command.collect(),
+        timeout: cli.timeout,
+        env: cli.env,
+    };
+    let outcome = launch(&cfg).map_err(|e| match e {
+        Error::Launcher(msg) => anyhow!(msg),
+        e => anyhow!(e),
+    })?;
+    if let Some(message) = &outcome.message {
+        eprintln!("{message}");
+    }
+    Ok(outcome.exit_code)
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("pwrun: {e:#}");
+            2
+        }
+    };
+    std::process::exit(code);
+}

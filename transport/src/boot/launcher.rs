@@ -1,0 +1,782 @@
+//! The built-in launcher behind `pwrun` (DESIGN.md "Launching").
+//!
+//! [`launch`] starts N local ranks of a program, serves their bootstrap over a Unix socket
+//! (protocol in the `pwrun_client` module), supervises them, and cleans up after the job:
+//!
+//! - every rank gets `PAGEWIRE_JOB`, `PAGEWIRE_RANK`, `PAGEWIRE_SIZE`, `PAGEWIRE_BOOT`
+//!   (the socket) and `PAGEWIRE_LAUNCHER=pwrun`; stdout and stderr are inherited, stdin
+//!   goes to rank 0 only (the others read `/dev/null`);
+//! - every rank dies with `SIGKILL` if the launcher dies (`PR_SET_PDEATHSIG`);
+//! - the first rank to exit non-zero or by a signal is reported on stderr and the others
+//!   are stopped (`SIGTERM`, then `SIGKILL` after 2 s); the job's exit code is that rank's;
+//! - at the end, the socket and every `/dev/shm/pagewire-<job>-*` object are removed.
+
+use std::ffi::OsString;
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::pwrun_client::wire;
+use super::sys;
+use super::{ENV_BOOT, ENV_JOB, ENV_LAUNCHER, ENV_RANK, ENV_SIZE};
+use crate::error::{Error, Result};
+
+/// How often the supervisor looks at its children (it wakes earlier for connections).
+const POLL_INTERVAL: Duration = Duration::from_millis(10);
+/// Time between `SIGTERM` and `SIGKILL` when stopping a job.
+const TERM_GRACE: Duration = Duration::from_secs(2);
+/// Longest the launcher blocks writing to one rank before dropping its connection.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a rank's hello waits for its previous connection to be seen closed.
+const RECONNECT_PATIENCE: Duration = Duration::from_secs(2);
+/// How long a new connection may take to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Exit code of a job that ran out of time (as `timeout(1)`).
+const EXIT_TIMED_OUT: i32 = 124;
+/// Where POSIX shared-memory objects live.
+const SHM_DIR: &str = "/dev/shm";
+
+/// What to launch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Number of ranks (at least 1).
+    pub ranks: usize,
+    /// The program every rank runs; looked up in `PATH` if it has no slash.
+    pub program: PathBuf,
+    /// Arguments passed to every rank.
+    pub args: Vec<OsString>,
+    /// Stop the job (exit code 124) if it runs longer than this.
+    pub timeout: Option<Duration>,
+    /// Extra environment for every rank, on top of the launcher's own. The `PAGEWIRE_*`
+    /// bootstrap variables are set after these and cannot be overridden.
+    pub env: Vec<(OsString, OsString)>,
+}
+
+impl LaunchConfig {
+    /// `ranks` copies of `program` with no arguments, no timeout and no extra environment.
+    pub fn new(ranks: usize, program: impl Into<PathBuf>) -> Self {
+        LaunchConfig {
+            ranks,
+            program: program.into(),
+            args: Vec::new(),
+            timeout: None,
+            env: Vec::new(),
+        }
+    }
+}
+
+/// How a job ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobOutcome {
+    /// The job's exit code: 0 when every rank exited 0; else the first failing rank's
+    /// status (128 + signal number if it was killed), 124 on timeout, 128 + signal number
+    /// if the launcher itself was interrupted.
+    pub exit_code: i32,
+    /// The first rank that exited non-zero or was killed, if any.
+    pub failed_rank: Option<usize>,
+    /// A summary not yet printed (timeout, interruption, shared memory removed after a
+    /// failure). The failing rank's line, `pwrun: rank R (pid P) exited with status S`,
+    /// is printed to stderr by [`launch`] itself as soon as the failure is seen.
+    pub message: Option<String>,
+}
+
+impl JobOutcome {
+    /// True when every rank exited 0.
+    pub fn success(&self) -> bool {
+        self.exit_code == 0
+    }
+}
+
+/// Runs a job to completion: starts `cfg.ranks` ranks, serves their bootstrap, supervises
+/// them and cleans up (see the module documentation).
+///
+/// Returns `Err` only when the job could not be started or supervised (no ranks, program
+/// not found, socket not creatable); a job whose ranks fail is an `Ok` outcome with a
+/// non-zero exit code. While it runs, SIGINT, SIGTERM and SIGHUP of this process stop
+/// the job (cleanly) instead of killing the launcher. Must be called from a thread that
+/// stays alive for the call (it is: the call blocks until every rank is reaped), because
+/// the ranks' parent-death signal is tied to the spawning thread.
+pub fn launch(cfg: &LaunchConfig) -> Result<JobOutcome> {
+    if cfg.ranks == 0 {
+        return Err(Error::Launcher(
+            "a job needs at least one rank (got 0)".into(),
+        ));
+    }
+    if cfg.program.as_os_str().is_empty() {
+        return Err(Error::Launcher("no program given".into()));
+    }
+    let signals = sys::SignalGuard::install()
+        .map_err(|e| Error::os("sigaction(SIGINT/SIGTERM/SIGHUP)", e))?;
+    let start = Instant::now();
+    let mut job = Job::start(cfg)?;
+    let end = job.supervise(start, cfg.timeout, &signals);
+    let removed = job.finish(true);
+    let removed_note =
+        (removed > 0).then(|| format!("removed {removed} shared-memory objects left by the job"));
+    let outcome = match end? {
+        End::Success => JobOutcome {
+            exit_code: 0,
+            failed_rank: None,
+            message: None,
+        },
+        End::RankFailed { rank, exit_code } => JobOutcome {
+            exit_code,
+            failed_rank: Some(rank),
+            message: removed_note.map(|n| format!("pwrun: {n}")),
+        },
+        End::TimedOut(after) => JobOutcome {
+            exit_code: EXIT_TIMED_OUT,
+            failed_rank: None,
+            message: Some(with_note(
+                format!("pwrun: job timed out after {} s", after.as_secs_f64()),
+                removed_note,
+            )),
+        },
+        End::Interrupted(sig) => JobOutcome {
+            exit_code: 128 + sig,
+            failed_rank: None,
+            message: Some(with_note(
+                format!("pwrun: received {}, job stopped", signal_name(sig)),
+                removed_note,
+            )),
+        },
+    };
+    Ok(outcome)
+}
+
+/// For benchmark binaries: when this process is not under a launcher (no
+/// `PAGEWIRE_BOOT`), runs `np` copies of the current executable, with this process's
+/// arguments, under [`launch`], prints the outcome's message if any, and returns
+/// `Ok(Some(exit_code))` (the caller should exit with it). When this process already is
+/// a rank, returns `Ok(None)`.
+pub fn self_launch(np: usize) -> Result<Option<i32>> {
+    if super::under_launcher() {
+        return Ok(None);
+    }
+    let program = std::env::current_exe()
+        .map_err(|e| Error::Launcher(format!("cannot find the current executable: {e}")))?;
+    let cfg = LaunchConfig {
+        args: std::env::args_os().skip(1).collect(),
+        ..LaunchConfig::new(np, program)
+    };
+    let outcome = launch(&cfg)?;
+    if let Some(message) = &outcome.message {
+        eprintln!("{message}");
+    }
+    Ok(Some(outcome.exit_code))
+}
+
+/// Why supervision stopped.
+enum End {
+    Success,
+    RankFailed { rank: usize, exit_code: i32 },
+    TimedOut(Duration),
+    Interrupted(i32),
+}
+
+fn with_note(line: String, note: Option<String>) -> String {
+    match note {
+        Some(note) => format!("{line}; {note}"),
+        None => line,
+    }
+}
+
+/// A running job: its socket, its children and the connection threads.
+/// Dropping it kills and reaps the children and cleans up.
+struct Job {
+    job_id: String,
+    socket_path: PathBuf,
+    listener: UnixListener,
+    server: Arc<Server>,
+    /// `None` once reaped.
+    children: Vec<Option<Child>>,
+    /// A handle on every accepted connection, to unblock its thread at the end.
+    conns: Vec<UnixStream>,
+    threads: Vec<JoinHandle<()>>,
+    finished: bool,
+}
+
+impl Job {
+    /// Creates the socket and spawns every rank.
+    fn start(cfg: &LaunchConfig) -> Result<Job> {
+        let job_id = super::new_job_id();
+        let socket_path = std::env::temp_dir().join(format!("pagewire-{job_id}.sock"));
+        let listener = UnixListener::bind(&socket_path)
+            .map_err(|e| Error::os(format!("bind({})", socket_path.display()), e))?;
+        let mut job = Job {
+            server: Arc::new(Server::new(cfg.ranks, job_id.clone())),
+            job_id,
+            socket_path,
+            listener,
+            children: Vec::with_capacity(cfg.ranks),
+            conns: Vec::new(),
+            threads: Vec::new(),
+            finished: false,
+        };
+        job.listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::os("fcntl(O_NONBLOCK) on the bootstrap socket", e))?;
+        let size = cfg.ranks.to_string();
+        for rank in 0..cfg.ranks {
+            let mut cmd = Command::new(&cfg.program);
+            cmd.args(&cfg.args)
+                .envs(cfg.env.iter().map(|(k, v)| (k, v)))
+                .env(ENV_JOB, &job.job_id)
+                .env(ENV_RANK, rank.to_string())
+                .env(ENV_SIZE, &size)
+                .env(ENV_BOOT, &job.socket_path)
+                .env(ENV_LAUNCHER, "pwrun")
+                .stdin(if rank == 0 {
+                    Stdio::inherit()
+                } else {
+                    Stdio::null()
+                })
+                .stdout(Stdio::inherit())
+                .stderr(Stdio::inherit());
+            sys::die_with_parent(&mut cmd);
+            let child = cmd.spawn().map_err(|e| {
+                let which = if rank == 0 {
+                    String::new()
+                } else {
+                    format!(" for rank {rank}")
+                };
+                Error::Launcher(format!(
+                    "cannot start {}{which}: {e}",
+                    cfg.program.display()
+                ))
+            })?;
+            job.server.set_pid(rank, child.id());
+            job.children.push(Some(child));
+        }
+        Ok(job)
+    }
+
+    /// Serves connections and watches the children until the job succeeds, a rank
+    /// fails, time runs out or the launcher is told to stop.
+    fn supervise(
+        &mut self,
+        start: Instant,
+        timeout: Option<Duration>,
+        signals: &sys::SignalGuard,
+    ) -> Result<End> {
+        loop {
+            let readable = sys::wait_readable(self.listener.as_fd(), POLL_INTERVAL)
+                .map_err(|e| Error::os("poll on the bootstrap socket", e))?;
+            if readable {
+                self.accept_pending()?;
+            }
+            let mut running = 0;
+            for rank in 0..self.children.len() {
+                let Some(status) = self.try_reap(rank)? else {
+                    running += usize::from(self.children[rank].is_some());
+                    continue;
+                };
+                if !status.success() {
+                    let pid = self.server.pid(rank);
+                    let (exit_code, how) = describe(status);
+                    eprintln!("pwrun: rank {rank} (pid {pid}) {how}");
+                    return Ok(End::RankFailed { rank, exit_code });
+                }
+            }
+            if running == 0 {
+                return Ok(End::Success);
+            }
+            if let Some(sig) = signals.pending() {
+                return Ok(End::Interrupted(sig));
+            }
+            if let Some(limit) = timeout {
+                if start.elapsed() >= limit {
+                    return Ok(End::TimedOut(limit));
+                }
+            }
+        }
+    }
+
+    /// Reaps rank `rank` if it has exited, telling the bootstrap server.
+    fn try_reap(&mut self, rank: usize) -> Result<Option<ExitStatus>> {
+        let Some(child) = self.children[rank].as_mut() else {
+            return Ok(None);
+        };
+        let status = child
+            .try_wait()
+            .map_err(|e| Error::os(format!("waitpid({})", child.id()), e))?;
+        if let Some(status) = status {
+            self.children[rank] = None;
+            // Connections the rank made before exiting are in the listen backlog now;
+            // take them first so the server sees the rank's last frames before its exit.
+            let accepted = self.accept_pending();
+            self.server.rank_exited(rank);
+            accepted?;
+            return Ok(Some(status));
+        }
+        Ok(None)
+    }
+
+    /// Accepts every queued connection and starts a thread serving each.
+    fn accept_pending(&mut self) -> Result<()> {
+        loop {
+            let stream = match self.listener.accept() {
+                Ok((stream, _)) => stream,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Error::os("accept on the bootstrap socket", e)),
+            };
+            stream
+                .set_nonblocking(false)
+                .map_err(|e| Error::os("fcntl(~O_NONBLOCK) on a bootstrap connection", e))?;
+            let handle = stream
+                .try_clone()
+                .map_err(|e| Error::os("dup of a bootstrap connection", e))?;
+            let id = self.server.accepted();
+            let server = Arc::clone(&self.server);
+            let thread = std::thread::Builder::new()
+                .name(format!("pwrun-conn-{id}"))
+                .spawn(move || serve_connection(&server, stream, id));
+            match thread {
+                Ok(thread) => {
+                    self.conns.push(handle);
+                    self.threads.push(thread);
+                }
+                Err(e) => {
+                    self.server.unidentified_closed();
+                    return Err(Error::os("spawning a bootstrap connection thread", e));
+                }
+            }
+        }
+    }
+
+    /// Stops the ranks still running (gracefully: SIGTERM, then SIGKILL after
+    /// [`TERM_GRACE`]; else SIGKILL at once), reaps them, stops the connection threads,
+    /// and removes the socket and the job's shared memory. Returns how many
+    /// shared-memory objects were removed. Idempotent.
+    fn finish(&mut self, graceful: bool) -> usize {
+        if self.finished {
+            return 0;
+        }
+        self.finished = true;
+        if graceful && self.children.iter().any(Option::is_some) {
+            for child in self.children.iter().flatten() {
+                let _ = sys::signal_child(child, libc::SIGTERM);
+            }
+            let deadline = Instant::now() + TERM_GRACE;
+            while Instant::now() < deadline && self.children.iter().any(Option::is_some) {
+                std::thread::sleep(POLL_INTERVAL);
+                for rank in 0..self.children.len() {
+                    if self.try_reap(rank).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        for rank in 0..self.children.len() {
+            if let Some(mut child) = self.children[rank].take() {
+                let _ = child.kill();
+                let _ = child.wait();
+                self.server.rank_exited(rank);
+            }
+        }
+        for conn in &self.conns {
+            let _ = conn.shutdown(std::net::Shutdown::Both);
+        }
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+        let _ = std::fs::remove_file(&self.socket_path);
+        remove_shm(Path::new(SHM_DIR), &super::shm_prefix(&self.job_id))
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        self.finish(false);
+    }
+}
+
+/// Removes every entry of `dir` whose name starts with `prefix`; returns how many.
+fn remove_shm(dir: &Path, prefix: &str) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        if !entry
+            .file_name()
+            .as_encoded_bytes()
+            .starts_with(prefix.as_bytes())
+        {
+            continue;
+        }
+        let path = entry.path();
+        let gone = match entry.file_type() {
+            Ok(t) if t.is_dir() => std::fs::remove_dir_all(&path),
+            _ => std::fs::remove_file(&path),
+        };
+        if gone.is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// The exit code a failed rank gives the job, and how to say it.
+fn describe(status: ExitStatus) -> (i32, String) {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => (code, format!("exited with status {code}")),
+        (None, Some(sig)) => (128 + sig, format!("killed by signal {}", signal_name(sig))),
+        (None, None) => (1, format!("ended with {status}")),
+    }
+}
+
+/// The conventional name of signal `sig` (`SIGKILL`), or `signal N` for others.
+fn signal_name(sig: i32) -> String {
+    let name = match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGSTKFLT => "SIGSTKFLT",
+        libc::SIGCHLD => "SIGCHLD",
+        libc::SIGCONT => "SIGCONT",
+        libc::SIGSTOP => "SIGSTOP",
+        libc::SIGTSTP => "SIGTSTP",
+        libc::SIGTTIN => "SIGTTIN",
+        libc::SIGTTOU => "SIGTTOU",
+        libc::SIGURG => "SIGURG",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGVTALRM => "SIGVTALRM",
+        libc::SIGPROF => "SIGPROF",
+        libc::SIGWINCH => "SIGWINCH",
+        libc::SIGIO => "SIGIO",
+        libc::SIGPWR => "SIGPWR",
+        libc::SIGSYS => "SIGSYS",
+        _ => return format!("signal {sig}"),
+    };
+    name.to_string()
+}
+
+// ---------------------------------------------------------------------------------------
+// The bootstrap server.
+
+/// Bootstrap state shared by the connection threads and the supervisor.
+struct Server {
+    job: String,
+    size: usize,
+    state: Mutex<State>,
+    /// Signalled when a rank's connection closes (a reconnecting rank waits for it).
+    conn_closed: Condvar,
+}
+
+struct State {
+    ranks: Vec<Slot>,
+    /// Accepted connections that have not said hello yet (nor closed).
+    unidentified: usize,
+    /// Number of completed collectives; the incomplete one (if any) has this index.
+    round: u64,
+    next_conn: u64,
+}
+
+struct Slot {
+    pid: u32,
+    /// The process has been reaped.
+    exited: bool,
+    /// The rank's current connection: its id and a handle to write to.
+    conn: Option<(u64, UnixStream)>,
+    /// Exited with no connection left: will never contribute again.
+    left: bool,
+    /// Contribution to the incomplete collective.
+    contrib: Option<Vec<u8>>,
+}
+
+impl Server {
+    fn new(size: usize, job: String) -> Server {
+        let ranks = (0..size)
+            .map(|_| Slot {
+                pid: 0,
+                exited: false,
+                conn: None,
+                left: false,
+                contrib: None,
+            })
+            .collect();
+        Server {
+            job,
+            size,
+            conn_closed: Condvar::new(),
+            state: Mutex::new(State {
+                ranks,
+                unidentified: 0,
+                round: 0,
+                next_conn: 0,
+            }),
+        }
+    }
+
+    fn set_pid(&self, rank: usize, pid: u32) {
+        self.state.lock().ranks[rank].pid = pid;
+    }
+
+    fn pid(&self, rank: usize) -> u32 {
+        self.state.lock().ranks[rank].pid
+    }
+
+    /// Registers a new, not yet identified connection; returns its id.
+    fn accepted(&self) -> u64 {
+        let mut st = self.state.lock();
+        st.unidentified += 1;
+        st.next_conn += 1;
+        st.next_conn
+    }
+
+    /// Handles a HELLO on connection `id`; replies on `stream`. Returns the rank on
+    /// success; on failure the connection stays unidentified and should be closed.
+    fn hello(&self, id: u64, stream: &UnixStream, payload: &[u8]) -> Option<usize> {
+        let size = self.size;
+        // Only this thread writes to a connection before it is identified.
+        let refuse = |why: String| {
+            let mut s = stream;
+            let _ = wire::write_frame(&mut s, wire::ERROR, why.as_bytes());
+            None
+        };
+        let Some(h) = wire::decode_hello(payload) else {
+            return refuse("protocol error: malformed hello".into());
+        };
+        if h.job != self.job {
+            return refuse(format!(
+                "job id mismatch: the rank belongs to job {:?}, this launcher runs job {}",
+                h.job, self.job
+            ));
+        }
+        if h.size != size as u64 {
+            return refuse(format!(
+                "job size mismatch: the rank thinks there are {} ranks, the job has {size}",
+                h.size
+            ));
+        }
+        let Some(rank) = usize::try_from(h.rank).ok().filter(|&r| r < size) else {
+            return refuse(format!("rank {} is out of range for {size} ranks", h.rank));
+        };
+        let mut st = self.state.lock();
+        // A rank that dropped its bootstrap and connects again may be faster than the
+        // thread noticing that its old connection closed: give that thread a moment.
+        let deadline = Instant::now() + RECONNECT_PATIENCE;
+        while st.ranks[rank].conn.is_some() {
+            if self.conn_closed.wait_until(&mut st, deadline).timed_out() {
+                break;
+            }
+        }
+        if st.ranks[rank].conn.is_some() {
+            return refuse(format!("rank {rank} is already connected"));
+        }
+        let writer = match stream.try_clone() {
+            Ok(w) => w,
+            Err(e) => return refuse(format!("launcher cannot serve the connection: {e}")),
+        };
+        let _ = writer.set_write_timeout(Some(WRITE_TIMEOUT));
+        let mut w = &writer;
+        if wire::write_frame(&mut w, wire::WELCOME, &[]).is_err() {
+            return None;
+        }
+        st.ranks[rank].conn = Some((id, writer));
+        st.unidentified -= 1;
+        st.reevaluate();
+        Some(rank)
+    }
+
+    /// Handles a GATHER from `rank`.
+    fn gather(&self, rank: usize, data: Vec<u8>) {
+        let mut st = self.state.lock();
+        if st.ranks[rank].contrib.is_some() {
+            let round = st.round;
+            st.send(
+                rank,
+                wire::ERROR,
+                format!("rank {rank} joined collective #{round} twice").as_bytes(),
+            );
+            return;
+        }
+        st.ranks[rank].contrib = Some(data);
+        st.progress();
+    }
+
+    /// Replies with a protocol error on a connection (under the lock, so it cannot
+    /// interleave with a result being written).
+    fn protocol_error(&self, stream: &UnixStream, text: &str) {
+        let _st = self.state.lock();
+        let mut s = stream;
+        let _ = wire::write_frame(&mut s, wire::ERROR, text.as_bytes());
+    }
+
+    /// Connection `id` of `rank` closed.
+    fn closed(&self, rank: usize, id: u64) {
+        let mut st = self.state.lock();
+        if matches!(st.ranks[rank].conn, Some((cid, _)) if cid == id) {
+            st.ranks[rank].conn = None;
+            st.reevaluate();
+            self.conn_closed.notify_all();
+        }
+    }
+
+    /// A connection closed (or failed its hello) before identifying itself.
+    fn unidentified_closed(&self) {
+        let mut st = self.state.lock();
+        st.unidentified -= 1;
+        st.reevaluate();
+    }
+
+    /// The supervisor reaped `rank`.
+    fn rank_exited(&self, rank: usize) {
+        let mut st = self.state.lock();
+        st.ranks[rank].exited = true;
+        st.reevaluate();
+    }
+}
+
+impl State {
+    /// Marks ranks that have left, then fails or completes the pending collective.
+    fn reevaluate(&mut self) {
+        let quiet = self.unidentified == 0;
+        for slot in &mut self.ranks {
+            if !slot.left && slot.exited && slot.conn.is_none() && quiet {
+                slot.left = true;
+            }
+        }
+        self.progress();
+    }
+
+    /// Completes the pending collective if everyone joined; fails it if someone who has
+    /// not joined has left.
+    fn progress(&mut self) {
+        if !self.ranks.iter().any(|s| s.contrib.is_some()) {
+            return;
+        }
+        if self.ranks.iter().all(|s| s.contrib.is_some()) {
+            let parts = self
+                .ranks
+                .iter()
+                .map(|s| s.contrib.as_deref().unwrap_or_default());
+            let payload = wire::encode_result(parts);
+            let total: usize = self
+                .ranks
+                .iter()
+                .map(|s| s.contrib.as_ref().map_or(0, Vec::len))
+                .sum();
+            for s in &mut self.ranks {
+                s.contrib = None;
+            }
+            let round = self.round;
+            self.round += 1;
+            match payload {
+                Some(p) => self.broadcast(wire::RESULT, &p),
+                None => self.broadcast(
+                    wire::ERROR,
+                    format!(
+                        "collective #{round}: the {total} gathered bytes exceed the {} MiB frame limit",
+                        wire::MAX_FRAME >> 20
+                    )
+                    .as_bytes(),
+                ),
+            }
+            return;
+        }
+        let missing = self
+            .ranks
+            .iter()
+            .position(|s| s.left && s.contrib.is_none());
+        if let Some(gone) = missing {
+            let text = format!(
+                "rank {gone} (pid {}) left the job before joining collective #{}",
+                self.ranks[gone].pid, self.round
+            );
+            for rank in 0..self.ranks.len() {
+                if self.ranks[rank].contrib.take().is_some() {
+                    self.send(rank, wire::ERROR, text.as_bytes());
+                }
+            }
+        }
+    }
+
+    fn broadcast(&mut self, tag: u8, payload: &[u8]) {
+        for rank in 0..self.ranks.len() {
+            self.send(rank, tag, payload);
+        }
+    }
+
+    /// Sends a frame to `rank` if it is connected; a rank that cannot be written to is
+    /// disconnected (it then sees end-of-file rather than a torn frame).
+    fn send(&mut self, rank: usize, tag: u8, payload: &[u8]) {
+        let Some((_, stream)) = &self.ranks[rank].conn else {
+            return;
+        };
+        let mut s = stream;
+        if wire::write_frame(&mut s, tag, payload).is_err() {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// Serves one connection until it closes.
+fn serve_connection(server: &Server, mut stream: UnixStream, id: u64) {
+    let mut rank = None;
+    // A connection that never says hello must not keep the server from deciding that
+    // exited ranks have left.
+    let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
+    loop {
+        let (tag, payload) = match wire::read_frame(&mut stream) {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(e) => {
+                if e.kind() == io::ErrorKind::InvalidData {
+                    server.protocol_error(&stream, &format!("protocol error: {e}"));
+                }
+                break;
+            }
+        };
+        match (rank, tag) {
+            (None, wire::HELLO) => match server.hello(id, &stream, &payload) {
+                Some(r) => {
+                    rank = Some(r);
+                    // Collectives may take arbitrarily long.
+                    let _ = stream.set_read_timeout(None);
+                }
+                None => break,
+            },
+            (Some(r), wire::GATHER) => server.gather(r, payload),
+            (_, tag) => {
+                let expected = if rank.is_none() {
+                    "a hello"
+                } else {
+                    "a gather"
+                };
+                server.protocol_error(
+                    &stream,
+                    &format!("protocol error: got frame {tag:#04x}, expected {expected}"),
+                );
+                break;
+            }
+        }
+    }
+    match rank {
+        Some(r) => server.closed(r, id),
+        None => server.unidentified_closed(),
+    }
+}

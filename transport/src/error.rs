@@ -1,0 +1,119 @@
+//! The one error type of `pagewire-transport`.
+//!
+//! Each variant carries what a user needs to act: which limit, which key, which rank.
+//! Errors of a *work request* (a bad rkey on an RDMA READ, say) are not `Error`s: they
+//! arrive as a [`crate::nic::WcStatus`] in the completion, as on real verbs hardware.
+
+use std::io;
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong below the message layer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Registering would pin more than the locked-memory limit allows.
+    #[error(
+        "cannot pin {requested} more bytes: {pinned} bytes already pinned, limit is {limit} bytes \
+         ({source_of_limit}); raise it with `ulimit -l` or set PAGEWIRE_MEMLOCK_LIMIT, or use an ODP \
+         region, which pins nothing"
+    )]
+    MemlockLimit {
+        /// Bytes this registration would newly pin (pages not already pinned by another region).
+        requested: u64,
+        /// Bytes pinned by this process's NIC at the time of the call.
+        pinned: u64,
+        /// The limit in force.
+        limit: u64,
+        /// Where the limit came from: `RLIMIT_MEMLOCK` or `PAGEWIRE_MEMLOCK_LIMIT`.
+        source_of_limit: &'static str,
+    },
+
+    /// The range given to `register` is not (entirely) mapped in this process.
+    #[error("cannot register {len} bytes at {addr:#x}: the range is not mapped in this process")]
+    UnmappedRange {
+        /// Start of the range.
+        addr: u64,
+        /// Length of the range.
+        len: u64,
+    },
+
+    /// An argument is outside what the call accepts.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// A resource table (memory regions, queue pairs, queue depth) is full.
+    #[error("{what} exhausted: {limit} in use; {hint}")]
+    Exhausted {
+        /// The resource.
+        what: &'static str,
+        /// Its capacity.
+        limit: u64,
+        /// What the user can do about it.
+        hint: &'static str,
+    },
+
+    /// A key passed to a local call does not name a live region of this NIC.
+    #[error("no live memory region with key {key:#010x} on this NIC")]
+    UnknownKey {
+        /// The key.
+        key: u32,
+    },
+
+    /// The queue pair is in the error state; every further work request is flushed.
+    #[error("queue pair {qpn} to rank {peer} is in the error state: {why}")]
+    QueuePairError {
+        /// Local queue pair number.
+        qpn: u32,
+        /// The peer rank.
+        peer: usize,
+        /// What put it there.
+        why: String,
+    },
+
+    /// A peer process is gone (exited or killed).
+    #[error("rank {rank} (pid {pid}) is no longer running")]
+    PeerGone {
+        /// The peer's rank.
+        rank: usize,
+        /// The peer's process id.
+        pid: u32,
+    },
+
+    /// Start-up or address exchange failed.
+    #[error("bootstrap: {0}")]
+    Bootstrap(String),
+
+    /// The launcher could not start or supervise the job.
+    #[error("launcher: {0}")]
+    Launcher(String),
+
+    /// A system call failed.
+    #[error("{call} failed: {source}")]
+    Os {
+        /// The failing call, with its essential arguments.
+        call: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl Error {
+    /// Wraps the current `errno` as an [`Error::Os`] for `call`.
+    pub fn last_os(call: impl Into<String>) -> Self {
+        Error::Os {
+            call: call.into(),
+            source: io::Error::last_os_error(),
+        }
+    }
+
+    /// Wraps an [`io::Error`] as an [`Error::Os`] for `call`.
+    pub fn os(call: impl Into<String>, source: io::Error) -> Self {
+        Error::Os {
+            call: call.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! pagewire's lower layers (DESIGN.md "Layers"): the verbs-shaped NIC boundary
+//! ([`nic`]), its default software provider ([`nic::soft`]), and rank discovery and
+//! address exchange ([`boot`]). The message layer and the buffer-mode trait come on top.
+#![deny(missing_docs)]
+
+pub mod boot;
+pub mod error;
+pub mod nic;
+pub mod sys;
+
+pub use error::{Error, Result};

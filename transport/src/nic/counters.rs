@@ -1,0 +1,214 @@
+//! NIC counters (DESIGN.md "The NIC boundary": registrations, pinned bytes, network page
+//! faults by side and their resolution time, RNR retries, invalidations, bytes per data path).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// How payload bytes travelled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataPath {
+    /// One kernel copy between address spaces (`process_vm_readv`/`writev`, "CMA").
+    Cma,
+    /// Staged through the shared-memory ring (two copies).
+    Staged,
+}
+
+/// Buckets of the NPF resolution-time histogram: bucket `i` counts resolutions that took
+/// less than `2^i` microseconds (the last bucket takes the rest).
+pub const NPF_HISTOGRAM_BUCKETS: usize = 20;
+
+/// Live counters, updated with relaxed atomics from the data path.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub(crate) registrations: AtomicU64,
+    pub(crate) deregistrations: AtomicU64,
+    pub(crate) pinned_now: AtomicU64,
+    pub(crate) pinned_peak: AtomicU64,
+    pub(crate) npf_requester: AtomicU64,
+    pub(crate) npf_responder: AtomicU64,
+    pub(crate) npf_pages: AtomicU64,
+    pub(crate) npf_failed: AtomicU64,
+    pub(crate) npf_resolve_ns: AtomicU64,
+    pub(crate) npf_histogram: [AtomicU64; NPF_HISTOGRAM_BUCKETS],
+    pub(crate) prefetch_pages: AtomicU64,
+    pub(crate) rnr_nacks_sent: AtomicU64,
+    pub(crate) rnr_retries: AtomicU64,
+    pub(crate) invalidated_pages: AtomicU64,
+    pub(crate) bytes_cma: AtomicU64,
+    pub(crate) bytes_staged: AtomicU64,
+    pub(crate) bytes_inline: AtomicU64,
+    pub(crate) error_completions: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add_pinned(&self, bytes: u64) {
+        let now = self.pinned_now.fetch_add(bytes, Relaxed) + bytes;
+        self.pinned_peak.fetch_max(now, Relaxed);
+    }
+
+    pub(crate) fn sub_pinned(&self, bytes: u64) {
+        self.pinned_now.fetch_sub(bytes, Relaxed);
+    }
+
+    pub(crate) fn record_npf(&self, requester: bool, pages: u64, nanos: u64) {
+        if requester {
+            self.npf_requester.fetch_add(1, Relaxed);
+        } else {
+            self.npf_responder.fetch_add(1, Relaxed);
+        }
+        self.npf_pages.fetch_add(pages, Relaxed);
+        self.npf_resolve_ns.fetch_add(nanos, Relaxed);
+        let micros = nanos / 1000;
+        let bucket = (u64::BITS - micros.leading_zeros()) as usize;
+        self.npf_histogram[bucket.min(NPF_HISTOGRAM_BUCKETS - 1)].fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn add_bytes(&self, path: DataPath, bytes: u64) {
+        match path {
+            DataPath::Cma => self.bytes_cma.fetch_add(bytes, Relaxed),
+            DataPath::Staged => self.bytes_staged.fetch_add(bytes, Relaxed),
+        };
+    }
+
+    /// A consistent-enough copy for reporting.
+    pub fn snapshot(&self) -> CountersSnapshot {
+        CountersSnapshot {
+            registrations: self.registrations.load(Relaxed),
+            deregistrations: self.deregistrations.load(Relaxed),
+            pinned_now: self.pinned_now.load(Relaxed),
+            pinned_peak: self.pinned_peak.load(Relaxed),
+            npf_requester: self.npf_requester.load(Relaxed),
+            npf_responder: self.npf_responder.load(Relaxed),
+            npf_pages: self.npf_pages.load(Relaxed),
+            npf_failed: self.npf_failed.load(Relaxed),
+            npf_resolve_ns: self.npf_resolve_ns.load(Relaxed),
+            npf_histogram: std::array::from_fn(|i| self.npf_histogram[i].load(Relaxed)),
+            prefetch_pages: self.prefetch_pages.load(Relaxed),
+            rnr_nacks_sent: self.rnr_nacks_sent.load(Relaxed),
+            rnr_retries: self.rnr_retries.load(Relaxed),
+            invalidated_pages: self.invalidated_pages.load(Relaxed),
+            bytes_cma: self.bytes_cma.load(Relaxed),
+            bytes_staged: self.bytes_staged.load(Relaxed),
+            bytes_inline: self.bytes_inline.load(Relaxed),
+            error_completions: self.error_completions.load(Relaxed),
+        }
+    }
+}
+
+/// A copy of the counters at one moment.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CountersSnapshot {
+    /// Memory regions registered.
+    pub registrations: u64,
+    /// Memory regions deregistered.
+    pub deregistrations: u64,
+    /// Bytes pinned (mlocked) by this NIC now.
+    pub pinned_now: u64,
+    /// Most bytes pinned at once.
+    pub pinned_peak: u64,
+    /// Network page faults on this rank's memory raised by its own work requests.
+    pub npf_requester: u64,
+    /// Network page faults on this rank's memory raised by peers' requests (rNPFs) and by
+    /// incoming sends, resolved by this rank's driver thread.
+    pub npf_responder: u64,
+    /// Pages mapped by resolving faults.
+    pub npf_pages: u64,
+    /// Faults that could not be resolved (memory not mapped): error completions.
+    pub npf_failed: u64,
+    /// Total time spent resolving faults, in nanoseconds (requester: inline; responder: from
+    /// the request to the driver thread marking the pages present).
+    pub npf_resolve_ns: u64,
+    /// Resolution-time histogram (bucket `i`: under `2^i` µs).
+    pub npf_histogram: [u64; NPF_HISTOGRAM_BUCKETS],
+    /// Pages mapped by `advise` (prefetch).
+    pub prefetch_pages: u64,
+    /// Receiver-not-ready answers this rank sent (no receive posted, or a receive NPF).
+    pub rnr_nacks_sent: u64,
+    /// Work requests this rank retried after a receiver-not-ready answer or an rNPF.
+    pub rnr_retries: u64,
+    /// ODP pages whose present bit was cleared because the mapping changed.
+    pub invalidated_pages: u64,
+    /// Payload bytes moved by one kernel copy between address spaces.
+    pub bytes_cma: u64,
+    /// Payload bytes staged through the shared-memory ring.
+    pub bytes_staged: u64,
+    /// Payload bytes copied at post time for inline sends.
+    pub bytes_inline: u64,
+    /// Completions with a status other than success.
+    pub error_completions: u64,
+}
+
+impl CountersSnapshot {
+    /// Mean NPF resolution time in microseconds (0 when there was none).
+    pub fn npf_mean_us(&self) -> f64 {
+        let n = self.npf_requester + self.npf_responder;
+        if n == 0 {
+            0.0
+        } else {
+            self.npf_resolve_ns as f64 / n as f64 / 1000.0
+        }
+    }
+
+    /// The data path that moved most payload bytes.
+    pub fn main_data_path(&self) -> Option<DataPath> {
+        match (self.bytes_cma, self.bytes_staged) {
+            (0, 0) => None,
+            (c, s) if c >= s => Some(DataPath::Cma),
+            _ => Some(DataPath::Staged),
+        }
+    }
+
+    /// Counter-wise difference `self - earlier` (peaks and levels kept from `self`).
+    pub fn since(&self, earlier: &CountersSnapshot) -> CountersSnapshot {
+        CountersSnapshot {
+            registrations: self.registrations - earlier.registrations,
+            deregistrations: self.deregistrations - earlier.deregistrations,
+            pinned_now: self.pinned_now,
+            pinned_peak: self.pinned_peak,
+            npf_requester: self.npf_requester - earlier.npf_requester,
+            npf_responder: self.npf_responder - earlier.npf_responder,
+            npf_pages: self.npf_pages - earlier.npf_pages,
+            npf_failed: self.npf_failed - earlier.npf_failed,
+            npf_resolve_ns: self.npf_resolve_ns - earlier.npf_resolve_ns,
+            npf_histogram: std::array::from_fn(|i| {
+                self.npf_histogram[i] - earlier.npf_histogram[i]
+            }),
+            prefetch_pages: self.prefetch_pages - earlier.prefetch_pages,
+            rnr_nacks_sent: self.rnr_nacks_sent - earlier.rnr_nacks_sent,
+            rnr_retries: self.rnr_retries - earlier.rnr_retries,
+            invalidated_pages: self.invalidated_pages - earlier.invalidated_pages,
+            bytes_cma: self.bytes_cma - earlier.bytes_cma,
+            bytes_staged: self.bytes_staged - earlier.bytes_staged,
+            bytes_inline: self.bytes_inline - earlier.bytes_inline,
+            error_completions: self.error_completions - earlier.error_completions,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn npf_histogram_buckets_by_log2_microseconds() {
+        let c = Counters::default();
+        c.record_npf(true, 1, 500); // 0 us -> bucket 0
+        c.record_npf(false, 2, 3_000); // 3 us -> bucket 2
+        c.record_npf(false, 1, u64::MAX / 2); // clamps to the last bucket
+        let s = c.snapshot();
+        assert_eq!(s.npf_histogram[0], 1);
+        assert_eq!(s.npf_histogram[2], 1);
+        assert_eq!(s.npf_histogram[NPF_HISTOGRAM_BUCKETS - 1], 1);
+        assert_eq!((s.npf_requester, s.npf_responder, s.npf_pages), (1, 2, 4));
+    }
+
+    #[test]
+    fn pinned_peak_follows_the_maximum() {
+        let c = Counters::default();
+        c.add_pinned(100);
+        c.add_pinned(50);
+        c.sub_pinned(120);
+        c.add_pinned(10);
+        let s = c.snapshot();
+        assert_eq!((s.pinned_now, s.pinned_peak), (40, 150));
+    }
+}

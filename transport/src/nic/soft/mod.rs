@@ -1,0 +1,702 @@
+//! The soft provider: a software RDMA NIC in user space, the way Soft-RoCE is one in the
+//! kernel (DESIGN.md "The soft provider"). It enforces verbs semantics and charges what the
+//! OS really charges; it adds no artificial delay.
+//!
+//! - **Wire**: one shared-memory ring per (sender, receiver) pair ([`ring`]).
+//! - **DMA engine**: payloads move with one kernel copy between address spaces
+//!   (`process_vm_readv`/`writev`) when the kernel allows it, else they are staged through
+//!   the ring; `PAGEWIRE_SOFT_DMA=staged` forces the fallback.
+//! - **TPT**: each rank's region table lives in its shared segment, so RDMA WRITE and READ
+//!   are checked against the target's table by the initiator's engine, before any byte moves,
+//!   without the target's CPU ([`tpt`]).
+//! - **Pinning** is `mlock`, charged against RLIMIT_MEMLOCK ([`pin`]).
+//! - **ODP**: regions are never pinned; pages start non-present in the NIC's bitmap
+//!   ([`present`]); an access to a non-present page is a network page fault (NPF). Faults on
+//!   the initiator's own memory are resolved in place before data is read; faults on the
+//!   target's memory (rNPF, seed 000 section 4) answer the initiator receiver-not-ready while
+//!   the target's *driver thread* — the interrupt-handler analogue, asleep on a futex until a
+//!   peer rings its doorbell — populates the pages (`MADV_POPULATE_*`) and marks them
+//!   present; the initiator then retries. One outstanding fault per queue-pair direction
+//!   (seed 003, "Concurrent page faults"); a whole work request's pages in one batch (seed
+//!   000, "Optimizations").
+//! - **Invalidation** (until the memory monitor exists): before DMA into ODP pages marked
+//!   present, the engine checks the owner's `/proc/PID/pagemap`; pages whose mapping went away
+//!   are cleared and fault again, and a fault on unmapped memory ends in an error completion.
+
+mod engine;
+mod pin;
+mod present;
+mod ring;
+mod shm;
+mod tpt;
+
+pub use pin::MemlockLimit;
+
+use std::fs::File;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::boot::{shm_prefix, Bootstrap};
+use crate::error::{Error, Result};
+use crate::nic::{
+    Access, Advice, Capabilities, Completion, Counters, CountersSnapshot, Endpoint, Nic, QpCaps,
+    RecvWr, RegionInfo, SendWr, PAGE_SIZE,
+};
+use crate::sys::{self, CmaDirection, Extent, ProcessHandle};
+
+use engine::Engine;
+use pin::PinAccount;
+use present::{PresentBits, PRESENT_BYTES};
+use ring::RING_BYTES;
+use shm::SharedSegment;
+use tpt::{Tpt, Translation, ADDRESS_SPACE_END, MAX_MRS, TPT_BYTES};
+
+/// Queue pairs per NIC.
+pub(crate) const MAX_QPS: usize = 256;
+const MAGIC: u64 = u64::from_le_bytes(*b"pagewire");
+const HEADER_BYTES: usize = 4096;
+const DOORBELL: usize = 64;
+const TPT_OFFSET: usize = HEADER_BYTES;
+const NPF_OFFSET: usize = TPT_OFFSET + TPT_BYTES;
+const NPF_WORDS: usize = 8;
+const RINGS_OFFSET: usize = NPF_OFFSET + MAX_QPS * NPF_WORDS * 8;
+
+/// How payload bytes move between ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DmaMode {
+    /// CMA where the kernel permits it, staged otherwise (detected per peer at start-up).
+    Auto,
+    /// CMA, or fail at start-up.
+    Cma,
+    /// Always staged through the ring (the fallback, forced).
+    Staged,
+}
+
+/// Settings of the soft provider.
+#[derive(Clone, Debug)]
+pub struct SoftConfig {
+    /// Payload path (`PAGEWIRE_SOFT_DMA=auto|cma|staged`).
+    pub dma: DmaMode,
+    /// Locked-memory limit (`PAGEWIRE_MEMLOCK_LIMIT`, else RLIMIT_MEMLOCK).
+    pub memlock: MemlockLimit,
+}
+
+impl SoftConfig {
+    /// Reads `PAGEWIRE_SOFT_DMA` and `PAGEWIRE_MEMLOCK_LIMIT` (bytes, with an optional
+    /// K/M/G suffix, or `unlimited`).
+    pub fn from_env() -> Result<SoftConfig> {
+        let dma = match std::env::var("PAGEWIRE_SOFT_DMA").as_deref() {
+            Err(_) | Ok("") | Ok("auto") => DmaMode::Auto,
+            Ok("cma") => DmaMode::Cma,
+            Ok("staged") => DmaMode::Staged,
+            Ok(other) => {
+                return Err(Error::InvalidArgument(format!(
+                    "PAGEWIRE_SOFT_DMA={other}: expected auto, cma or staged"
+                )))
+            }
+        };
+        let memlock = match std::env::var("PAGEWIRE_MEMLOCK_LIMIT") {
+            Ok(v) => MemlockLimit {
+                bytes: parse_bytes(&v).ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "PAGEWIRE_MEMLOCK_LIMIT={v}: expected bytes like 65536, 64K, 8M, 1G or `unlimited`"
+                    ))
+                })?,
+                source: "PAGEWIRE_MEMLOCK_LIMIT",
+            },
+            Err(_) => MemlockLimit {
+                bytes: sys::memlock_rlimit(),
+                source: "RLIMIT_MEMLOCK",
+            },
+        };
+        Ok(SoftConfig { dma, memlock })
+    }
+}
+
+/// Parses `65536`, `64K`, `8M`, `1G` or `unlimited` (outer `None` = invalid).
+pub fn parse_bytes(s: &str) -> Option<Option<u64>> {
+    let s = s.trim();
+    if s.eq_ignore_ascii_case("unlimited") {
+        return Some(None);
+    }
+    let (num, mult) = match s.char_indices().last()? {
+        (i, 'k' | 'K') => (&s[..i], 1u64 << 10),
+        (i, 'm' | 'M') => (&s[..i], 1 << 20),
+        (i, 'g' | 'G') => (&s[..i], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>().ok()?.checked_mul(mult).map(Some)
+}
+
+/// One rank's shared NIC memory: header, TPT, NPF slots, inbound rings, present bitmap.
+pub(crate) struct RankMemory {
+    seg: SharedSegment,
+    present: SharedSegment,
+}
+
+impl RankMemory {
+    fn names(job: &str, rank: usize) -> (String, String) {
+        let p = shm_prefix(job);
+        (format!("{p}nic-{rank}"), format!("{p}odp-{rank}"))
+    }
+
+    fn create(job: &str, rank: usize, size: usize) -> Result<RankMemory> {
+        let (nic, odp) = Self::names(job, rank);
+        let seg = SharedSegment::create(&nic, RINGS_OFFSET + size * RING_BYTES)?;
+        let present = SharedSegment::create(&odp, PRESENT_BYTES)?;
+        let h = seg.words(0, 4);
+        h[1].store(std::process::id() as u64, Relaxed);
+        h[2].store(rank as u64, Relaxed);
+        h[3].store(size as u64, Relaxed);
+        h[0].store(MAGIC, Release);
+        Ok(RankMemory { seg, present })
+    }
+
+    fn open(job: &str, rank: usize) -> Result<RankMemory> {
+        let (nic, odp) = Self::names(job, rank);
+        let seg = SharedSegment::open(&nic)?;
+        let present = SharedSegment::open(&odp)?;
+        if seg.words(0, 1)[0].load(Acquire) != MAGIC {
+            return Err(Error::Bootstrap(format!(
+                "/dev/shm/{nic} is not a pagewire NIC segment"
+            )));
+        }
+        Ok(RankMemory { seg, present })
+    }
+
+    pub(crate) fn tpt(&self) -> Tpt<'_> {
+        Tpt::new(self.seg.words(TPT_OFFSET, TPT_BYTES / 8))
+    }
+
+    pub(crate) fn present(&self) -> PresentBits<'_> {
+        PresentBits::new(self.present.words(0, PRESENT_BYTES / 8))
+    }
+
+    pub(crate) fn ring_from(&self, src: usize) -> ring::Ring<'_> {
+        ring::Ring::at(&self.seg, RINGS_OFFSET + src * RING_BYTES)
+    }
+
+    pub(crate) fn npf_slot(&self, qpn: u32) -> NpfSlot<'_> {
+        NpfSlot {
+            w: self
+                .seg
+                .words(NPF_OFFSET + qpn as usize * NPF_WORDS * 8, NPF_WORDS),
+        }
+    }
+
+    fn doorbell(&self) -> &AtomicU32 {
+        self.seg.word32(DOORBELL)
+    }
+
+    /// Wakes this rank's driver thread.
+    pub(crate) fn ring_doorbell(&self) {
+        self.doorbell().fetch_add(1, Release);
+        sys::futex_wake(self.doorbell());
+    }
+}
+
+/// The responder-fault slot of one queue pair in the owner's segment: at most one
+/// outstanding fault per queue pair and direction (seed 003).
+pub(crate) struct NpfSlot<'a> {
+    w: &'a [AtomicU64],
+}
+
+const NPF_REQ: usize = 0;
+const NPF_DONE: usize = 1;
+const NPF_ADDR: usize = 2;
+const NPF_LEN: usize = 3;
+const NPF_WRITE: usize = 4;
+const NPF_STATUS: usize = 5;
+const NPF_TIME: usize = 6;
+
+impl NpfSlot<'_> {
+    /// Files a fault on `[addr, addr+len)`; returns its sequence number.
+    pub(crate) fn file(&self, addr: u64, len: u64, write: bool) -> u64 {
+        let seq = self.w[NPF_REQ].load(Relaxed) + 1;
+        self.w[NPF_ADDR].store(addr, Relaxed);
+        self.w[NPF_LEN].store(len, Relaxed);
+        self.w[NPF_WRITE].store(write as u64, Relaxed);
+        self.w[NPF_TIME].store(sys::monotonic_ns(), Relaxed);
+        self.w[NPF_REQ].store(seq, Release);
+        seq
+    }
+
+    /// `Some(resolved)` once fault `seq` has been handled.
+    pub(crate) fn outcome(&self, seq: u64) -> Option<bool> {
+        (self.w[NPF_DONE].load(Acquire) >= seq).then(|| self.w[NPF_STATUS].load(Relaxed) == 0)
+    }
+}
+
+/// A peer as this rank's NIC sees it.
+pub(crate) struct Peer {
+    pub rank: usize,
+    pub pid: u32,
+    pub mem: Arc<RankMemory>,
+    pub cma: bool,
+    pub process: Option<ProcessHandle>,
+    pub pagemap: Option<File>,
+}
+
+/// Local bookkeeping of this NIC's regions.
+pub(crate) struct RegionBook {
+    regions: Vec<Option<RegionInfo>>,
+    pins: PinAccount,
+}
+
+pub(crate) struct Inner {
+    pub rank: usize,
+    pub pid: u32,
+    pub caps: Capabilities,
+    pub counters: Counters,
+    pub own: Arc<RankMemory>,
+    pub peers: Vec<Peer>,
+    regions: Mutex<RegionBook>,
+    pub engine: Mutex<Engine>,
+    shutdown: AtomicBool,
+}
+
+/// The soft NIC of one rank. Dropping it deregisters (unpins) every region and removes its
+/// shared memory.
+pub struct SoftNic {
+    inner: Arc<Inner>,
+    driver: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for SoftNic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftNic")
+            .field("rank", &self.inner.rank)
+            .field("peers", &self.inner.peers.len())
+            .finish()
+    }
+}
+
+impl SoftNic {
+    /// Brings the NIC up: creates this rank's shared memory, exchanges addresses through
+    /// `boot`, maps every peer's, detects per peer whether CMA is permitted, and starts the
+    /// driver thread. Collective: every rank of the job must call it.
+    pub fn new(boot: &dyn Bootstrap, config: SoftConfig) -> Result<SoftNic> {
+        let (rank, size, job) = (boot.rank(), boot.size(), boot.job_id().to_string());
+        let own = Arc::new(RankMemory::create(&job, rank, size)?);
+        sys::allow_cma_from_siblings();
+        let probe = own.seg.addr_of(0);
+        let mut mine = Vec::with_capacity(12);
+        mine.extend_from_slice(&std::process::id().to_le_bytes());
+        mine.extend_from_slice(&probe.to_le_bytes());
+        let all = boot.allgather(&mine)?;
+        let mut peers = Vec::with_capacity(size);
+        for (r, blob) in all.iter().enumerate() {
+            if blob.len() != 12 {
+                return Err(Error::Bootstrap(format!(
+                    "rank {r} sent a malformed NIC address"
+                )));
+            }
+            let pid = u32::from_le_bytes(blob[0..4].try_into().expect("4 bytes"));
+            let probe = u64::from_le_bytes(blob[4..12].try_into().expect("8 bytes"));
+            let mem = if r == rank {
+                own.clone()
+            } else {
+                Arc::new(RankMemory::open(&job, r)?)
+            };
+            let cma = match config.dma {
+                DmaMode::Staged => false,
+                DmaMode::Auto | DmaMode::Cma => {
+                    let ok = cma_permitted(pid, probe);
+                    if !ok && config.dma == DmaMode::Cma {
+                        return Err(Error::InvalidArgument(format!(
+                            "PAGEWIRE_SOFT_DMA=cma, but the kernel forbids process_vm_readv from \
+                             rank {rank} to rank {r} (pid {pid}); check kernel.yama.ptrace_scope \
+                             or use PAGEWIRE_SOFT_DMA=auto"
+                        )));
+                    }
+                    ok
+                }
+            };
+            peers.push(Peer {
+                rank: r,
+                pid,
+                mem,
+                cma,
+                process: (r != rank).then(|| ProcessHandle::open(pid).ok()).flatten(),
+                pagemap: File::open(format!("/proc/{pid}/pagemap")).ok(),
+            });
+        }
+        // Nobody may remove its segment before everyone has mapped it.
+        boot.barrier()?;
+        let caps = Capabilities {
+            provider: "soft",
+            max_mr_size: ADDRESS_SPACE_END,
+            max_mr: MAX_MRS as u32,
+            max_qp: MAX_QPS as u32,
+            max_sge: 16,
+            max_inline: 1024,
+            max_qp_wr: 16384,
+            odp_rc: true,
+            implicit_odp: true,
+            prefetch: true,
+        };
+        let inner = Arc::new(Inner {
+            rank,
+            pid: std::process::id(),
+            caps,
+            counters: Counters::default(),
+            own,
+            peers,
+            regions: Mutex::new(RegionBook {
+                regions: vec![None; MAX_MRS],
+                pins: PinAccount::new(config.memlock),
+            }),
+            engine: Mutex::new(Engine::new(size)),
+            shutdown: AtomicBool::new(false),
+        });
+        let d = inner.clone();
+        let driver = std::thread::Builder::new()
+            .name(format!("pagewire-nic-driver-{rank}"))
+            .spawn(move || d.driver_loop())
+            .map_err(|e| Error::os("spawning the NIC driver thread", e))?;
+        Ok(SoftNic {
+            inner,
+            driver: Some(driver),
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// Number of ranks the NIC is connected to (including itself).
+    pub fn size(&self) -> usize {
+        self.inner.peers.len()
+    }
+
+    /// Whether payloads to `peer` move by CMA (one kernel copy) rather than staged.
+    pub fn uses_cma(&self, peer: usize) -> bool {
+        self.inner.peers.get(peer).is_some_and(|p| p.cma)
+    }
+
+    /// The locked-memory limit in force and bytes pinned now.
+    pub fn memlock(&self) -> (MemlockLimit, u64) {
+        let r = self.inner.regions.lock();
+        (r.pins.limit_value(), r.pins.pinned_bytes())
+    }
+}
+
+fn cma_permitted(pid: u32, probe: u64) -> bool {
+    let mut word = [0u8; 8];
+    let local = [Extent {
+        addr: word.as_mut_ptr() as u64,
+        len: 8,
+    }];
+    let ok = sys::cma_copy(
+        pid,
+        CmaDirection::Read,
+        &local,
+        &[Extent {
+            addr: probe,
+            len: 8,
+        }],
+    )
+    .is_ok();
+    ok && u64::from_le_bytes(word) == MAGIC
+}
+
+impl Drop for SoftNic {
+    fn drop(&mut self) {
+        self.inner.shutdown.store(true, Release);
+        self.inner.own.ring_doorbell();
+        if let Some(d) = self.driver.take() {
+            let _ = d.join();
+        }
+        let keys: Vec<u32> = self
+            .inner
+            .regions
+            .lock()
+            .regions
+            .iter()
+            .flatten()
+            .map(|r| r.lkey)
+            .collect();
+        for k in keys {
+            let _ = self.inner.deregister(k);
+        }
+    }
+}
+
+impl Inner {
+    fn driver_loop(&self) {
+        let bell = self.own.doorbell();
+        loop {
+            let seen = bell.load(Acquire);
+            if self.shutdown.load(Acquire) {
+                return;
+            }
+            self.serve_faults();
+            let busy = match self.engine.try_lock() {
+                Some(mut eng) => {
+                    self.progress(&mut eng);
+                    eng.has_responder_work()
+                }
+                None => true,
+            };
+            if bell.load(Acquire) == seen {
+                let wait = if busy {
+                    Duration::from_micros(200)
+                } else {
+                    Duration::from_millis(20)
+                };
+                sys::futex_wait(bell, seen, wait);
+            }
+        }
+    }
+
+    /// The driver's fault handler: resolves every filed fault on this rank's memory.
+    fn serve_faults(&self) {
+        for qpn in 0..MAX_QPS as u32 {
+            let slot = self.own.npf_slot(qpn);
+            let req = slot.w[NPF_REQ].load(Acquire);
+            if req == slot.w[NPF_DONE].load(Relaxed) {
+                continue;
+            }
+            let (addr, len) = (
+                slot.w[NPF_ADDR].load(Relaxed),
+                slot.w[NPF_LEN].load(Relaxed),
+            );
+            let write = slot.w[NPF_WRITE].load(Relaxed) != 0;
+            let ok = self.resolve_fault(addr, len, write);
+            let t0 = slot.w[NPF_TIME].load(Relaxed);
+            slot.w[NPF_STATUS].store(!ok as u64, Relaxed);
+            slot.w[NPF_DONE].store(req, Release);
+            let pages = sys::page_span(addr, len).1 / PAGE_SIZE;
+            self.counters
+                .record_npf(false, pages, sys::monotonic_ns().saturating_sub(t0));
+        }
+    }
+
+    /// Maps `[addr, addr+len)` of this process and marks it present for the NIC.
+    pub(crate) fn resolve_fault(&self, addr: u64, len: u64, write: bool) -> bool {
+        match sys::populate(addr, len, write).or_else(|_| sys::populate(addr, len, false)) {
+            Ok(()) => {
+                self.own.present().set(addr, len);
+                true
+            }
+            Err(_) => {
+                self.counters.npf_failed.fetch_add(1, Relaxed);
+                false
+            }
+        }
+    }
+
+    fn region(&self, lkey: u32) -> Result<RegionInfo> {
+        let r = self.regions.lock();
+        r.regions[(lkey as usize) % MAX_MRS]
+            .filter(|m| m.lkey == lkey)
+            .ok_or(Error::UnknownKey { key: lkey })
+    }
+
+    fn deregister(&self, lkey: u32) -> Result<()> {
+        let mut book = self.regions.lock();
+        let idx = lkey as usize % MAX_MRS;
+        let info = book.regions[idx]
+            .filter(|m| m.lkey == lkey)
+            .ok_or(Error::UnknownKey { key: lkey })?;
+        self.own.tpt().revoke(lkey, Duration::from_secs(5));
+        book.regions[idx] = None;
+        if !info.access.contains(Access::ON_DEMAND) {
+            let freed = book.pins.unpin(info.addr, info.len);
+            self.counters.sub_pinned(freed);
+        }
+        self.counters.deregistrations.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    fn register(&self, addr: u64, len: u64, access: Access) -> Result<RegionInfo> {
+        if len == 0 {
+            return Err(Error::InvalidArgument(
+                "cannot register a zero-length region".into(),
+            ));
+        }
+        if addr
+            .checked_add(len)
+            .is_none_or(|end| end > ADDRESS_SPACE_END)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "region {addr:#x}+{len} lies outside the user address space"
+            )));
+        }
+        if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
+            return Err(Error::InvalidArgument(
+                "REMOTE_WRITE requires LOCAL_WRITE (as in verbs)".into(),
+            ));
+        }
+        let mut book = self.regions.lock();
+        let idx = book
+            .regions
+            .iter()
+            .position(Option::is_none)
+            .ok_or(Error::Exhausted {
+                what: "memory regions",
+                limit: MAX_MRS as u64,
+                hint: "deregister regions you no longer use, or use implicit ODP",
+            })?;
+        if !access.contains(Access::ON_DEMAND) {
+            let pinned = book.pins.pin(addr, len)?;
+            self.counters.add_pinned(pinned);
+        }
+        let tpt = self.own.tpt();
+        let key = tpt.fresh_key(idx);
+        tpt.publish(Translation {
+            key,
+            base: addr,
+            len,
+            access,
+        });
+        let info = RegionInfo {
+            addr,
+            len,
+            lkey: key,
+            rkey: key,
+            access,
+        };
+        book.regions[idx] = Some(info);
+        self.counters.registrations.fetch_add(1, Relaxed);
+        Ok(info)
+    }
+}
+
+impl Nic for SoftNic {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    fn register(&self, addr: u64, len: u64, access: Access) -> Result<RegionInfo> {
+        self.inner.register(addr, len, access)
+    }
+
+    fn register_implicit_odp(&self, access: Access) -> Result<RegionInfo> {
+        self.inner
+            .register(0, ADDRESS_SPACE_END, access | Access::ON_DEMAND)
+    }
+
+    fn deregister(&self, lkey: u32) -> Result<()> {
+        self.inner.deregister(lkey)
+    }
+
+    fn advise(&self, lkey: u32, addr: u64, len: u64, advice: Advice) -> Result<()> {
+        let r = self.inner.region(lkey)?;
+        if !r.access.contains(Access::ON_DEMAND) {
+            return Err(Error::InvalidArgument(format!(
+                "advise needs an ODP region; key {lkey:#010x} is pinned"
+            )));
+        }
+        if addr < r.addr || addr.saturating_add(len) > r.addr + r.len {
+            return Err(Error::InvalidArgument(format!(
+                "advise range {addr:#x}+{len} is outside region {:#x}+{}",
+                r.addr, r.len
+            )));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let write = advice == Advice::PrefetchWrite;
+        sys::populate(addr, len, write)
+            .or_else(|_| sys::populate(addr, len, false))
+            .map_err(|_| Error::UnmappedRange { addr, len })?;
+        let newly = self.inner.own.present().set(addr, len);
+        self.inner.counters.prefetch_pages.fetch_add(newly, Relaxed);
+        Ok(())
+    }
+
+    fn create_cq(&self, depth: u32) -> Result<u32> {
+        self.inner.engine.lock().create_cq(depth)
+    }
+
+    fn create_qp(&self, peer: usize, send_cq: u32, recv_cq: u32, caps: QpCaps) -> Result<u32> {
+        if peer >= self.inner.peers.len() {
+            return Err(Error::InvalidArgument(format!(
+                "rank {peer} does not exist (job of {} ranks)",
+                self.inner.peers.len()
+            )));
+        }
+        if caps.max_sge > self.inner.caps.max_sge || caps.max_inline > self.inner.caps.max_inline {
+            return Err(Error::InvalidArgument(format!(
+                "queue pair asks for {} SGEs / {} inline bytes; the device allows {} / {}",
+                caps.max_sge, caps.max_inline, self.inner.caps.max_sge, self.inner.caps.max_inline
+            )));
+        }
+        self.inner
+            .engine
+            .lock()
+            .create_qp(peer, send_cq, recv_cq, caps)
+    }
+
+    fn endpoint(&self, qpn: u32) -> Result<Endpoint> {
+        self.inner.engine.lock().qp(qpn)?;
+        let mut v = (self.inner.rank as u32).to_le_bytes().to_vec();
+        v.extend_from_slice(&qpn.to_le_bytes());
+        Ok(Endpoint(v))
+    }
+
+    fn connect(&self, qpn: u32, remote: &Endpoint) -> Result<()> {
+        let e = &remote.0;
+        if e.len() != 8 {
+            return Err(Error::InvalidArgument("malformed endpoint".into()));
+        }
+        let rank = u32::from_le_bytes(e[0..4].try_into().expect("4 bytes")) as usize;
+        let rqpn = u32::from_le_bytes(e[4..8].try_into().expect("4 bytes"));
+        let mut eng = self.inner.engine.lock();
+        let qp = eng.qp_mut(qpn)?;
+        if qp.peer != rank {
+            return Err(Error::InvalidArgument(format!(
+                "queue pair {qpn} was created towards rank {}, but the endpoint is rank {rank}'s",
+                qp.peer
+            )));
+        }
+        if rqpn as usize >= MAX_QPS {
+            return Err(Error::InvalidArgument(format!(
+                "remote queue pair number {rqpn} is out of range"
+            )));
+        }
+        qp.remote_qpn = Some(rqpn);
+        Ok(())
+    }
+
+    unsafe fn post_send(&self, qpn: u32, wr: &SendWr<'_>) -> Result<()> {
+        self.inner.post_send(qpn, wr)
+    }
+
+    unsafe fn post_recv(&self, qpn: u32, wr: &RecvWr<'_>) -> Result<()> {
+        self.inner.post_recv(qpn, wr)
+    }
+
+    fn poll_cq(&self, cq: u32, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
+        let mut eng = self.inner.engine.lock();
+        self.inner.progress(&mut eng);
+        eng.drain_cq(cq, out, max)
+    }
+
+    fn counters(&self) -> CountersSnapshot {
+        self.inner.counters.snapshot()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes_parse_with_suffixes() {
+        assert_eq!(parse_bytes("65536"), Some(Some(65536)));
+        assert_eq!(parse_bytes("64K"), Some(Some(65536)));
+        assert_eq!(parse_bytes("8m"), Some(Some(8 << 20)));
+        assert_eq!(parse_bytes("1G"), Some(Some(1 << 30)));
+        assert_eq!(parse_bytes("unlimited"), Some(None));
+        assert_eq!(parse_bytes("lots"), None);
+        assert_eq!(parse_bytes(""), None);
+    }
+}

@@ -1,0 +1,294 @@
+//! The wire: a single-producer single-consumer ring of fixed-size packet slots in shared
+//! memory, one per (sender, receiver) pair, living in the receiver's segment.
+//!
+//! Across processes there is exactly one producer (the sender's NIC) and one consumer (the
+//! receiver's NIC); inside a process the NIC serialises its threads with a lock, so the
+//! protocol is the classic SPSC one: the producer fills a slot and publishes it by advancing
+//! `tail` with release ordering; the consumer acquires `tail`, reads, and frees the slot by
+//! advancing `head`. A full ring is back-pressure: the sender keeps the packet and retries.
+
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+
+use super::shm::SharedSegment;
+
+/// Bytes per slot: a 64-byte header plus payload (the soft NIC's MTU).
+pub(crate) const SLOT_BYTES: usize = 16 * 1024;
+/// Slots per ring.
+pub(crate) const SLOTS: u64 = 64;
+/// Header bytes at the start of a slot.
+pub(crate) const HEADER_BYTES: usize = 64;
+/// Payload bytes one packet carries.
+pub(crate) const MTU: usize = SLOT_BYTES - HEADER_BYTES;
+/// Bytes of one ring: two cache lines of indices, then the slots.
+pub(crate) const RING_BYTES: usize = 128 + SLOTS as usize * SLOT_BYTES;
+
+/// Packet kinds, after the RC opcodes they stand for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Kind {
+    /// A SEND (first/middle/last segment; or a descriptor the receiver pulls with CMA).
+    Send = 1,
+    /// An RDMA WRITE segment (staged path).
+    Write = 2,
+    /// The immediate of an RDMA WRITE WITH IMM whose data went by CMA: consumes a receive.
+    WriteImm = 3,
+    /// An RDMA READ request (staged path).
+    ReadRequest = 4,
+    /// An RDMA READ response segment (staged path).
+    ReadResponse = 5,
+    /// Positive or negative acknowledgement of a request, with a status.
+    Ack = 6,
+    /// Receiver not ready: no receive posted, or a receive-side network page fault.
+    RnrNack = 7,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::Send,
+            2 => Kind::Write,
+            3 => Kind::WriteImm,
+            4 => Kind::ReadRequest,
+            5 => Kind::ReadResponse,
+            6 => Kind::Ack,
+            7 => Kind::RnrNack,
+            _ => return None,
+        })
+    }
+}
+
+/// Flag: first packet of a message.
+pub(crate) const FIRST: u8 = 1;
+/// Flag: last packet of a message.
+pub(crate) const LAST: u8 = 2;
+/// Flag: the message carries immediate data.
+pub(crate) const HAS_IMM: u8 = 4;
+/// Flag: the payload is a list of the sender's extents to pull with CMA, not data.
+pub(crate) const CMA_DESCRIPTOR: u8 = 8;
+
+/// A packet header (64 bytes on the wire).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Header {
+    /// `Kind` as u8.
+    pub kind: u8,
+    /// FIRST | LAST | HAS_IMM | CMA_DESCRIPTOR.
+    pub flags: u8,
+    /// For Ack: a status code; for RnrNack: 1 if caused by a page fault.
+    pub code: u16,
+    /// Immediate data.
+    pub imm: u32,
+    /// Destination queue pair number (at the receiver of the packet).
+    pub dst_qpn: u32,
+    /// Source queue pair number (at the sender of the packet).
+    pub src_qpn: u32,
+    /// Message sequence number of the request this packet belongs to (per queue pair).
+    pub msn: u64,
+    /// Total length of the message.
+    pub total_len: u64,
+    /// Offset of this packet's payload within the message.
+    pub offset: u64,
+    /// Remote address (WRITE/READ), or 0.
+    pub remote_addr: u64,
+    /// Remote key (WRITE/READ), or 0.
+    pub rkey: u32,
+    /// Payload bytes in this slot.
+    pub payload_len: u32,
+}
+
+impl Header {
+    pub(crate) fn kind(&self) -> Option<Kind> {
+        Kind::from_u8(self.kind)
+    }
+
+    fn encode(&self) -> [u64; 8] {
+        [
+            self.kind as u64
+                | (self.flags as u64) << 8
+                | (self.code as u64) << 16
+                | (self.imm as u64) << 32,
+            self.dst_qpn as u64 | (self.src_qpn as u64) << 32,
+            self.msn,
+            self.total_len,
+            self.offset,
+            self.remote_addr,
+            self.rkey as u64 | (self.payload_len as u64) << 32,
+            0,
+        ]
+    }
+
+    fn decode(w: [u64; 8]) -> Header {
+        Header {
+            kind: w[0] as u8,
+            flags: (w[0] >> 8) as u8,
+            code: (w[0] >> 16) as u16,
+            imm: (w[0] >> 32) as u32,
+            dst_qpn: w[1] as u32,
+            src_qpn: (w[1] >> 32) as u32,
+            msn: w[2],
+            total_len: w[3],
+            offset: w[4],
+            remote_addr: w[5],
+            rkey: w[6] as u32,
+            payload_len: (w[6] >> 32) as u32,
+        }
+    }
+}
+
+/// A view of one ring inside a segment.
+#[derive(Clone, Copy)]
+pub(crate) struct Ring<'a> {
+    seg: &'a SharedSegment,
+    base: usize,
+}
+
+impl<'a> Ring<'a> {
+    /// The ring whose indices start at byte `base` of `seg`.
+    pub(crate) fn at(seg: &'a SharedSegment, base: usize) -> Ring<'a> {
+        assert!(base + RING_BYTES <= seg.len());
+        Ring { seg, base }
+    }
+
+    fn head(&self) -> &'a std::sync::atomic::AtomicU64 {
+        &self.seg.words(self.base, 1)[0]
+    }
+
+    fn tail(&self) -> &'a std::sync::atomic::AtomicU64 {
+        &self.seg.words(self.base + 64, 1)[0]
+    }
+
+    fn slot(&self, index: u64) -> usize {
+        self.base + 128 + (index % SLOTS) as usize * SLOT_BYTES
+    }
+
+    /// Producer: the free slot to fill next, if the ring is not full.
+    pub(crate) fn reserve(&self) -> Option<Slot<'a>> {
+        let tail = self.tail().load(Relaxed);
+        let head = self.head().load(Acquire);
+        (tail - head < SLOTS).then(|| Slot {
+            seg: self.seg,
+            offset: self.slot(tail),
+        })
+    }
+
+    /// Producer: publishes the slot returned by `reserve` after writing `header`.
+    pub(crate) fn publish(&self, slot: Slot<'a>, header: &Header) {
+        let words = self.seg.words(slot.offset, 8);
+        for (w, v) in words.iter().zip(header.encode()) {
+            w.store(v, Relaxed);
+        }
+        self.tail().fetch_add(1, Release);
+    }
+
+    /// Consumer: the oldest published packet, if any.
+    pub(crate) fn peek(&self) -> Option<(Header, Slot<'a>)> {
+        let head = self.head().load(Relaxed);
+        let tail = self.tail().load(Acquire);
+        if head == tail {
+            return None;
+        }
+        let offset = self.slot(head);
+        let words = self.seg.words(offset, 8);
+        let header = Header::decode(std::array::from_fn(|i| words[i].load(Relaxed)));
+        Some((
+            header,
+            Slot {
+                seg: self.seg,
+                offset,
+            },
+        ))
+    }
+
+    /// Consumer: frees the slot returned by `peek`.
+    pub(crate) fn pop(&self) {
+        self.head().fetch_add(1, Release);
+    }
+
+    /// Packets published and not yet consumed.
+    #[cfg(test)]
+    pub(crate) fn occupancy(&self) -> u64 {
+        self.tail().load(Acquire) - self.head().load(Acquire)
+    }
+}
+
+/// One slot's payload area.
+#[derive(Clone, Copy)]
+pub(crate) struct Slot<'a> {
+    seg: &'a SharedSegment,
+    offset: usize,
+}
+
+impl Slot<'_> {
+    /// Address of the payload in this process (for CMA into or out of the slot).
+    pub(crate) fn payload_addr(&self) -> u64 {
+        self.seg.addr_of(self.offset + HEADER_BYTES)
+    }
+
+    /// Writes `bytes` at the start of the payload.
+    pub(crate) fn write_payload(&self, bytes: &[u8]) {
+        assert!(bytes.len() <= MTU);
+        self.seg.copy_in(self.offset + HEADER_BYTES, bytes);
+    }
+
+    /// Reads the first `out.len()` payload bytes.
+    pub(crate) fn read_payload(&self, out: &mut [u8]) {
+        assert!(out.len() <= MTU);
+        self.seg.copy_out(self.offset + HEADER_BYTES, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn segment() -> SharedSegment {
+        let name = format!("pagewire-unittest-ring-{:x}", rand::random::<u64>());
+        SharedSegment::create(&name, RING_BYTES).unwrap()
+    }
+
+    #[test]
+    fn header_round_trips() {
+        let h = Header {
+            kind: Kind::ReadResponse as u8,
+            flags: FIRST | LAST,
+            code: 3,
+            imm: 0xdead_beef,
+            dst_qpn: 7,
+            src_qpn: 9,
+            msn: u64::MAX - 1,
+            total_len: 1 << 40,
+            offset: 12345,
+            remote_addr: 0x7fff_0000_1000,
+            rkey: 0xabcd_1234,
+            payload_len: MTU as u32,
+        };
+        assert_eq!(Header::decode(h.encode()), h);
+    }
+
+    #[test]
+    fn fifo_order_and_back_pressure() {
+        let seg = segment();
+        let ring = Ring::at(&seg, 0);
+        for i in 0..SLOTS {
+            let s = ring.reserve().expect("space");
+            s.write_payload(&i.to_le_bytes());
+            ring.publish(
+                s,
+                &Header {
+                    msn: i,
+                    payload_len: 8,
+                    ..Header::default()
+                },
+            );
+        }
+        assert!(ring.reserve().is_none(), "a full ring refuses");
+        assert_eq!(ring.occupancy(), SLOTS);
+        for i in 0..SLOTS {
+            let (h, s) = ring.peek().expect("packet");
+            let mut b = [0u8; 8];
+            s.read_payload(&mut b);
+            assert_eq!((h.msn, u64::from_le_bytes(b)), (i, i));
+            ring.pop();
+        }
+        assert!(ring.peek().is_none());
+    }
+}

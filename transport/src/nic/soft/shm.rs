@@ -1,0 +1,203 @@
+//! POSIX shared-memory segments: the soft NIC's wire (rings), its translation and protection
+//! table and its ODP present bitmap live in them (one of the few modules with `unsafe`).
+//!
+//! Everything shared across processes is accessed as atomics ([`SharedSegment::words`]) or
+//! copied in and out as bytes under the ring protocol's acquire/release ordering.
+
+use std::ffi::CString;
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+use crate::error::{Error, Result};
+
+/// One mapped shared-memory object (`/dev/shm/NAME`).
+#[derive(Debug)]
+pub(crate) struct SharedSegment {
+    ptr: *mut u8,
+    len: usize,
+    name: String,
+    owner: bool,
+}
+
+// SAFETY: the mapping is process-shared memory accessed only through atomics or explicit
+// byte copies; the pointer itself is valid from any thread until drop.
+unsafe impl Send for SharedSegment {}
+// SAFETY: as above; all shared access goes through &self methods that use atomics or copies.
+unsafe impl Sync for SharedSegment {}
+
+impl SharedSegment {
+    /// Creates `/dev/shm/NAME` of `len` bytes (sparse: pages cost memory when first touched)
+    /// and maps it; it is unlinked when this value drops.
+    pub(crate) fn create(name: &str, len: usize) -> Result<SharedSegment> {
+        let c =
+            CString::new(format!("/{name}")).map_err(|_| Error::InvalidArgument(name.into()))?;
+        // SAFETY: shm_open with a valid NUL-terminated name.
+        let fd = unsafe {
+            libc::shm_open(
+                c.as_ptr(),
+                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
+                0o600,
+            )
+        };
+        if fd < 0 {
+            return Err(Error::last_os(format!(
+                "shm_open(/dev/shm/{name}, O_CREAT)"
+            )));
+        }
+        // SAFETY: fd is our open descriptor.
+        if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
+            let e = Error::last_os(format!("ftruncate(/dev/shm/{name}, {len})"));
+            // SAFETY: closing and unlinking what we just created.
+            unsafe {
+                libc::close(fd);
+                libc::shm_unlink(c.as_ptr());
+            }
+            return Err(e);
+        }
+        let seg = Self::map(fd, len, name, true);
+        if seg.is_err() {
+            // SAFETY: removing the object we created.
+            unsafe { libc::shm_unlink(c.as_ptr()) };
+        }
+        seg
+    }
+
+    /// Maps an existing `/dev/shm/NAME` (a peer's), whole.
+    pub(crate) fn open(name: &str) -> Result<SharedSegment> {
+        let c =
+            CString::new(format!("/{name}")).map_err(|_| Error::InvalidArgument(name.into()))?;
+        // SAFETY: shm_open with a valid NUL-terminated name.
+        let fd = unsafe { libc::shm_open(c.as_ptr(), libc::O_RDWR, 0) };
+        if fd < 0 {
+            return Err(Error::last_os(format!("shm_open(/dev/shm/{name})")));
+        }
+        // SAFETY: fstat into a stat struct we own.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fd is our open descriptor and st is a valid out pointer.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            let e = Error::last_os(format!("fstat(/dev/shm/{name})"));
+            // SAFETY: closing our descriptor.
+            unsafe { libc::close(fd) };
+            return Err(e);
+        }
+        Self::map(fd, st.st_size as usize, name, false)
+    }
+
+    fn map(fd: libc::c_int, len: usize, name: &str, owner: bool) -> Result<SharedSegment> {
+        // SAFETY: a shared mapping of the whole object at a kernel-chosen address.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                fd,
+                0,
+            )
+        };
+        let err = (p == libc::MAP_FAILED).then(|| Error::last_os(format!("mmap(/dev/shm/{name})")));
+        // SAFETY: the mapping keeps the object alive; the descriptor is no longer needed.
+        unsafe { libc::close(fd) };
+        if let Some(e) = err {
+            return Err(e);
+        }
+        Ok(SharedSegment {
+            ptr: p as *mut u8,
+            len,
+            name: name.to_string(),
+            owner,
+        })
+    }
+
+    /// Size in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Address of byte `offset` in this process (for CMA into or out of the segment).
+    pub(crate) fn addr_of(&self, offset: usize) -> u64 {
+        assert!(offset <= self.len);
+        self.ptr as u64 + offset as u64
+    }
+
+    /// `count` 64-bit atomic words starting at byte `offset` (8-aligned).
+    pub(crate) fn words(&self, offset: usize, count: usize) -> &[AtomicU64] {
+        assert!(
+            offset % 8 == 0 && offset + count * 8 <= self.len,
+            "words out of segment"
+        );
+        // SAFETY: in bounds and aligned (mmap is page-aligned, offset 8-aligned); AtomicU64
+        // has the layout of u64 and any bit pattern is valid; the slice lives as long as the
+        // mapping (&self). Other processes access the same memory only atomically.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(offset) as *const AtomicU64, count) }
+    }
+
+    /// The 32-bit atomic word at byte `offset` (4-aligned), e.g. a futex.
+    pub(crate) fn word32(&self, offset: usize) -> &AtomicU32 {
+        assert!(
+            offset % 4 == 0 && offset + 4 <= self.len,
+            "word out of segment"
+        );
+        // SAFETY: as for `words`.
+        unsafe { &*(self.ptr.add(offset) as *const AtomicU32) }
+    }
+
+    /// Copies `src` into the segment at `offset`.
+    pub(crate) fn copy_in(&self, offset: usize, src: &[u8]) {
+        assert!(offset + src.len() <= self.len, "copy_in out of segment");
+        // SAFETY: in bounds; the ring protocol gives the writer exclusive use of the slot
+        // until it publishes it with a release store.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(offset), src.len()) };
+    }
+
+    /// Copies bytes of the segment at `offset` into `dst`.
+    pub(crate) fn copy_out(&self, offset: usize, dst: &mut [u8]) {
+        assert!(offset + dst.len() <= self.len, "copy_out out of segment");
+        // SAFETY: in bounds; the slot was published with a release store that the reader
+        // acquired, and the writer does not reuse it until the reader releases it.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset), dst.as_mut_ptr(), dst.len()) };
+    }
+}
+
+impl Drop for SharedSegment {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping once; no references into it outlive &self.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+        if self.owner {
+            if let Ok(c) = CString::new(format!("/{}", self.name)) {
+                // SAFETY: unlinking the object this process created.
+                unsafe { libc::shm_unlink(c.as_ptr()) };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn create_open_share_and_unlink() {
+        let name = format!("pagewire-unittest-{:x}", rand::random::<u64>());
+        let a = SharedSegment::create(&name, 1 << 20).unwrap();
+        let b = SharedSegment::open(&name).unwrap();
+        assert_eq!(b.len(), 1 << 20);
+        a.words(64, 1)[0].store(42, Ordering::Release);
+        assert_eq!(b.words(64, 1)[0].load(Ordering::Acquire), 42);
+        a.copy_in(4096, b"hello");
+        let mut out = [0u8; 5];
+        b.copy_out(4096, &mut out);
+        assert_eq!(&out, b"hello");
+        drop(b);
+        drop(a);
+        assert!(!std::path::Path::new(&format!("/dev/shm/{name}")).exists());
+    }
+
+    #[test]
+    fn create_twice_fails_with_the_name() {
+        let name = format!("pagewire-unittest-{:x}", rand::random::<u64>());
+        let _a = SharedSegment::create(&name, 4096).unwrap();
+        let e = SharedSegment::create(&name, 4096).unwrap_err().to_string();
+        assert!(e.contains(&name), "{e}");
+    }
+}

@@ -1,0 +1,276 @@
+//! The translation and protection table (TPT): each rank's memory-region table, kept in its
+//! shared segment so that peers' NIC engines check every RDMA access against it before a
+//! byte moves (DESIGN.md "The soft provider"; seed 004: the NIC's tables live in host memory).
+//!
+//! An entry is written only by its owner under a sequence lock and read by anyone. A key is
+//! `index | tag << INDEX_BITS` with a fresh random non-zero tag per registration, so a
+//! guessed key fails with probability 1 - 2^-20 and a recycled (stale) key always fails.
+//! Readers doing DMA hold an in-use count that deregistration waits on, as `ibv_dereg_mr`
+//! waits for the HCA to stop using a region.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::time::{Duration, Instant};
+
+use crate::nic::Access;
+
+/// Entries per table.
+pub(crate) const MAX_MRS: usize = 4096;
+const INDEX_BITS: u32 = 12;
+const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
+/// 64-bit words per entry.
+pub(crate) const ENTRY_WORDS: usize = 8;
+/// Bytes of the whole table.
+pub(crate) const TPT_BYTES: usize = MAX_MRS * ENTRY_WORDS * 8;
+/// Highest user address + 1 (x86-64 and aarch64 with 4-level tables: 47 bits).
+pub(crate) const ADDRESS_SPACE_END: u64 = 1 << 47;
+
+const SEQ: usize = 0;
+const KEY: usize = 1;
+const BASE: usize = 2;
+const LEN: usize = 3;
+const ACCESS: usize = 4;
+const INUSE: usize = 5;
+
+/// What a key translates to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Translation {
+    pub key: u32,
+    pub base: u64,
+    pub len: u64,
+    pub access: Access,
+}
+
+impl Translation {
+    /// Whether the region pins nothing and maps pages by faults.
+    pub(crate) fn on_demand(&self) -> bool {
+        self.access.contains(Access::ON_DEMAND)
+    }
+}
+
+/// Why an access was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// No live region has this key (never issued, deregistered, or recycled).
+    UnknownKey,
+    /// The range is not inside the region.
+    OutOfBounds,
+    /// The region lacks the access right.
+    NoAccess,
+}
+
+/// A view of one rank's table.
+#[derive(Clone, Copy)]
+pub(crate) struct Tpt<'a> {
+    words: &'a [AtomicU64],
+}
+
+/// Proof that the region stays live while DMA runs; dropping it releases the in-use count.
+pub(crate) struct InUse<'a> {
+    count: &'a AtomicU64,
+    pub translation: Translation,
+}
+
+impl Drop for InUse<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Release);
+    }
+}
+
+impl<'a> Tpt<'a> {
+    /// The table over `words` (`MAX_MRS * ENTRY_WORDS` of them).
+    pub(crate) fn new(words: &'a [AtomicU64]) -> Tpt<'a> {
+        assert_eq!(words.len(), MAX_MRS * ENTRY_WORDS);
+        Tpt { words }
+    }
+
+    fn entry(&self, index: usize) -> &'a [AtomicU64] {
+        &self.words[index * ENTRY_WORDS..(index + 1) * ENTRY_WORDS]
+    }
+
+    /// Owner: a fresh key for entry `index` (tag differs from the previous one).
+    pub(crate) fn fresh_key(&self, index: usize) -> u32 {
+        let old = self.entry(index)[KEY].load(Relaxed) as u32 >> INDEX_BITS;
+        loop {
+            let tag = rand::random::<u32>() >> INDEX_BITS;
+            if tag != 0 && tag != old {
+                return index as u32 | tag << INDEX_BITS;
+            }
+        }
+    }
+
+    /// Owner: makes `t` visible to every NIC engine.
+    pub(crate) fn publish(&self, t: Translation) {
+        let e = self.entry((t.key & INDEX_MASK) as usize);
+        let seq = e[SEQ].load(Relaxed);
+        e[SEQ].store(seq + 1, Relaxed);
+        std::sync::atomic::fence(Release);
+        e[BASE].store(t.base, Relaxed);
+        e[LEN].store(t.len, Relaxed);
+        e[ACCESS].store(t.access.bits() as u64, Relaxed);
+        e[KEY].store(t.key as u64, Relaxed);
+        e[SEQ].store(seq + 2, Release);
+    }
+
+    /// Owner: invalidates `key`, then waits until no engine is using it (or `grace` passed,
+    /// which only happens if a peer died mid-DMA). Returns false on a timeout.
+    pub(crate) fn revoke(&self, key: u32, grace: Duration) -> bool {
+        let e = self.entry((key & INDEX_MASK) as usize);
+        let seq = e[SEQ].load(Relaxed);
+        e[SEQ].store(seq + 1, Relaxed);
+        // Keep the tag in KEY's high bits' history for `fresh_key`, but mark it dead.
+        e[KEY].store((key as u64) | 1 << 40, SeqCst);
+        e[SEQ].store(seq + 2, SeqCst);
+        let start = Instant::now();
+        while e[INUSE].load(SeqCst) != 0 {
+            if start.elapsed() > grace {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+        true
+    }
+
+    /// Anyone: what `key` translates to, if it is live.
+    pub(crate) fn lookup(&self, key: u32) -> Option<Translation> {
+        let e = self.entry((key & INDEX_MASK) as usize);
+        loop {
+            let s1 = e[SEQ].load(Acquire);
+            if s1 & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let k = e[KEY].load(Relaxed);
+            let t = Translation {
+                key: k as u32,
+                base: e[BASE].load(Relaxed),
+                len: e[LEN].load(Relaxed),
+                access: Access::from_bits_truncate(e[ACCESS].load(Relaxed) as u32),
+            };
+            std::sync::atomic::fence(Acquire);
+            if e[SEQ].load(Relaxed) != s1 {
+                continue;
+            }
+            return (k == key as u64 && key != 0).then_some(t);
+        }
+    }
+
+    /// Anyone about to DMA: checks `[addr, addr+len)` against `key` with rights `need` and
+    /// pins the entry against deregistration until the returned guard drops.
+    pub(crate) fn acquire(
+        &self,
+        key: u32,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<InUse<'a>, Refusal> {
+        let e = self.entry((key & INDEX_MASK) as usize);
+        e[INUSE].fetch_add(1, SeqCst);
+        let guard = |t| InUse {
+            count: &e[INUSE],
+            translation: t,
+        };
+        let Some(t) = self.lookup(key) else {
+            e[INUSE].fetch_sub(1, Release);
+            return Err(Refusal::UnknownKey);
+        };
+        let g = guard(t);
+        check(&t, addr, len, need)?;
+        Ok(g)
+    }
+}
+
+/// Checks bounds and rights of an access against a translation.
+pub(crate) fn check(t: &Translation, addr: u64, len: u64, need: Access) -> Result<(), Refusal> {
+    let end = addr.checked_add(len).ok_or(Refusal::OutOfBounds)?;
+    if addr < t.base || end > t.base + t.len {
+        return Err(Refusal::OutOfBounds);
+    }
+    if !t.access.contains(need) {
+        return Err(Refusal::NoAccess);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> Vec<AtomicU64> {
+        (0..MAX_MRS * ENTRY_WORDS)
+            .map(|_| AtomicU64::new(0))
+            .collect()
+    }
+
+    #[test]
+    fn live_key_checks_bounds_and_rights() {
+        let w = table();
+        let tpt = Tpt::new(&w);
+        let key = tpt.fresh_key(5);
+        tpt.publish(Translation {
+            key,
+            base: 0x1000,
+            len: 0x2000,
+            access: Access::LOCAL_WRITE | Access::REMOTE_READ,
+        });
+        assert!(tpt
+            .acquire(key, 0x1000, 0x2000, Access::REMOTE_READ)
+            .is_ok());
+        assert_eq!(
+            tpt.acquire(key, 0x2fff, 2, Access::REMOTE_READ).err(),
+            Some(Refusal::OutOfBounds)
+        );
+        assert_eq!(
+            tpt.acquire(key, 0x1000, 8, Access::REMOTE_WRITE).err(),
+            Some(Refusal::NoAccess)
+        );
+        assert_eq!(
+            tpt.acquire(key, u64::MAX, 2, Access::NONE).err(),
+            Some(Refusal::OutOfBounds)
+        );
+    }
+
+    #[test]
+    fn revoked_and_recycled_keys_fail() {
+        let w = table();
+        let tpt = Tpt::new(&w);
+        let old = tpt.fresh_key(7);
+        let t = Translation {
+            key: old,
+            base: 0,
+            len: 4096,
+            access: Access::REMOTE_WRITE,
+        };
+        tpt.publish(t);
+        assert!(tpt.revoke(old, Duration::from_secs(1)));
+        assert_eq!(tpt.lookup(old), None);
+        let new = tpt.fresh_key(7);
+        assert_ne!(new, old, "same slot, new tag");
+        tpt.publish(Translation { key: new, ..t });
+        assert_eq!(
+            tpt.lookup(old),
+            None,
+            "stale key rejected after reuse of the entry"
+        );
+        assert!(tpt.lookup(new).is_some());
+        assert_eq!(tpt.lookup(new ^ (1 << 20)), None, "a guessed tag fails");
+        assert_eq!(tpt.lookup(0), None);
+    }
+
+    #[test]
+    fn revoke_waits_for_in_flight_dma() {
+        let w = table();
+        let tpt = Tpt::new(&w);
+        let key = tpt.fresh_key(1);
+        tpt.publish(Translation {
+            key,
+            base: 0,
+            len: 4096,
+            access: Access::REMOTE_READ,
+        });
+        let g = tpt.acquire(key, 0, 8, Access::REMOTE_READ).unwrap();
+        assert!(!tpt.revoke(key, Duration::from_millis(20)), "still in use");
+        drop(g);
+        assert!(tpt.revoke(key, Duration::from_millis(20)));
+    }
+}

@@ -1,0 +1,459 @@
+//! The system calls the soft NIC stands on, wrapped once (one of the few modules with
+//! `unsafe`; every block carries a `// SAFETY:` note).
+//!
+//! The soft NIC never dereferences a user address itself: payload bytes move with
+//! `process_vm_readv`/`process_vm_writev` (CMA), also within one process, so the kernel
+//! validates every access and an unmapped address becomes `EFAULT`, not a crash.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::AtomicU32;
+use std::time::Duration;
+
+use crate::nic::PAGE_SIZE;
+
+/// A contiguous range of some process's address space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    /// First byte.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+fn iovecs(extents: &[Extent]) -> Vec<libc::iovec> {
+    extents
+        .iter()
+        .filter(|e| e.len > 0)
+        .map(|e| libc::iovec {
+            iov_base: e.addr as *mut libc::c_void,
+            iov_len: e.len as usize,
+        })
+        .collect()
+}
+
+/// Which way [`cma_copy`] moves bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CmaDirection {
+    /// From `pid`'s `remote` extents into this process's `local` extents.
+    Read,
+    /// From this process's `local` extents into `pid`'s `remote` extents.
+    Write,
+}
+
+/// Copies between this process's `local` extents and process `pid`'s `remote` extents with
+/// one kernel copy, looping over partial transfers and the kernel's IOV_MAX. Both lists must
+/// describe the same number of bytes. Returns `EFAULT` if any address is unmapped (nothing is
+/// written past the fault), `EPERM` if the kernel forbids access to `pid`, `ESRCH` if it is
+/// gone.
+///
+/// The caller guarantees that the `local` extents, when written, belong to memory the user
+/// handed to the NIC (a registered region named in a posted work request, whose `post_*`
+/// contract forbids conflicting Rust accesses) or to a buffer the caller owns.
+pub fn cma_copy(
+    pid: u32,
+    dir: CmaDirection,
+    local: &[Extent],
+    remote: &[Extent],
+) -> io::Result<u64> {
+    let total: u64 = local.iter().map(|e| e.len).sum();
+    debug_assert_eq!(total, remote.iter().map(|e| e.len).sum::<u64>());
+    let (mut l, mut r) = (iovecs(local), iovecs(remote));
+    let (mut li, mut ri) = (0usize, 0usize);
+    let mut done = 0u64;
+    while done < total {
+        let ln = (l.len() - li).min(1024);
+        let rn = (r.len() - ri).min(1024);
+        // SAFETY: the iovec arrays are valid for ln/rn entries. The kernel checks every
+        // remote and local address against the target's and our page tables and fails with
+        // EFAULT instead of touching unmapped memory; local extents are written only for
+        // Read, under the caller's guarantee above.
+        let n = unsafe {
+            match dir {
+                CmaDirection::Read => libc::process_vm_readv(
+                    pid as libc::pid_t,
+                    l.as_ptr().add(li),
+                    ln as libc::c_ulong,
+                    r.as_ptr().add(ri),
+                    rn as libc::c_ulong,
+                    0,
+                ),
+                CmaDirection::Write => libc::process_vm_writev(
+                    pid as libc::pid_t,
+                    l.as_ptr().add(li),
+                    ln as libc::c_ulong,
+                    r.as_ptr().add(ri),
+                    rn as libc::c_ulong,
+                    0,
+                ),
+            }
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n == 0 {
+            return Err(io::Error::from_raw_os_error(libc::EFAULT));
+        }
+        done += n as u64;
+        advance(&mut l, &mut li, n as usize);
+        advance(&mut r, &mut ri, n as usize);
+    }
+    Ok(total)
+}
+
+fn advance(v: &mut [libc::iovec], idx: &mut usize, mut n: usize) {
+    while n > 0 && *idx < v.len() {
+        let cur = &mut v[*idx];
+        if n >= cur.iov_len {
+            n -= cur.iov_len;
+            *idx += 1;
+        } else {
+            cur.iov_base = (cur.iov_base as usize + n) as *mut libc::c_void;
+            cur.iov_len -= n;
+            n = 0;
+        }
+    }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: comparable between processes of one host.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// This process's id.
+pub fn getpid() -> u32 {
+    std::process::id()
+}
+
+/// Rounds `[addr, addr+len)` out to whole pages: (first page address, length).
+pub fn page_span(addr: u64, len: u64) -> (u64, u64) {
+    let start = addr & !(PAGE_SIZE - 1);
+    let end = (addr + len).div_ceil(PAGE_SIZE) * PAGE_SIZE;
+    (start, end - start)
+}
+
+/// `mlock` on the pages covering the range.
+pub fn mlock(addr: u64, len: u64) -> io::Result<()> {
+    let (a, l) = page_span(addr, len);
+    // SAFETY: mlock only changes residency of the calling process's pages; it fails with
+    // ENOMEM for unmapped ranges and never touches memory contents.
+    if unsafe { libc::mlock(a as *const libc::c_void, l as usize) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether every page of the range is mapped in this process (`mincore` fails with ENOMEM
+/// on any unmapped page).
+pub fn is_mapped(addr: u64, len: u64) -> bool {
+    let (a, l) = page_span(addr, len);
+    let mut vec = vec![0u8; (l / PAGE_SIZE) as usize];
+    // SAFETY: vec holds one byte per page of the range, as mincore requires.
+    unsafe { libc::mincore(a as *mut libc::c_void, l as usize, vec.as_mut_ptr()) == 0 }
+}
+
+/// Whether every extent is entirely mapped in this process.
+pub fn is_mapped_all(extents: &[Extent]) -> bool {
+    extents
+        .iter()
+        .all(|e| e.len == 0 || is_mapped(e.addr, e.len))
+}
+
+/// `munlock` on the pages covering the range.
+pub fn munlock(addr: u64, len: u64) -> io::Result<()> {
+    let (a, l) = page_span(addr, len);
+    // SAFETY: as for mlock.
+    if unsafe { libc::munlock(a as *const libc::c_void, l as usize) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Maps the pages of the range into this process's page tables without changing their
+/// contents (`MADV_POPULATE_WRITE`, or `_READ`): the work of resolving a network page
+/// fault. Fails with `EFAULT`/`ENOMEM` when part of the range is not mapped.
+pub fn populate(addr: u64, len: u64, write: bool) -> io::Result<()> {
+    let (a, l) = page_span(addr, len);
+    let advice = if write {
+        libc::MADV_POPULATE_WRITE
+    } else {
+        libc::MADV_POPULATE_READ
+    };
+    // SAFETY: MADV_POPULATE_* faults pages in as a CPU access would, without modifying
+    // their contents; an unmapped range yields an error.
+    if unsafe { libc::madvise(a as *mut libc::c_void, l as usize, advice) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Blocks while `*word == expected`, at most `timeout` (`FUTEX_WAIT`, shared: the word may
+/// live in memory mapped by several processes).
+pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: the word is a valid, aligned u32 for the duration of the call; FUTEX_WAIT
+    // only reads it. Spurious wake-ups and EAGAIN are fine for the callers, who re-check.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+        );
+    }
+}
+
+/// Wakes every waiter on `word` (`FUTEX_WAKE`, shared).
+pub fn futex_wake(word: &AtomicU32) {
+    // SAFETY: the word is valid and aligned; FUTEX_WAKE does not access memory contents.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+    }
+}
+
+/// A handle on another process that tells whether it is still running (`pidfd_open`),
+/// immune to pid reuse.
+#[derive(Debug)]
+pub struct ProcessHandle {
+    fd: OwnedFd,
+}
+
+impl ProcessHandle {
+    /// Opens a handle on `pid`.
+    pub fn open(pid: u32) -> io::Result<ProcessHandle> {
+        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is a freshly opened descriptor that nothing else owns.
+        Ok(ProcessHandle {
+            fd: unsafe { OwnedFd::from_raw_fd(fd as i32) },
+        })
+    }
+
+    /// True while the process has not exited (a pidfd becomes readable at exit).
+    pub fn is_alive(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, zero timeout.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        n == 0
+    }
+}
+
+/// Lets any process of the same user read and write this one's memory with CMA when the
+/// Yama LSM restricts ptrace to descendants (`PR_SET_PTRACER_ANY`, as Open MPI's CMA
+/// support does). Returns whether Yama is present.
+pub fn allow_cma_from_siblings() -> bool {
+    if !std::path::Path::new("/proc/sys/kernel/yama/ptrace_scope").exists() {
+        return false;
+    }
+    // SAFETY: prctl with PR_SET_PTRACER only changes this process's Yama exception.
+    unsafe {
+        libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0);
+    }
+    true
+}
+
+/// The soft `RLIMIT_MEMLOCK` in bytes (`None` when unlimited).
+pub fn memlock_rlimit() -> Option<u64> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0 {
+        return None;
+    }
+    (r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur)
+}
+
+/// Reads which pages of `[addr, addr+len)` of process `pid` are present in its page tables
+/// (`/proc/PID/pagemap`, bit 63 "present" or bit 62 "swapped": a mapping exists). `pagemap`
+/// must be that process's opened pagemap file. Appends one bool per page to `out`.
+pub fn pages_mapped(pagemap: &File, addr: u64, len: u64, out: &mut Vec<bool>) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let (start, span) = page_span(addr, len);
+    let pages = (span / PAGE_SIZE) as usize;
+    let mut buf = vec![0u8; pages * 8];
+    let mut off = 0;
+    while off < buf.len() {
+        let n = pagemap.read_at(&mut buf[off..], (start / PAGE_SIZE) * 8 + off as u64)?;
+        if n == 0 {
+            break;
+        }
+        off += n;
+    }
+    out.extend(buf.chunks_exact(8).map(|c| {
+        let e = u64::from_le_bytes(c.try_into().expect("8-byte chunk"));
+        e & (3 << 62) != 0
+    }));
+    Ok(())
+}
+
+/// An anonymous private mapping owned by the caller, unmapped on drop: the kind of buffer
+/// benchmarks and tests hand to the NIC (`--cold` maps a fresh one each iteration).
+#[derive(Debug)]
+pub struct AnonMapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; access goes through &self/&mut self.
+unsafe impl Send for AnonMapping {}
+// SAFETY: shared access only hands out &[u8].
+unsafe impl Sync for AnonMapping {}
+
+impl AnonMapping {
+    /// Maps `len` bytes (rounded up to pages) of fresh zeroed memory, not yet populated.
+    pub fn new(len: usize) -> io::Result<AnonMapping> {
+        let len = (len.max(1) as u64).div_ceil(PAGE_SIZE) as usize * PAGE_SIZE as usize;
+        // SAFETY: an anonymous private mapping at an address of the kernel's choosing.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(AnonMapping {
+            ptr: p as *mut u8,
+            len,
+        })
+    }
+
+    /// Start address.
+    pub fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+
+    /// Length in bytes (whole pages).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: mappings have at least one page.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The memory as bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr..ptr+len is our mapping, readable, alive while self is.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// The memory as mutable bytes.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and &mut self gives exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    /// Drops the pages of `[offset, offset+len)` (`MADV_DONTNEED`): the next access sees
+    /// zero-filled fresh pages, and the NIC must fault them in again.
+    pub fn discard(&mut self, offset: usize, len: usize) -> io::Result<()> {
+        assert!(
+            offset + len <= self.len,
+            "discard range outside the mapping"
+        );
+        let (a, l) = page_span(self.addr() + offset as u64, len as u64);
+        // SAFETY: the range lies inside our own mapping; DONTNEED on private anonymous memory
+        // only replaces pages with zero-fill-on-demand.
+        if unsafe { libc::madvise(a as *mut libc::c_void, l as usize, libc::MADV_DONTNEED) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Unmaps `[offset, offset+len)` (page-aligned) of the mapping, leaving a hole; the
+    /// range must no longer be accessed through this value (accessors skip nothing, so the
+    /// caller must only use it for addresses the NIC then fails on).
+    pub fn unmap_range(mut self, offset: usize, len: usize) -> io::Result<UnmappedHole> {
+        assert!(offset % PAGE_SIZE as usize == 0 && len % PAGE_SIZE as usize == 0);
+        assert!(offset + len <= self.len);
+        // SAFETY: the range is inside our mapping; after this call we never hand out
+        // slices again (the value is consumed), only the addresses.
+        if unsafe { libc::munmap(self.ptr.add(offset) as *mut libc::c_void, len) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let hole = UnmappedHole {
+            base: self.ptr,
+            len: self.len,
+            hole: (offset, len),
+        };
+        self.len = 0;
+        Ok(hole)
+    }
+}
+
+impl Drop for AnonMapping {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: unmapping our own mapping once, at drop.
+            unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+        }
+    }
+}
+
+/// What is left of an [`AnonMapping`] after [`AnonMapping::unmap_range`]: addresses only,
+/// for tests that DMA into a hole; the rest is unmapped on drop.
+#[derive(Debug)]
+pub struct UnmappedHole {
+    base: *mut u8,
+    len: usize,
+    hole: (usize, usize),
+}
+
+impl UnmappedHole {
+    /// Start address of the original mapping.
+    pub fn addr(&self) -> u64 {
+        self.base as u64
+    }
+    /// Address of the hole.
+    pub fn hole_addr(&self) -> u64 {
+        self.base as u64 + self.hole.0 as u64
+    }
+}
+
+impl Drop for UnmappedHole {
+    fn drop(&mut self) {
+        // SAFETY: unmapping the original range again; munmap of the already-unmapped hole
+        // is a no-op.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+    }
+}
+
+/// This process's `VmLck` and `VmRSS` from /proc/self/status, in bytes.
+pub fn vm_locked_and_resident() -> io::Result<(u64, u64)> {
+    let s = std::fs::read_to_string("/proc/self/status")?;
+    let field = |name: &str| {
+        s.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+            .unwrap_or(0)
+    };
+    Ok((field("VmLck:"), field("VmRSS:")))
+}

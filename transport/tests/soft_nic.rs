@@ -1,0 +1,860 @@
+//! Multi-process tests of the soft NIC: real ranks under the built-in launcher checking
+//! bytes, counters and error completions.
+
+mod util;
+
+use pagewire_transport::nic::{
+    Access, Advice, Nic, Opcode, RecvWr, SendWr, Sge, WcOpcode, WcStatus, PAGE_SIZE,
+};
+use pagewire_transport::sys::{vm_locked_and_resident, AnonMapping};
+use pagewire_transport::Error;
+use util::{pattern, ranks, Rank};
+
+fn rw() -> Access {
+    Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ
+}
+
+fn sge(addr: u64, len: u64, lkey: u32) -> Sge {
+    Sge {
+        addr,
+        len: len as u32,
+        lkey,
+    }
+}
+
+fn post_send(r: &Rank, qp: u32, wr_id: u64, opcode: Opcode, sgl: &[Sge]) {
+    // SAFETY (test): the buffers are test-owned mappings not touched until completion.
+    unsafe {
+        r.nic
+            .post_send(
+                qp,
+                &SendWr {
+                    wr_id,
+                    opcode,
+                    sgl,
+                    inline: false,
+                    signaled: true,
+                },
+            )
+            .unwrap()
+    };
+}
+
+fn post_recv(r: &Rank, qp: u32, wr_id: u64, sgl: &[Sge]) {
+    // SAFETY (test): as above.
+    unsafe { r.nic.post_recv(qp, &RecvWr { wr_id, sgl }).unwrap() };
+}
+
+/// Sizes from 0 B to 64 MiB, each at a random offset, moved by WRITE, READ and SEND between
+/// two ranks; every byte checked on the other side.
+fn byte_exact_body(r: &Rank) {
+    const MAX: u64 = 64 << 20;
+    let qps = r.connect_all(false);
+    let me = r.rank();
+    let peer = 1 - me;
+    let qp = qps[peer].unwrap();
+    let span = MAX as usize + 2 * PAGE_SIZE as usize;
+    let mut src = AnonMapping::new(span).unwrap();
+    let mut dst = AnonMapping::new(span).unwrap();
+    let src_mr = r.nic.register(src.addr(), span as u64, rw()).unwrap();
+    let dst_mr = r.nic.register(dst.addr(), span as u64, rw()).unwrap();
+    let remote = r.exchange(&dst_mr);
+    let remote_src = r.exchange(&src_mr);
+    let sizes = [
+        0u64,
+        1,
+        7,
+        4095,
+        4096,
+        16321,
+        65_537,
+        (1 << 20) + 13,
+        8 << 20,
+        MAX,
+    ];
+    for (i, &len) in sizes.iter().enumerate() {
+        let seed = 1000 + i as u64;
+        let src_off = (pattern(seed, 8)[3] as u64 * 37) % PAGE_SIZE;
+        let dst_off = (pattern(seed, 8)[5] as u64 * 53) % PAGE_SIZE;
+        // Rank 0 fills its source; rank 1 fills its source with another stream (for READ).
+        let data = pattern(seed * 2 + me as u64, len as usize);
+        src.as_mut_slice()[src_off as usize..(src_off + len) as usize].copy_from_slice(&data);
+        // The landing zone and one byte either side start zeroed, to catch overruns.
+        dst.as_mut_slice()[..(dst_off + len) as usize + 1].fill(0);
+        r.boot.barrier().unwrap();
+        // WRITE: rank 0 -> rank 1's dst; READ: rank 0 <- rank 1's src.
+        if me == 0 {
+            let (raddr, rkey, _) = remote[1];
+            post_send(
+                r,
+                qp,
+                1,
+                Opcode::RdmaWrite {
+                    remote_addr: raddr + dst_off,
+                    rkey,
+                },
+                &[sge(src.addr() + src_off, len, src_mr.lkey)],
+            );
+            let c = r.wait();
+            assert_eq!(
+                (c.wr_id, c.status, c.opcode),
+                (1, WcStatus::Success, WcOpcode::RdmaWrite),
+                "len {len}"
+            );
+            let (saddr, skey, _) = remote_src[1];
+            post_send(
+                r,
+                qp,
+                2,
+                Opcode::RdmaRead {
+                    remote_addr: saddr + src_off,
+                    rkey: skey,
+                },
+                &[sge(dst.addr() + dst_off, len, dst_mr.lkey)],
+            );
+            let c = r.wait();
+            assert_eq!(
+                (c.status, c.opcode),
+                (WcStatus::Success, WcOpcode::RdmaRead),
+                "len {len}"
+            );
+            let expect = pattern(seed * 2 + 1, len as usize);
+            assert!(
+                dst.as_slice()[dst_off as usize..(dst_off + len) as usize] == expect[..],
+                "READ bytes differ at len {len}"
+            );
+        }
+        r.boot.barrier().unwrap();
+        if me == 1 {
+            let expect = pattern(seed * 2, len as usize);
+            assert!(
+                dst.as_slice()[dst_off as usize..(dst_off + len) as usize] == expect[..],
+                "WRITE bytes differ at len {len}"
+            );
+            // Bytes around the target are untouched (still zero from the fresh mapping).
+            if dst_off > 0 {
+                assert_eq!(
+                    dst.as_slice()[dst_off as usize - 1],
+                    0,
+                    "byte before a WRITE touched"
+                );
+            }
+            assert_eq!(
+                dst.as_slice()[(dst_off + len) as usize],
+                0,
+                "byte after a WRITE touched"
+            );
+        }
+        r.boot.barrier().unwrap();
+        // SEND: rank 1 -> rank 0, into a receive at an offset.
+        if me == 0 {
+            post_recv(r, qp, 3, &[sge(dst.addr() + dst_off, len + 1, dst_mr.lkey)]);
+        }
+        r.boot.barrier().unwrap();
+        if me == 1 {
+            post_send(
+                r,
+                qp,
+                4,
+                Opcode::SendWithImm(len as u32),
+                &[sge(src.addr() + src_off, len, src_mr.lkey)],
+            );
+            let c = r.wait();
+            assert_eq!((c.wr_id, c.status), (4, WcStatus::Success));
+        } else {
+            let c = r.wait();
+            assert_eq!(
+                (c.wr_id, c.status, c.opcode, c.byte_len as u64, c.imm),
+                (3, WcStatus::Success, WcOpcode::Recv, len, Some(len as u32))
+            );
+            let expect = pattern(seed * 2 + 1, len as usize);
+            assert!(
+                dst.as_slice()[dst_off as usize..(dst_off + len) as usize] == expect[..],
+                "SEND bytes differ at len {len}"
+            );
+        }
+        r.boot.barrier().unwrap();
+    }
+    let c = r.nic.counters();
+    if r.nic.uses_cma(peer) {
+        assert!(c.bytes_cma > 0);
+    } else {
+        assert_eq!(c.bytes_cma, 0, "forced staging moved bytes by CMA");
+        assert!(c.bytes_staged > 0);
+    }
+}
+
+#[test]
+fn write_read_send_are_byte_exact_from_0_to_64_mib() {
+    ranks(
+        "write_read_send_are_byte_exact_from_0_to_64_mib",
+        2,
+        &[("PAGEWIRE_MEMLOCK_LIMIT", "1G")],
+        byte_exact_body,
+    );
+}
+
+#[test]
+fn the_forced_staged_path_gives_the_same_bytes() {
+    ranks(
+        "the_forced_staged_path_gives_the_same_bytes",
+        2,
+        &[
+            ("PAGEWIRE_MEMLOCK_LIMIT", "1G"),
+            ("PAGEWIRE_SOFT_DMA", "staged"),
+        ],
+        byte_exact_body,
+    );
+}
+
+/// Bad keys, stale keys, out-of-bounds and missing rights end in error completions at the
+/// initiator, and the target memory is untouched.
+fn protection_body(r: &Rank) {
+    let me = r.rank();
+    let mut target = AnonMapping::new(1 << 16).unwrap();
+    target.as_mut_slice().fill(0xaa);
+    let local = AnonMapping::new(1 << 16).unwrap();
+    let lmr = r.nic.register(local.addr(), 1 << 16, rw()).unwrap();
+    // A: writable; B: read-only remotely; C: registered then deregistered (stale).
+    let a = r.nic.register(target.addr(), 4096, rw()).unwrap();
+    let b = r
+        .nic
+        .register(
+            target.addr() + 4096,
+            4096,
+            Access::LOCAL_WRITE | Access::REMOTE_READ,
+        )
+        .unwrap();
+    let c = r.nic.register(target.addr() + 8192, 4096, rw()).unwrap();
+    r.nic.deregister(c.lkey).unwrap();
+    let d = r
+        .nic
+        .register(
+            target.addr() + 8192,
+            4096,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
+        .unwrap();
+    let ra = r.exchange(&a);
+    let rb = r.exchange(&b);
+    let rc = r.exchange(&c);
+    let rd = r.exchange(&d);
+    let cases: Vec<(&str, Opcode, WcStatus)> = vec![
+        (
+            "guessed key",
+            Opcode::RdmaWrite {
+                remote_addr: ra[1].0,
+                rkey: ra[1].1 ^ 0x5a5a_0000,
+            },
+            WcStatus::RemoteAccessError,
+        ),
+        (
+            "stale key",
+            Opcode::RdmaWrite {
+                remote_addr: rc[1].0,
+                rkey: rc[1].1,
+            },
+            WcStatus::RemoteAccessError,
+        ),
+        (
+            "out of bounds",
+            Opcode::RdmaWrite {
+                remote_addr: ra[1].0 + 4000,
+                rkey: ra[1].1,
+            },
+            WcStatus::RemoteAccessError,
+        ),
+        (
+            "write without REMOTE_WRITE",
+            Opcode::RdmaWrite {
+                remote_addr: rb[1].0,
+                rkey: rb[1].1,
+            },
+            WcStatus::RemoteAccessError,
+        ),
+        (
+            "read without REMOTE_READ",
+            Opcode::RdmaRead {
+                remote_addr: rd[1].0,
+                rkey: rd[1].1,
+            },
+            WcStatus::RemoteAccessError,
+        ),
+    ];
+    for (what, op, expect) in cases {
+        let qp = r.fresh_pair(0, 1);
+        if me == 0 {
+            post_send(r, qp, 10, op, &[sge(local.addr(), 200, lmr.lkey)]);
+            let c = r.wait();
+            assert_eq!(c.status, expect, "{what}");
+            // The queue pair is now in the error state: what follows is flushed.
+            post_send(
+                r,
+                qp,
+                11,
+                Opcode::RdmaWrite {
+                    remote_addr: ra[1].0,
+                    rkey: ra[1].1,
+                },
+                &[sge(local.addr(), 8, lmr.lkey)],
+            );
+            assert_eq!(
+                r.wait().status,
+                WcStatus::WrFlushError,
+                "{what}: flush after error"
+            );
+        }
+        r.boot.barrier().unwrap();
+        if me == 1 {
+            assert!(
+                target.as_slice()[..12288].iter().all(|&x| x == 0xaa),
+                "{what}: target memory touched"
+            );
+        }
+    }
+    // A local key that does not cover the buffer: local protection error.
+    let qp = r.fresh_pair(0, 1);
+    if me == 0 {
+        post_send(
+            r,
+            qp,
+            20,
+            Opcode::RdmaWrite {
+                remote_addr: ra[1].0,
+                rkey: ra[1].1,
+            },
+            &[sge(local.addr() + 65000, 1000, lmr.lkey)],
+        );
+        assert_eq!(r.wait().status, WcStatus::LocalProtectionError);
+    }
+    r.boot.barrier().unwrap();
+    if me == 1 {
+        assert!(target.as_slice()[..4096].iter().all(|&x| x == 0xaa));
+    }
+    // A send longer than the posted receive: the receiver sees a length error and nothing
+    // past its buffer is written; the sender a remote invalid request.
+    let qp = r.fresh_pair(0, 1);
+    if me == 1 {
+        post_recv(r, qp, 30, &[sge(target.addr(), 100, a.lkey)]);
+    }
+    r.boot.barrier().unwrap();
+    if me == 0 {
+        post_send(
+            r,
+            qp,
+            31,
+            Opcode::Send,
+            &[sge(local.addr(), 4000, lmr.lkey)],
+        );
+        assert_eq!(r.wait().status, WcStatus::RemoteInvalidRequest);
+    } else {
+        let c = r.wait();
+        assert_eq!((c.wr_id, c.status), (30, WcStatus::LocalLengthError));
+        assert!(
+            target.as_slice()[..4096].iter().all(|&x| x == 0xaa),
+            "truncated receive overran"
+        );
+    }
+    r.boot.barrier().unwrap();
+}
+
+#[test]
+fn bad_keys_bounds_and_rights_fail_without_touching_memory() {
+    ranks(
+        "bad_keys_bounds_and_rights_fail_without_touching_memory",
+        2,
+        &[],
+        protection_body,
+    );
+}
+
+fn zero_length_body(r: &Rank) {
+    let qps = r.connect_all(true);
+    let me = r.rank();
+    let buf = AnonMapping::new(4096).unwrap();
+    let mr = r.nic.register(buf.addr(), 4096, rw()).unwrap();
+    let peer = 1 - me;
+    let qp = qps[peer].unwrap();
+    post_recv(r, qp, 1, &[sge(buf.addr(), 0, mr.lkey)]);
+    r.boot.barrier().unwrap();
+    // Zero-length RDMA checks no key (IB semantics): a bogus key succeeds and moves nothing.
+    post_send(
+        r,
+        qp,
+        2,
+        Opcode::RdmaWrite {
+            remote_addr: 0,
+            rkey: 0xdead_beef,
+        },
+        &[],
+    );
+    post_send(
+        r,
+        qp,
+        3,
+        Opcode::RdmaRead {
+            remote_addr: 0,
+            rkey: 0xdead_beef,
+        },
+        &[],
+    );
+    post_send(r, qp, 4, Opcode::Send, &[]);
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let c = r.wait();
+        assert_eq!(c.status, WcStatus::Success, "{c:?}");
+        seen.push((c.wr_id, c.byte_len));
+    }
+    seen.sort();
+    assert_eq!(seen, vec![(1, 0), (2, 0), (3, 0), (4, 0)]);
+    // Loopback to oneself works like any peer.
+    let lq = qps[me].unwrap();
+    post_recv(r, lq, 5, &[sge(buf.addr() + 100, 10, mr.lkey)]);
+    post_send(r, lq, 6, Opcode::Send, &[sge(buf.addr(), 10, mr.lkey)]);
+    let mut ids = [r.wait().wr_id, r.wait().wr_id];
+    ids.sort();
+    assert_eq!(ids, [5, 6]);
+    r.boot.barrier().unwrap();
+}
+
+#[test]
+fn zero_length_operations_and_loopback_complete() {
+    ranks(
+        "zero_length_operations_and_loopback_complete",
+        2,
+        &[],
+        zero_length_body,
+    );
+}
+
+fn dead_peer_body(r: &Rank) {
+    let qps = r.connect_all(false);
+    if r.rank() == 1 {
+        return; // exits at once: the peer is gone
+    }
+    let buf = AnonMapping::new(4096).unwrap();
+    let mr = r.nic.register(buf.addr(), 4096, rw()).unwrap();
+    let qp = qps[1].unwrap();
+    let start = std::time::Instant::now();
+    post_send(r, qp, 1, Opcode::Send, &[sge(buf.addr(), 64, mr.lkey)]);
+    let c = r.wait();
+    assert_eq!(c.status, WcStatus::RetryExceeded, "{c:?}");
+    assert!(start.elapsed() < std::time::Duration::from_secs(30));
+    post_send(r, qp, 2, Opcode::Send, &[sge(buf.addr(), 64, mr.lkey)]);
+    assert_eq!(r.wait().status, WcStatus::WrFlushError);
+}
+
+#[test]
+fn posting_to_a_dead_peer_completes_with_an_error_not_a_hang() {
+    ranks(
+        "posting_to_a_dead_peer_completes_with_an_error_not_a_hang",
+        2,
+        &[],
+        dead_peer_body,
+    );
+}
+
+fn memlock_body(r: &Rank) {
+    let (limit, _) = r.nic.memlock();
+    assert_eq!(
+        limit.bytes,
+        Some(64 << 10),
+        "the rank runs under a 64 KiB memlock limit"
+    );
+    let buf = AnonMapping::new(1 << 20).unwrap();
+    let first = r.nic.register(buf.addr(), 64 << 10, rw()).unwrap();
+    // Overlapping pages are not charged twice.
+    let overlap = r.nic.register(buf.addr() + 4096, 8192, rw()).unwrap();
+    let e = r
+        .nic
+        .register(buf.addr() + (64 << 10), 4096, rw())
+        .unwrap_err();
+    match &e {
+        Error::MemlockLimit {
+            requested, limit, ..
+        } => assert_eq!((*requested, *limit), (4096, 64 << 10)),
+        other => panic!("expected a memlock error, got {other}"),
+    }
+    let msg = e.to_string();
+    assert!(msg.contains("ulimit -l") && msg.contains("65536"), "{msg}");
+    // ODP pins nothing, so it is not limited.
+    let odp = r
+        .nic
+        .register(buf.addr(), 1 << 20, rw() | Access::ON_DEMAND)
+        .unwrap();
+    r.nic.deregister(odp.lkey).unwrap();
+    r.nic.deregister(first.lkey).unwrap();
+    r.nic.deregister(overlap.lkey).unwrap();
+    assert!(
+        r.nic.register(buf.addr() + (64 << 10), 4096, rw()).is_ok(),
+        "deregistration gives the budget back"
+    );
+}
+
+#[test]
+fn rlimit_memlock_is_enforced_with_a_clear_error() {
+    let name = "rlimit_memlock_is_enforced_with_a_clear_error";
+    if std::env::var(util::ROLE).is_ok() {
+        ranks(name, 1, &[], memlock_body);
+        return;
+    }
+    let outcome = util::launch(name, 1, &[], Some(&["prlimit", "--memlock=65536:65536"]));
+    assert!(outcome.success(), "{outcome:?}");
+}
+
+fn vmlck_body(r: &Rank) {
+    let buf = AnonMapping::new(8 << 20).unwrap();
+    let (lck0, _) = vm_locked_and_resident().unwrap();
+    let a = r.nic.register(buf.addr(), 4 << 20, rw()).unwrap();
+    let (lck1, _) = vm_locked_and_resident().unwrap();
+    assert_eq!(lck1 - lck0, 4 << 20, "VmLck rises by the registered bytes");
+    let b = r
+        .nic
+        .register(buf.addr() + (2 << 20), 4 << 20, rw())
+        .unwrap();
+    let (lck2, _) = vm_locked_and_resident().unwrap();
+    assert_eq!(lck2 - lck0, 6 << 20, "overlap is pinned once");
+    r.nic.deregister(a.lkey).unwrap();
+    let (lck3, _) = vm_locked_and_resident().unwrap();
+    assert_eq!(
+        lck3 - lck0,
+        4 << 20,
+        "pages still used by the other region stay pinned"
+    );
+    r.nic.deregister(b.lkey).unwrap();
+    let (lck4, _) = vm_locked_and_resident().unwrap();
+    assert_eq!(lck4, lck0, "VmLck falls back on deregistration");
+    let c = r.nic.counters();
+    assert_eq!((c.pinned_now, c.pinned_peak), (0, 6 << 20));
+    // Unmapped memory cannot be registered (pinned); the error says so.
+    let hole = AnonMapping::new(1 << 16)
+        .unwrap()
+        .unmap_range(0, 1 << 16)
+        .unwrap();
+    let e = r.nic.register(hole.hole_addr(), 4096, rw()).unwrap_err();
+    assert!(matches!(e, Error::UnmappedRange { .. }), "{e}");
+    assert!(
+        r.nic.register(buf.addr(), 0, rw()).is_err(),
+        "zero-length registration"
+    );
+    assert!(
+        r.nic
+            .register(buf.addr(), 4096, Access::REMOTE_WRITE)
+            .is_err(),
+        "REMOTE_WRITE without LOCAL_WRITE"
+    );
+}
+
+#[test]
+fn vmlck_rises_on_registration_and_falls_on_deregistration() {
+    ranks(
+        "vmlck_rises_on_registration_and_falls_on_deregistration",
+        1,
+        &[("PAGEWIRE_MEMLOCK_LIMIT", "64M")],
+        vmlck_body,
+    );
+}
+
+/// ODP: a cold region faults on first touch (responder side on the target, requester side on
+/// the initiator), RSS grows only by the touched pages, prefetch makes the next access
+/// fault-free, a discarded page faults again, and an unmapped page is never written.
+fn odp_body(r: &Rank) {
+    const SPAN: usize = 256 << 20;
+    let qps = r.connect_all(false);
+    let me = r.rank();
+    let qp = qps[1 - me].unwrap();
+    let mut target = AnonMapping::new(SPAN).unwrap();
+    let (_, rss0) = vm_locked_and_resident().unwrap();
+    let odp = r
+        .nic
+        .register(target.addr(), SPAN as u64, rw() | Access::ON_DEMAND)
+        .unwrap();
+    let mut src = AnonMapping::new(1 << 20).unwrap();
+    src.as_mut_slice().copy_from_slice(&pattern(7, 1 << 20));
+    let smr = r
+        .nic
+        .register(src.addr(), 1 << 20, rw() | Access::ON_DEMAND)
+        .unwrap();
+    let remote = r.exchange(&odp);
+    let (raddr, rkey, _) = remote[1];
+    let off = 64u64 << 20;
+    let before = r.nic.counters();
+    // 1. Cold write of 1 MiB into rank 1's ODP region.
+    if me == 0 {
+        post_send(
+            r,
+            qp,
+            1,
+            Opcode::RdmaWrite {
+                remote_addr: raddr + off,
+                rkey,
+            },
+            &[sge(src.addr(), 1 << 20, smr.lkey)],
+        );
+        assert_eq!(r.wait().status, WcStatus::Success);
+        let c = r.nic.counters().since(&before);
+        assert!(
+            c.rnr_retries >= 1,
+            "the initiator retried after the rNPF: {c:?}"
+        );
+    }
+    r.boot.barrier().unwrap();
+    if me == 1 {
+        let c = r.nic.counters().since(&before);
+        assert!(
+            c.npf_responder >= 1 && c.npf_pages >= 256,
+            "responder faults counted: {c:?}"
+        );
+        assert_eq!(c.pinned_now, 0, "ODP pins nothing");
+        assert!(
+            target.as_slice()[off as usize..off as usize + (1 << 20)] == pattern(7, 1 << 20)[..]
+        );
+        let (_, rss1) = vm_locked_and_resident().unwrap();
+        assert!(
+            rss1 - rss0 < 32 << 20,
+            "RSS grew by {} bytes for a 1 MiB touch of a 256 MiB region",
+            rss1 - rss0
+        );
+        // Prefetch the next megabyte.
+        r.nic
+            .advise(
+                odp.lkey,
+                target.addr() + off + (1 << 20),
+                1 << 20,
+                Advice::PrefetchWrite,
+            )
+            .unwrap();
+        assert!(r.nic.counters().prefetch_pages >= 256);
+    }
+    r.boot.barrier().unwrap();
+    // 2. The prefetched range: no fault at all.
+    let before = r.nic.counters();
+    if me == 0 {
+        post_send(
+            r,
+            qp,
+            2,
+            Opcode::RdmaWrite {
+                remote_addr: raddr + off + (1 << 20),
+                rkey,
+            },
+            &[sge(src.addr(), 1 << 20, smr.lkey)],
+        );
+        assert_eq!(r.wait().status, WcStatus::Success);
+        assert_eq!(
+            r.nic.counters().since(&before).rnr_retries,
+            0,
+            "prefetched pages did not fault"
+        );
+    }
+    r.boot.barrier().unwrap();
+    if me == 1 {
+        assert_eq!(r.nic.counters().since(&before).npf_responder, 0);
+        // 3. Discard the first megabyte (MADV_DONTNEED): its pages must fault again.
+        target.discard(off as usize, 1 << 20).unwrap();
+    }
+    r.boot.barrier().unwrap();
+    let before = r.nic.counters();
+    if me == 0 {
+        post_send(
+            r,
+            qp,
+            3,
+            Opcode::RdmaWrite {
+                remote_addr: raddr + off,
+                rkey,
+            },
+            &[sge(src.addr(), 4096, smr.lkey)],
+        );
+        assert_eq!(r.wait().status, WcStatus::Success);
+        assert!(
+            r.nic.counters().since(&before).rnr_retries >= 1,
+            "discarded page faulted again"
+        );
+    }
+    r.boot.barrier().unwrap();
+    // Whoever checked the target's page tables (the initiator by CMA, the target itself when
+    // staged) saw the discarded page and cleared its present bit.
+    let inval = r.nic.counters().since(&before).invalidated_pages;
+    let all = r.boot.allgather(&inval.to_le_bytes()).unwrap();
+    let total: u64 = all
+        .iter()
+        .map(|v| u64::from_le_bytes(v[..8].try_into().unwrap()))
+        .sum();
+    assert!(total >= 1, "no invalidation seen");
+    if me == 1 {
+        assert!(r.nic.counters().since(&before).npf_responder >= 1);
+        assert!(target.as_slice()[off as usize..off as usize + 4096] == pattern(7, 4096)[..]);
+    }
+    r.boot.barrier().unwrap();
+    // 4. Unmap the target: the next write faults, the fault cannot be resolved, and the
+    // initiator gets a remote access error; nothing lands anywhere.
+    let hole = if me == 1 {
+        Some(target.unmap_range(0, SPAN).unwrap())
+    } else {
+        drop(target);
+        None
+    };
+    r.boot.barrier().unwrap();
+    if me == 0 {
+        post_send(
+            r,
+            qp,
+            4,
+            Opcode::RdmaWrite {
+                remote_addr: raddr + off,
+                rkey,
+            },
+            &[sge(src.addr(), 4096, smr.lkey)],
+        );
+        assert_eq!(r.wait().status, WcStatus::RemoteAccessError);
+    }
+    r.boot.barrier().unwrap();
+    if me == 1 {
+        assert!(r.nic.counters().npf_failed >= 1);
+    }
+    drop(hole);
+    // 5. Requester side: a cold local ODP source faults on the initiator.
+    let cold = AnonMapping::new(1 << 20).unwrap();
+    let cmr = r
+        .nic
+        .register(cold.addr(), 1 << 20, rw() | Access::ON_DEMAND)
+        .unwrap();
+    let landing = AnonMapping::new(1 << 20).unwrap();
+    let lmr = r.nic.register(landing.addr(), 1 << 20, rw()).unwrap();
+    let lremote = r.exchange(&lmr);
+    let qp2 = r.fresh_pair(0, 1);
+    let before = r.nic.counters();
+    if me == 0 {
+        post_send(
+            r,
+            qp2,
+            5,
+            Opcode::RdmaWrite {
+                remote_addr: lremote[1].0,
+                rkey: lremote[1].1,
+            },
+            &[sge(cold.addr(), 1 << 20, cmr.lkey)],
+        );
+        assert_eq!(r.wait().status, WcStatus::Success);
+        let c = r.nic.counters().since(&before);
+        assert!(c.npf_requester >= 1, "{c:?}");
+    }
+    r.boot.barrier().unwrap();
+}
+
+#[test]
+fn odp_faults_prefetch_discard_and_unmap() {
+    ranks("odp_faults_prefetch_discard_and_unmap", 2, &[], odp_body);
+}
+
+#[test]
+fn odp_faults_prefetch_discard_and_unmap_staged() {
+    ranks(
+        "odp_faults_prefetch_discard_and_unmap_staged",
+        2,
+        &[("PAGEWIRE_SOFT_DMA", "staged")],
+        odp_body,
+    );
+}
+
+/// A SEND into a cold ODP receive buffer: receiver-not-ready, the driver maps the pages,
+/// the retransmission lands.
+fn odp_receive_body(r: &Rank) {
+    let qps = r.connect_all(false);
+    let me = r.rank();
+    let qp = qps[1 - me].unwrap();
+    let buf = AnonMapping::new(4 << 20).unwrap();
+    let implicit = r.nic.register_implicit_odp(rw()).unwrap();
+    let mut src = AnonMapping::new(1 << 20).unwrap();
+    src.as_mut_slice().copy_from_slice(&pattern(3, 1 << 20));
+    let before = r.nic.counters();
+    if me == 1 {
+        post_recv(r, qp, 1, &[sge(buf.addr() + 4096, 1 << 20, implicit.lkey)]);
+    }
+    r.boot.barrier().unwrap();
+    if me == 0 {
+        post_send(
+            r,
+            qp,
+            2,
+            Opcode::Send,
+            &[sge(src.addr(), 1 << 20, implicit.lkey)],
+        );
+        assert_eq!(r.wait().status, WcStatus::Success);
+        assert!(r.nic.counters().since(&before).rnr_retries >= 1);
+    } else {
+        let c = r.wait();
+        assert_eq!((c.status, c.byte_len), (WcStatus::Success, 1 << 20));
+        assert!(buf.as_slice()[4096..4096 + (1 << 20)] == pattern(3, 1 << 20)[..]);
+        let d = r.nic.counters().since(&before);
+        assert!(d.rnr_nacks_sent >= 1 && d.npf_responder >= 1, "{d:?}");
+    }
+    r.boot.barrier().unwrap();
+}
+
+#[test]
+fn a_send_into_a_cold_odp_receive_faults_and_retries() {
+    ranks(
+        "a_send_into_a_cold_odp_receive_faults_and_retries",
+        2,
+        &[],
+        odp_receive_body,
+    );
+}
+
+fn killed_body(r: &Rank) {
+    let qps = r.connect_all(false);
+    if r.rank() == 0 {
+        std::fs::write(
+            std::path::Path::new(&std::env::var(util::OUT).unwrap()).join("job"),
+            r.boot.job_id(),
+        )
+        .unwrap();
+    }
+    r.boot.barrier().unwrap();
+    if r.rank() == 1 {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &std::process::id().to_string()])
+            .status();
+        std::thread::sleep(std::time::Duration::from_secs(60));
+    }
+    // The others wait for a receive that never comes; the launcher must take them down.
+    let buf = AnonMapping::new(4096).unwrap();
+    let mr = r.nic.register(buf.addr(), 4096, rw()).unwrap();
+    let peer = if r.rank() == 0 { 2 } else { 0 };
+    post_recv(r, qps[peer].unwrap(), 1, &[sge(buf.addr(), 64, mr.lkey)]);
+    let _ = r.wait();
+}
+
+#[test]
+fn a_rank_killed_mid_job_takes_the_job_down_and_leaves_no_shared_memory() {
+    let name = "a_rank_killed_mid_job_takes_the_job_down_and_leaves_no_shared_memory";
+    if std::env::var(util::ROLE).is_ok() {
+        ranks(name, 3, &[], killed_body);
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("pagewire-test-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    let start = std::time::Instant::now();
+    let outcome = util::launch(name, 3, &[(util::OUT, out.to_str().unwrap())], None);
+    assert_eq!(outcome.exit_code, 137, "{outcome:?}");
+    assert_eq!(outcome.failed_rank, Some(1));
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(30),
+        "took {:?}",
+        start.elapsed()
+    );
+    let job = std::fs::read_to_string(out.join("job")).unwrap();
+    let left: Vec<_> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("pagewire-{job}-"))
+        })
+        .collect();
+    assert!(left.is_empty(), "shared memory left behind: {left:?}");
+    let _ = std::fs::remove_dir_all(out);
+}

@@ -1,0 +1,175 @@
+//! Shared helpers of the multi-process NIC tests.
+//!
+//! A test runs its ranks by launching this very test binary under the built-in launcher,
+//! filtered to the one test (`NAME --exact`), with `PAGEWIRE_TEST_ROLE=NAME` set; in those
+//! processes the test function plays a rank's part ([`ranks`]).
+#![allow(dead_code)]
+
+use std::ffi::OsString;
+use std::time::{Duration, Instant};
+
+use pagewire_transport::boot::{self, Bootstrap, JobOutcome, LaunchConfig};
+use pagewire_transport::nic::soft::{SoftConfig, SoftNic};
+use pagewire_transport::nic::{Completion, Endpoint, Nic, QpCaps, RegionInfo};
+
+/// Names the test whose rank part this process plays.
+pub const ROLE: &str = "PAGEWIRE_TEST_ROLE";
+/// A directory the parent gives its ranks for files it checks afterwards.
+pub const OUT: &str = "PAGEWIRE_TEST_OUT";
+
+/// What a rank body gets.
+pub struct Rank {
+    pub boot: Box<dyn Bootstrap>,
+    pub nic: SoftNic,
+    pub cq: u32,
+}
+
+impl Rank {
+    pub fn rank(&self) -> usize {
+        self.boot.rank()
+    }
+
+    pub fn size(&self) -> usize {
+        self.boot.size()
+    }
+
+    /// Creates a queue pair to every other rank (and to itself when `loopback`) and connects
+    /// them; collective. Returns, per rank, the local queue pair number.
+    pub fn connect_all(&self, loopback: bool) -> Vec<Option<u32>> {
+        let (me, n) = (self.rank(), self.size());
+        let mut qps = vec![None; n];
+        let mut mine = Vec::new();
+        for (peer, qp) in qps.iter_mut().enumerate() {
+            if peer != me || loopback {
+                let q = self
+                    .nic
+                    .create_qp(peer, self.cq, self.cq, QpCaps::default())
+                    .unwrap();
+                *qp = Some(q);
+                mine.extend_from_slice(&(peer as u32).to_le_bytes());
+                mine.extend_from_slice(&self.nic.endpoint(q).unwrap().0);
+            }
+        }
+        let all = self.boot.allgather(&mine).unwrap();
+        for (peer, blob) in all.iter().enumerate() {
+            for rec in blob.chunks_exact(12) {
+                let target = u32::from_le_bytes(rec[0..4].try_into().unwrap()) as usize;
+                if target == me {
+                    let q = qps[peer].expect("qp to peer");
+                    self.nic.connect(q, &Endpoint(rec[4..12].to_vec())).unwrap();
+                }
+            }
+        }
+        self.boot.barrier().unwrap();
+        qps
+    }
+
+    /// The queue pair to `peer` on a fresh connection between exactly two ranks `a` and `b`
+    /// (collective for both); for error tests, where a failed request puts the pair in the
+    /// error state.
+    pub fn fresh_pair(&self, a: usize, b: usize) -> u32 {
+        let peer = if self.rank() == a { b } else { a };
+        let q = self
+            .nic
+            .create_qp(peer, self.cq, self.cq, QpCaps::default())
+            .unwrap();
+        let ep = self.nic.endpoint(q).unwrap();
+        let all = self.boot.allgather(&ep.0).unwrap();
+        self.nic.connect(q, &Endpoint(all[peer].clone())).unwrap();
+        self.boot.barrier().unwrap();
+        q
+    }
+
+    /// Waits for the next completion (fails the test after 60 s).
+    pub fn wait(&self) -> Completion {
+        let start = Instant::now();
+        let mut out = Vec::with_capacity(1);
+        loop {
+            if self.nic.poll_cq(self.cq, &mut out, 1).unwrap() == 1 {
+                return out[0];
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "no completion within 60 s"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    /// Every rank's (addr, rkey, len) of `region`.
+    pub fn exchange(&self, region: &RegionInfo) -> Vec<(u64, u32, u64)> {
+        let mut b = region.addr.to_le_bytes().to_vec();
+        b.extend_from_slice(&region.rkey.to_le_bytes());
+        b.extend_from_slice(&region.len.to_le_bytes());
+        self.boot
+            .allgather(&b)
+            .unwrap()
+            .iter()
+            .map(|v| {
+                (
+                    u64::from_le_bytes(v[0..8].try_into().unwrap()),
+                    u32::from_le_bytes(v[8..12].try_into().unwrap()),
+                    u64::from_le_bytes(v[12..20].try_into().unwrap()),
+                )
+            })
+            .collect()
+    }
+}
+
+/// Runs `body` on `n` ranks of test `name` with extra environment `env`; in the parent,
+/// asserts the job succeeded. Returns the outcome in the parent, `None` in a rank.
+pub fn ranks(name: &str, n: usize, env: &[(&str, &str)], body: fn(&Rank)) -> Option<JobOutcome> {
+    if std::env::var(ROLE).as_deref() == Ok(name) {
+        let boot = boot::from_env().expect("bootstrap");
+        let nic = SoftNic::new(&*boot, SoftConfig::from_env().expect("config")).expect("NIC up");
+        let cq = nic.create_cq(4096).unwrap();
+        let r = Rank { boot, nic, cq };
+        body(&r);
+        return None;
+    }
+    let outcome = launch(name, n, env, None);
+    assert!(outcome.success(), "job of test {name} failed: {outcome:?}");
+    Some(outcome)
+}
+
+/// Launches `n` ranks of test `name` (optionally wrapped by a program such as `prlimit`)
+/// and returns the outcome, without judging it.
+pub fn launch(name: &str, n: usize, env: &[(&str, &str)], wrapper: Option<&[&str]>) -> JobOutcome {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut args: Vec<OsString> = Vec::new();
+    let program = match wrapper {
+        Some(w) => {
+            args.extend(w[1..].iter().map(OsString::from));
+            args.push(exe.into_os_string());
+            w[0].into()
+        }
+        None => exe,
+    };
+    args.extend([name, "--exact", "--nocapture", "--test-threads=1"].map(OsString::from));
+    let mut envs: Vec<(OsString, OsString)> = vec![(ROLE.into(), name.into())];
+    envs.extend(
+        env.iter()
+            .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+    );
+    boot::launch(&LaunchConfig {
+        ranks: n,
+        program,
+        args,
+        timeout: Some(Duration::from_secs(120)),
+        env: envs,
+    })
+    .expect("launch")
+}
+
+/// Deterministic test bytes: byte `i` of stream `seed`.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
