@@ -370,6 +370,16 @@ impl AnonMapping {
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 
+    /// The byte at `offset` as an atomic, for watching memory that the NIC writes (a
+    /// latency test polls the last byte of its landing buffer, as perftest does).
+    pub fn atomic_u8(&self, offset: usize) -> &std::sync::atomic::AtomicU8 {
+        assert!(offset < self.len, "offset outside the mapping");
+        // SAFETY: in bounds; AtomicU8 has u8's layout; the reference borrows self, so no
+        // &mut slice can exist at the same time, and writes from other processes (CMA) are
+        // observed through atomic loads.
+        unsafe { &*(self.ptr.add(offset) as *const std::sync::atomic::AtomicU8) }
+    }
+
     /// Drops the pages of `[offset, offset+len)` (`MADV_DONTNEED`): the next access sees
     /// zero-filled fresh pages, and the NIC must fault them in again.
     pub fn discard(&mut self, offset: usize, len: usize) -> io::Result<()> {

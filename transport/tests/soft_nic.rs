@@ -175,12 +175,21 @@ fn byte_exact_body(r: &Rank) {
         }
         r.boot.barrier().unwrap();
     }
+    // Across the job, bytes moved by the path in force and none by the other.
     let c = r.nic.counters();
+    let mut mine = c.bytes_cma.to_le_bytes().to_vec();
+    mine.extend_from_slice(&c.bytes_staged.to_le_bytes());
+    let all = r.boot.allgather(&mine).unwrap();
+    let sum = |i: usize| -> u64 {
+        all.iter()
+            .map(|v| u64::from_le_bytes(v[i * 8..i * 8 + 8].try_into().unwrap()))
+            .sum()
+    };
     if r.nic.uses_cma(peer) {
-        assert!(c.bytes_cma > 0);
+        assert!(sum(0) > 0);
     } else {
-        assert_eq!(c.bytes_cma, 0, "forced staging moved bytes by CMA");
-        assert!(c.bytes_staged > 0);
+        assert_eq!(sum(0), 0, "forced staging moved bytes by CMA");
+        assert!(sum(1) > 0);
     }
 }
 
@@ -575,10 +584,10 @@ fn odp_body(r: &Rank) {
         .nic
         .register(src.addr(), 1 << 20, rw() | Access::ON_DEMAND)
         .unwrap();
+    let before = r.nic.counters(); // taken before the collective that releases rank 0
     let remote = r.exchange(&odp);
     let (raddr, rkey, _) = remote[1];
     let off = 64u64 << 20;
-    let before = r.nic.counters();
     // 1. Cold write of 1 MiB into rank 1's ODP region.
     if me == 0 {
         post_send(
@@ -626,9 +635,9 @@ fn odp_body(r: &Rank) {
             .unwrap();
         assert!(r.nic.counters().prefetch_pages >= 256);
     }
-    r.boot.barrier().unwrap();
     // 2. The prefetched range: no fault at all.
     let before = r.nic.counters();
+    r.boot.barrier().unwrap();
     if me == 0 {
         post_send(
             r,
@@ -653,8 +662,8 @@ fn odp_body(r: &Rank) {
         // 3. Discard the first megabyte (MADV_DONTNEED): its pages must fault again.
         target.discard(off as usize, 1 << 20).unwrap();
     }
-    r.boot.barrier().unwrap();
     let before = r.nic.counters();
+    r.boot.barrier().unwrap();
     if me == 0 {
         post_send(
             r,
@@ -723,8 +732,8 @@ fn odp_body(r: &Rank) {
     let landing = AnonMapping::new(1 << 20).unwrap();
     let lmr = r.nic.register(landing.addr(), 1 << 20, rw()).unwrap();
     let lremote = r.exchange(&lmr);
-    let qp2 = r.fresh_pair(0, 1);
     let before = r.nic.counters();
+    let qp2 = r.fresh_pair(0, 1);
     if me == 0 {
         post_send(
             r,
@@ -768,7 +777,7 @@ fn odp_receive_body(r: &Rank) {
     let implicit = r.nic.register_implicit_odp(rw()).unwrap();
     let mut src = AnonMapping::new(1 << 20).unwrap();
     src.as_mut_slice().copy_from_slice(&pattern(3, 1 << 20));
-    let before = r.nic.counters();
+    let before = r.nic.counters(); // the fault happens only after the barrier below
     if me == 1 {
         post_recv(r, qp, 1, &[sge(buf.addr() + 4096, 1 << 20, implicit.lkey)]);
     }

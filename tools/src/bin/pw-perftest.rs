@@ -1,1 +1,69 @@
-fn main() {}
+//! `pw-perftest`: the NIC-level perftest of pagewire (after `ib_write_bw`, `ib_write_lat`,
+//! `ib_read_bw`, `ib_read_lat`, `ib_send_lat`). Started without a launcher it starts itself
+//! on two ranks through the built-in one.
+
+use clap::Parser;
+use pagewire_tools::perftest::{self, MrMode, PerftestConfig, TestKind};
+use pagewire_transport::boot;
+use pagewire_transport::nic::soft::{SoftConfig, SoftNic};
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "RDMA perftest of pagewire's NIC (two ranks; starts itself under pwrun)"
+)]
+struct Args {
+    /// The test to run.
+    #[arg(value_enum)]
+    test: TestKind,
+    /// Message size in bytes.
+    #[arg(long, short = 's', conflicts_with = "all", default_value_t = 65536)]
+    size: usize,
+    /// Every size from 2 B to 8 MiB, doubling.
+    #[arg(long, short = 'a')]
+    all: bool,
+    /// Iterations per size (default 5000 for bandwidth, 1000 for latency, capped per size).
+    #[arg(long, short = 'n')]
+    iters: Option<usize>,
+    /// How buffers are registered.
+    #[arg(long, value_enum, default_value_t = MrMode::Pinned)]
+    mr: MrMode,
+    /// Fresh buffers every iteration (ODP faults every time; pinned registers every time).
+    #[arg(long)]
+    cold: bool,
+    /// Outstanding work requests in bandwidth tests.
+    #[arg(long, short = 't', default_value_t = 128)]
+    tx_depth: usize,
+    /// Print the results as JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if let Some(code) = boot::self_launch(2)? {
+        std::process::exit(code);
+    }
+    let boot = boot::from_env()?;
+    let nic = SoftNic::new(&*boot, SoftConfig::from_env()?)?;
+    let cfg = PerftestConfig {
+        test: args.test,
+        sizes: if args.all {
+            perftest::all_sizes()
+        } else {
+            vec![args.size]
+        },
+        iters: args.iters,
+        mr: args.mr,
+        cold: args.cold,
+        tx_depth: args.tx_depth,
+    };
+    if let Some(report) = perftest::run(&*boot, &nic, &cfg)? {
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            perftest::print(&report, args.iters.is_none());
+        }
+    }
+    Ok(())
+}

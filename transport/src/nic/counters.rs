@@ -138,6 +138,63 @@ pub struct CountersSnapshot {
 }
 
 impl CountersSnapshot {
+    /// The counters as little-endian bytes (for sending a peer's counters to a reporter).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut w = vec![
+            self.registrations,
+            self.deregistrations,
+            self.pinned_now,
+            self.pinned_peak,
+            self.npf_requester,
+            self.npf_responder,
+            self.npf_pages,
+            self.npf_failed,
+            self.npf_resolve_ns,
+            self.prefetch_pages,
+            self.rnr_nacks_sent,
+            self.rnr_retries,
+            self.invalidated_pages,
+            self.bytes_cma,
+            self.bytes_staged,
+            self.bytes_inline,
+            self.error_completions,
+        ];
+        w.extend_from_slice(&self.npf_histogram);
+        w.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    /// The inverse of [`CountersSnapshot::to_bytes`]; `None` if the length is wrong.
+    pub fn from_bytes(b: &[u8]) -> Option<CountersSnapshot> {
+        const SCALARS: usize = 17;
+        if b.len() != (SCALARS + NPF_HISTOGRAM_BUCKETS) * 8 {
+            return None;
+        }
+        let w: Vec<u64> = b
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        Some(CountersSnapshot {
+            registrations: w[0],
+            deregistrations: w[1],
+            pinned_now: w[2],
+            pinned_peak: w[3],
+            npf_requester: w[4],
+            npf_responder: w[5],
+            npf_pages: w[6],
+            npf_failed: w[7],
+            npf_resolve_ns: w[8],
+            prefetch_pages: w[9],
+            rnr_nacks_sent: w[10],
+            rnr_retries: w[11],
+            invalidated_pages: w[12],
+            bytes_cma: w[13],
+            bytes_staged: w[14],
+            bytes_inline: w[15],
+            error_completions: w[16],
+            npf_histogram: std::array::from_fn(|i| w[SCALARS + i]),
+        })
+    }
+
     /// Mean NPF resolution time in microseconds (0 when there was none).
     pub fn npf_mean_us(&self) -> f64 {
         let n = self.npf_requester + self.npf_responder;
@@ -199,6 +256,17 @@ mod tests {
         assert_eq!(s.npf_histogram[2], 1);
         assert_eq!(s.npf_histogram[NPF_HISTOGRAM_BUCKETS - 1], 1);
         assert_eq!((s.npf_requester, s.npf_responder, s.npf_pages), (1, 2, 4));
+    }
+
+    #[test]
+    fn snapshots_round_trip_through_bytes() {
+        let c = Counters::default();
+        c.record_npf(false, 3, 70_000);
+        c.add_pinned(4096);
+        c.add_bytes(DataPath::Staged, 99);
+        let s = c.snapshot();
+        assert_eq!(CountersSnapshot::from_bytes(&s.to_bytes()), Some(s));
+        assert_eq!(CountersSnapshot::from_bytes(&[0; 8]), None);
     }
 
     #[test]

@@ -145,7 +145,7 @@ pub fn launch(name: &str, n: usize, env: &[(&str, &str)], wrapper: Option<&[&str
         }
         None => exe,
     };
-    args.extend([name, "--exact", "--nocapture", "--test-threads=1"].map(OsString::from));
+    args.extend([name, "--exact", "--nocapture", "--test-threads=1", "-q"].map(OsString::from));
     let mut envs: Vec<(OsString, OsString)> = vec![(ROLE.into(), name.into())];
     envs.extend(
         env.iter()

@@ -424,6 +424,10 @@ impl Inner {
     /// One pass of the engine: inbound packets from every peer, waiting control packets,
     /// then every queue pair's requests and READ responses.
     pub(crate) fn progress(&self, eng: &mut Engine) {
+        // The driver's work, done by whichever thread of the owner gets there first: a
+        // polling application serves faults on its memory at once, and the driver thread
+        // serves them while the application computes.
+        self.serve_faults();
         for p in 0..self.peers.len() {
             let ring = self.own.ring_from(p);
             for _ in 0..RX_BUDGET {
@@ -1226,6 +1230,8 @@ impl Inner {
         let data_placed = kind == Kind::WriteImm && h.flags & CMA_DESCRIPTOR != 0;
         // Where the bytes go, and which right that needs.
         let targets: Vec<Extent>;
+        // The parts of `targets` that lie in ODP regions (checked for faults below).
+        let mut odp_targets: Vec<Extent> = Vec::new();
         let mut recv: Option<RecvOp> = None;
         match kind {
             Kind::Send | Kind::WriteImm => {
@@ -1266,7 +1272,7 @@ impl Inner {
                         );
                         return Accept::Refused;
                     }
-                    let extents = match self.local_targets(&r.sgl) {
+                    let (extents, odp) = match self.local_targets(&r.sgl) {
                         Ok(e) => e,
                         Err(()) => {
                             let r = qp.rq.pop_front().expect("front");
@@ -1297,6 +1303,18 @@ impl Inner {
                             return Accept::Refused;
                         }
                     };
+                    // Fault-check only the ODP parts of what this message fills.
+                    let mut at = 0u64;
+                    for (e, on_demand) in extents.iter().zip(&odp) {
+                        let take = e.len.min(h.total_len.saturating_sub(at));
+                        if *on_demand && take > 0 {
+                            odp_targets.push(Extent {
+                                addr: e.addr,
+                                len: take,
+                            });
+                        }
+                        at += e.len;
+                    }
                     targets = slice_extents(&extents, 0, h.total_len);
                 } else {
                     targets = vec![Extent {
@@ -1319,7 +1337,6 @@ impl Inner {
             _ => unreachable!("not a request"),
         }
         // Remote key checks for WRITE / READ / WRITE WITH IMM (not for zero length).
-        let mut on_demand = kind == Kind::Send; // receive buffers are checked page by page below
         if kind != Kind::Send && h.total_len > 0 && !data_placed {
             let need = if kind == Kind::ReadRequest {
                 Access::REMOTE_READ
@@ -1331,7 +1348,11 @@ impl Inner {
                 .tpt()
                 .acquire(h.rkey, h.remote_addr, h.total_len, need)
             {
-                Ok(g) => on_demand = g.translation.on_demand(),
+                Ok(g) => {
+                    if g.translation.on_demand() {
+                        odp_targets = targets.clone();
+                    }
+                }
                 Err(_) => {
                     let qp = eng.qps[qpn as usize].as_mut().expect("exists");
                     qp.expected_msn += 1;
@@ -1343,8 +1364,8 @@ impl Inner {
         }
         // Receive-side network page faults: answer receiver-not-ready, let the driver map
         // the pages, and take the retransmission (seed 000 section 4, "rNPFs").
-        if on_demand && !data_placed {
-            let missing: Vec<u64> = targets
+        if !odp_targets.is_empty() && !data_placed {
+            let missing: Vec<u64> = odp_targets
                 .iter()
                 .flat_map(|e| self.missing_pages(me, *e))
                 .collect();
@@ -1438,19 +1459,21 @@ impl Inner {
     }
 
     /// Receive buffers: key and LOCAL_WRITE checks (faults are handled by the caller).
-    fn local_targets(&self, sgl: &[Sge]) -> Result<Vec<Extent>, ()> {
+    fn local_targets(&self, sgl: &[Sge]) -> Result<(Vec<Extent>, Vec<bool>), ()> {
         let tpt = self.own.tpt();
-        sgl.iter()
-            .filter(|s| s.len > 0)
-            .map(|s| {
-                tpt.acquire(s.lkey, s.addr, s.len as u64, Access::LOCAL_WRITE)
-                    .map(|_| Extent {
-                        addr: s.addr,
-                        len: s.len as u64,
-                    })
-                    .map_err(|_: Refusal| ())
-            })
-            .collect()
+        let mut extents = Vec::with_capacity(sgl.len());
+        let mut odp = Vec::with_capacity(sgl.len());
+        for s in sgl.iter().filter(|s| s.len > 0) {
+            let g = tpt
+                .acquire(s.lkey, s.addr, s.len as u64, Access::LOCAL_WRITE)
+                .map_err(|_: Refusal| ())?;
+            extents.push(Extent {
+                addr: s.addr,
+                len: s.len as u64,
+            });
+            odp.push(g.translation.on_demand());
+        }
+        Ok((extents, odp))
     }
 
     fn flush_receives(&self, eng: &mut Engine, qpn: u32) {

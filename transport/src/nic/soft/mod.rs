@@ -61,6 +61,8 @@ pub(crate) const MAX_QPS: usize = 256;
 const MAGIC: u64 = u64::from_le_bytes(*b"pagewire");
 const HEADER_BYTES: usize = 4096;
 const DOORBELL: usize = 64;
+/// Header word counting faults filed on this rank's memory (by peers and itself).
+const FAULTS_FILED: usize = 128;
 const TPT_OFFSET: usize = HEADER_BYTES;
 const NPF_OFFSET: usize = TPT_OFFSET + TPT_BYTES;
 const NPF_WORDS: usize = 8;
@@ -186,7 +188,12 @@ impl RankMemory {
             w: self
                 .seg
                 .words(NPF_OFFSET + qpn as usize * NPF_WORDS * 8, NPF_WORDS),
+            filed: &self.seg.words(FAULTS_FILED, 1)[0],
         }
+    }
+
+    fn faults_filed(&self) -> u64 {
+        self.seg.words(FAULTS_FILED, 1)[0].load(Acquire)
     }
 
     fn doorbell(&self) -> &AtomicU32 {
@@ -204,6 +211,7 @@ impl RankMemory {
 /// outstanding fault per queue pair and direction (seed 003).
 pub(crate) struct NpfSlot<'a> {
     w: &'a [AtomicU64],
+    filed: &'a AtomicU64,
 }
 
 const NPF_REQ: usize = 0;
@@ -223,6 +231,7 @@ impl NpfSlot<'_> {
         self.w[NPF_WRITE].store(write as u64, Relaxed);
         self.w[NPF_TIME].store(sys::monotonic_ns(), Relaxed);
         self.w[NPF_REQ].store(seq, Release);
+        self.filed.fetch_add(1, Release);
         seq
     }
 
@@ -257,6 +266,8 @@ pub(crate) struct Inner {
     pub peers: Vec<Peer>,
     regions: Mutex<RegionBook>,
     pub engine: Mutex<Engine>,
+    /// Faults filed on this rank's memory that have been served (held while serving).
+    faults_served: Mutex<u64>,
     shutdown: AtomicBool,
 }
 
@@ -352,6 +363,7 @@ impl SoftNic {
                 pins: PinAccount::new(config.memlock),
             }),
             engine: Mutex::new(Engine::new(size)),
+            faults_served: Mutex::new(0),
             shutdown: AtomicBool::new(false),
         });
         let d = inner.clone();
@@ -455,8 +467,17 @@ impl Inner {
         }
     }
 
-    /// The driver's fault handler: resolves every filed fault on this rank's memory.
-    fn serve_faults(&self) {
+    /// The driver's fault handler: resolves every filed fault on this rank's memory. Cheap
+    /// when none is pending; one thread serves at a time.
+    pub(crate) fn serve_faults(&self) {
+        let filed = self.own.faults_filed();
+        let Some(mut served) = self.faults_served.try_lock() else {
+            return;
+        };
+        if *served == filed {
+            return;
+        }
+        *served = filed;
         for qpn in 0..MAX_QPS as u32 {
             let slot = self.own.npf_slot(qpn);
             let req = slot.w[NPF_REQ].load(Acquire);
@@ -470,11 +491,12 @@ impl Inner {
             let write = slot.w[NPF_WRITE].load(Relaxed) != 0;
             let ok = self.resolve_fault(addr, len, write);
             let t0 = slot.w[NPF_TIME].load(Relaxed);
-            slot.w[NPF_STATUS].store(!ok as u64, Relaxed);
-            slot.w[NPF_DONE].store(req, Release);
             let pages = sys::page_span(addr, len).1 / PAGE_SIZE;
+            // Count before publishing, so whoever sees the fault resolved sees it counted.
             self.counters
                 .record_npf(false, pages, sys::monotonic_ns().saturating_sub(t0));
+            slot.w[NPF_STATUS].store(!ok as u64, Relaxed);
+            slot.w[NPF_DONE].store(req, Release);
         }
     }
 
