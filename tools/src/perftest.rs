@@ -443,9 +443,35 @@ fn counter_rows(
 /// The target memory of the run: one warm buffer, or a span of never-touched slices.
 struct Target<'a> {
     buf: Registered<'a>,
+    layout: TargetLayout,
+}
+
+/// Where iteration `i` lands in a target: the same warm buffer, or slice `i` of a span.
+#[derive(Clone, Copy)]
+struct TargetLayout {
     slices: usize,
     size: usize,
     cold: bool,
+}
+
+impl TargetLayout {
+    fn of(cfg: &PerftestConfig, size: usize, iters: usize) -> TargetLayout {
+        let cold = cfg.cold && cfg.mr != MrMode::Pinned;
+        let slices = if cold {
+            iters.clamp(1, ((1usize << 30) / size.max(1)).max(1))
+        } else {
+            1
+        };
+        TargetLayout { slices, size, cold }
+    }
+
+    fn offset(&self, i: usize) -> usize {
+        if self.cold {
+            (i % self.slices) * self.size
+        } else {
+            0
+        }
+    }
 }
 
 impl<'a> Target<'a> {
@@ -456,31 +482,17 @@ impl<'a> Target<'a> {
         iters: usize,
         write: bool,
     ) -> anyhow::Result<Target<'a>> {
-        let cold = cfg.cold && cfg.mr != MrMode::Pinned;
-        let slices = if cold {
-            iters.clamp(1, ((1usize << 30) / size.max(1)).max(1))
-        } else {
-            1
-        };
-        let len = size.max(1) * slices;
-        let buf = Registered::new(ctx, len, cfg.mr, !cold)?;
+        let layout = TargetLayout::of(cfg, size, iters);
+        let len = size.max(1) * layout.slices;
+        let buf = Registered::new(ctx, len, cfg.mr, !layout.cold)?;
         if cfg.mr == MrMode::OdpPrefetch {
             buf.prefetch(0, len, write)?;
         }
-        Ok(Target {
-            buf,
-            slices,
-            size,
-            cold,
-        })
+        Ok(Target { buf, layout })
     }
 
     fn offset(&self, i: usize) -> usize {
-        if self.cold {
-            (i % self.slices) * self.size
-        } else {
-            0
-        }
+        self.layout.offset(i)
     }
 }
 
@@ -545,12 +557,14 @@ fn bandwidth(
     iters: usize,
 ) -> anyhow::Result<Option<SizeResult>> {
     let read = cfg.test == TestKind::ReadBw;
-    let target = Target::new(ctx, cfg, size, iters, !read)?;
-    let (raddr, rkey) = ctx.exchange(target.buf.addr(), target.buf.lkey)?;
     if ctx.boot.rank() == 1 {
+        let target = Target::new(ctx, cfg, size, iters, !read)?;
+        ctx.exchange(target.buf.addr(), target.buf.lkey)?;
         ctx.boot.barrier()?; // the server's NIC works without its CPU: one-sided
         return Ok(None);
     }
+    let (raddr, rkey) = ctx.exchange(0, 0)?;
+    let target = TargetLayout::of(cfg, size, iters);
     let warm = Registered::new(ctx, size.max(1), cfg.mr, true)?;
     if cfg.mr == MrMode::OdpPrefetch && !cfg.cold {
         warm.prefetch(0, size.max(1), read)?;
@@ -570,6 +584,7 @@ fn bandwidth(
     }
     let slots = (iters / 16).max(1);
     let mut stamps = Vec::with_capacity(iters);
+    let mut posted_at = Vec::with_capacity(iters);
     let mut inflight: std::collections::VecDeque<Option<Registered<'_>>> = Default::default();
     let mut posted = 0usize;
     let start = Instant::now();
@@ -587,6 +602,7 @@ fn bandwidth(
             };
             post(ctx, posted as u64, op, &[sge(laddr, size, lkey)], false)?;
             inflight.push_back(fresh);
+            posted_at.push(start.elapsed());
             posted += 1;
         }
         ctx.wait()?;
@@ -596,15 +612,16 @@ fn bandwidth(
     let total = start.elapsed().as_secs_f64();
     ctx.boot.barrier()?;
     let avg = (size * iters) as f64 / total / 1e6;
+    // Peak: the best window of `slots` consecutive requests, from the first one's post to
+    // the last one's completion (perftest's per-iteration post/completion stamps).
     let mut peak = avg;
-    let mut prev = Duration::ZERO;
-    for chunk in stamps.chunks(slots) {
-        let end = *chunk.last().expect("non-empty chunk");
-        let dt = (end - prev).as_secs_f64();
-        if dt > 0.0 && chunk.len() == slots {
-            peak = peak.max((size * chunk.len()) as f64 / dt / 1e6);
+    for (first, last) in (0..iters).step_by(slots).map(|f| (f, f + slots - 1)) {
+        if last < iters {
+            let dt = (stamps[last] - posted_at[first]).as_secs_f64();
+            if dt > 0.0 {
+                peak = peak.max((size * slots) as f64 / dt / 1e6);
+            }
         }
-        prev = end;
     }
     Ok(Some(SizeResult {
         bytes: size,
@@ -717,12 +734,14 @@ fn read_latency(
     size: usize,
     iters: usize,
 ) -> anyhow::Result<Option<SizeResult>> {
-    let source = Target::new(ctx, cfg, size, iters, false)?;
-    let (raddr, rkey) = ctx.exchange(source.buf.addr(), source.buf.lkey)?;
     if ctx.boot.rank() == 1 {
+        let source = Target::new(ctx, cfg, size, iters, false)?;
+        ctx.exchange(source.buf.addr(), source.buf.lkey)?;
         ctx.boot.barrier()?;
         return Ok(None);
     }
+    let (raddr, rkey) = ctx.exchange(0, 0)?;
+    let source = TargetLayout::of(cfg, size, iters);
     let warm = Registered::new(ctx, size, cfg.mr, true)?;
     if cfg.mr == MrMode::OdpPrefetch && !cfg.cold {
         warm.prefetch(0, size, true)?;
@@ -779,14 +798,16 @@ fn send_latency(
         let t0 = Instant::now();
         if me == 1 {
             ctx.wait()?; // the ping
-            recv(i + 1)?;
+            if i < iters {
+                recv(i + 1)?; // for the next ping
+            }
         }
         let fresh = local_buffer(ctx, cfg, &warm, size, false)?;
         let (laddr, lkey) = fresh
             .as_ref()
             .map_or((warm.addr(), warm.lkey), |f| (f.addr(), f.lkey));
-        if me == 0 {
-            recv(i + 1)?;
+        if me == 0 && i < iters {
+            recv(i + 1)?; // for the next pong
         }
         post(
             ctx,
@@ -805,7 +826,6 @@ fn send_latency(
             samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
         }
     }
-    // Drain the receive posted for the iteration after the last.
     ctx.boot.barrier()?;
     Ok((me == 0).then(|| latency_result(size, iters, samples)))
 }

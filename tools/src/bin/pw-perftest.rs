@@ -16,9 +16,15 @@ struct Args {
     /// The test to run.
     #[arg(value_enum)]
     test: TestKind,
-    /// Message size in bytes.
-    #[arg(long, short = 's', conflicts_with = "all", default_value_t = 65536)]
-    size: usize,
+    /// Message size in bytes; a comma-separated list runs several sizes.
+    #[arg(
+        long,
+        short = 's',
+        conflicts_with = "all",
+        value_delimiter = ',',
+        default_value = "65536"
+    )]
+    size: Vec<usize>,
     /// Every size from 2 B to 8 MiB, doubling.
     #[arg(long, short = 'a')]
     all: bool,
@@ -51,7 +57,7 @@ fn main() -> anyhow::Result<()> {
         sizes: if args.all {
             perftest::all_sizes()
         } else {
-            vec![args.size]
+            args.size.clone()
         },
         iters: args.iters,
         mr: args.mr,

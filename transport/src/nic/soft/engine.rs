@@ -776,7 +776,10 @@ impl Inner {
                         self.transmit_packets(op, qp.peer, qpn, remote_qpn, peer.cma)
                     } {
                         op.state = OpState::Transmitting;
-                        break; // ring full
+                        // Ring full: the peer must drain it. If its application is not
+                        // polling, only its driver thread can, so wake it.
+                        peer.mem.ring_doorbell();
+                        break;
                     } else {
                         op.state = OpState::AwaitingResponse;
                         if !peer.cma && !matches!(op.kind, OpKind::Send { .. }) {
