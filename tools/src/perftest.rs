@@ -408,34 +408,57 @@ pub fn run(
     }))
 }
 
+/// The counters `pw-perftest` reports: (JSON key, table label, value).
+fn counter_items(c: &CountersSnapshot) -> Vec<(&'static str, &'static str, f64)> {
+    vec![
+        ("registrations", "registrations", c.registrations as f64),
+        (
+            "pinned_peak_bytes",
+            "pinned bytes, peak",
+            c.pinned_peak as f64,
+        ),
+        (
+            "npf_requester",
+            "NPFs, requester side",
+            c.npf_requester as f64,
+        ),
+        (
+            "npf_responder",
+            "NPFs, responder side",
+            c.npf_responder as f64,
+        ),
+        ("npf_pages", "pages mapped by NPFs", c.npf_pages as f64),
+        ("npf_mean_us", "mean NPF resolution [usec]", c.npf_mean_us()),
+        (
+            "prefetch_pages",
+            "pages prefetched",
+            c.prefetch_pages as f64,
+        ),
+        ("rnr_retries", "RNR retries", c.rnr_retries as f64),
+        ("rnr_nacks_sent", "RNR NACKs sent", c.rnr_nacks_sent as f64),
+        (
+            "invalidated_pages",
+            "invalidated pages",
+            c.invalidated_pages as f64,
+        ),
+        ("bytes_cma", "bytes moved by CMA", c.bytes_cma as f64),
+        (
+            "bytes_staged",
+            "bytes staged through the ring",
+            c.bytes_staged as f64,
+        ),
+    ]
+}
+
 fn counter_rows(
     client: &CountersSnapshot,
     server: &CountersSnapshot,
 ) -> Vec<(String, String, f64)> {
     let mut rows = Vec::new();
     for (side, c) in [("client", client), ("server", server)] {
-        let path = match c.main_data_path() {
-            Some(p) => format!("{p:?}"),
-            None => "none".into(),
-        };
-        let items: Vec<(&str, f64)> = vec![
-            ("registrations", c.registrations as f64),
-            ("pinned_peak_bytes", c.pinned_peak as f64),
-            ("npf_requester", c.npf_requester as f64),
-            ("npf_responder", c.npf_responder as f64),
-            ("npf_pages", c.npf_pages as f64),
-            ("npf_mean_us", c.npf_mean_us()),
-            ("prefetch_pages", c.prefetch_pages as f64),
-            ("rnr_retries", c.rnr_retries as f64),
-            ("rnr_nacks_sent", c.rnr_nacks_sent as f64),
-            ("invalidated_pages", c.invalidated_pages as f64),
-            ("bytes_cma", c.bytes_cma as f64),
-            ("bytes_staged", c.bytes_staged as f64),
-        ];
-        for (k, v) in items {
-            rows.push((side.to_string(), k.to_string(), v));
+        for (key, _, v) in counter_items(c) {
+            rows.push((side.to_string(), key.to_string(), v));
         }
-        rows.push((side.to_string(), format!("data_path_{path}"), 1.0));
     }
     rows
 }
@@ -494,6 +517,21 @@ impl<'a> Target<'a> {
     fn offset(&self, i: usize) -> usize {
         self.layout.offset(i)
     }
+}
+
+/// The buffer reused by every iteration when not `--cold`: touched, registered, and
+/// prefetched in `odp-prefetch` mode (`write`: the NIC will write it).
+fn warm_buffer<'a>(
+    ctx: &Ctx<'a>,
+    cfg: &PerftestConfig,
+    size: usize,
+    write: bool,
+) -> anyhow::Result<Registered<'a>> {
+    let warm = Registered::new(ctx, size.max(1), cfg.mr, true)?;
+    if cfg.mr == MrMode::OdpPrefetch && !cfg.cold {
+        warm.prefetch(0, size.max(1), write)?;
+    }
+    Ok(warm)
 }
 
 /// The initiator's local buffer for iteration `i`: the warm one, or a fresh one.
@@ -565,10 +603,7 @@ fn bandwidth(
     }
     let (raddr, rkey) = ctx.exchange(0, 0)?;
     let target = TargetLayout::of(cfg, size, iters);
-    let warm = Registered::new(ctx, size.max(1), cfg.mr, true)?;
-    if cfg.mr == MrMode::OdpPrefetch && !cfg.cold {
-        warm.prefetch(0, size.max(1), read)?;
-    }
+    let warm = warm_buffer(ctx, cfg, size.max(1), read)?;
     warm_up(ctx, cfg, &warm, raddr, rkey, size)?;
     // Outstanding requests; cold buffers also bounded by memory (and memlock when pinned).
     let mut depth = cfg.tx_depth.max(1);
@@ -687,10 +722,7 @@ fn write_latency(
     let me = ctx.boot.rank();
     let landing = Target::new(ctx, cfg, size, iters + 1, true)?;
     let (raddr, rkey) = ctx.exchange(landing.buf.addr(), landing.buf.lkey)?;
-    let mut warm = Registered::new(ctx, size, cfg.mr, true)?;
-    if cfg.mr == MrMode::OdpPrefetch && !cfg.cold {
-        warm.prefetch(0, size, false)?;
-    }
+    let mut warm = warm_buffer(ctx, cfg, size, false)?;
     ctx.boot.barrier()?;
     let mut samples = Vec::with_capacity(iters);
     for i in 0..=iters {
@@ -742,10 +774,7 @@ fn read_latency(
     }
     let (raddr, rkey) = ctx.exchange(0, 0)?;
     let source = TargetLayout::of(cfg, size, iters);
-    let warm = Registered::new(ctx, size, cfg.mr, true)?;
-    if cfg.mr == MrMode::OdpPrefetch && !cfg.cold {
-        warm.prefetch(0, size, true)?;
-    }
+    let warm = warm_buffer(ctx, cfg, size, true)?;
     warm_up(ctx, cfg, &warm, raddr, rkey, size)?;
     let mut samples = Vec::with_capacity(iters);
     for i in 0..iters {
@@ -778,10 +807,7 @@ fn send_latency(
 ) -> anyhow::Result<Option<SizeResult>> {
     let me = ctx.boot.rank();
     let landing = Target::new(ctx, cfg, size, iters + 1, true)?;
-    let warm = Registered::new(ctx, size, cfg.mr, true)?;
-    if cfg.mr == MrMode::OdpPrefetch && !cfg.cold {
-        warm.prefetch(0, size, false)?;
-    }
+    let warm = warm_buffer(ctx, cfg, size, false)?;
     let inline = size <= QpCaps::default().max_inline as usize;
     let recv = |i: usize| -> anyhow::Result<()> {
         let off = landing.offset(i);
@@ -943,65 +969,20 @@ pub fn print(report: &PerftestReport, iters_note: bool) {
         "client", "server"
     );
     let (c, s) = (&report.client, &report.server);
-    let rows: [(&str, String, String); 11] = [
-        (
-            "registrations",
-            c.registrations.to_string(),
-            s.registrations.to_string(),
-        ),
-        (
-            "pinned bytes, peak",
-            c.pinned_peak.to_string(),
-            s.pinned_peak.to_string(),
-        ),
-        (
-            "NPFs, requester side",
-            c.npf_requester.to_string(),
-            s.npf_requester.to_string(),
-        ),
-        (
-            "NPFs, responder side",
-            c.npf_responder.to_string(),
-            s.npf_responder.to_string(),
-        ),
-        (
-            "pages mapped by NPFs",
-            c.npf_pages.to_string(),
-            s.npf_pages.to_string(),
-        ),
-        (
-            "mean NPF resolution [usec]",
-            format!("{:.1}", c.npf_mean_us()),
-            format!("{:.1}", s.npf_mean_us()),
-        ),
-        (
-            "pages prefetched",
-            c.prefetch_pages.to_string(),
-            s.prefetch_pages.to_string(),
-        ),
-        (
-            "RNR retries",
-            c.rnr_retries.to_string(),
-            s.rnr_retries.to_string(),
-        ),
-        (
-            "invalidated pages",
-            c.invalidated_pages.to_string(),
-            s.invalidated_pages.to_string(),
-        ),
-        (
-            "bytes by CMA / staged",
-            format!("{}/{}", c.bytes_cma, c.bytes_staged),
-            format!("{}/{}", s.bytes_cma, s.bytes_staged),
-        ),
-        (
-            "data path",
-            c.main_data_path().map_or("-".into(), |p| format!("{p:?}")),
-            s.main_data_path().map_or("-".into(), |p| format!("{p:?}")),
-        ),
-    ];
-    for (name, a, b) in rows {
-        println!(" {name:<32} {a:>16} {b:>16}");
+    for ((_, label, a), (_, _, b)) in counter_items(c).into_iter().zip(counter_items(s)) {
+        let show = |v: f64| {
+            if v.fract() == 0.0 {
+                format!("{v:.0}")
+            } else {
+                format!("{v:.1}")
+            }
+        };
+        println!(" {label:<32} {:>16} {:>16}", show(a), show(b));
     }
+    let path = |c: &CountersSnapshot| {
+        c.main_data_path()
+            .map_or("-".to_string(), |p| format!("{p:?}"))
+    };
+    println!(" {:<32} {:>16} {:>16}", "data path", path(c), path(s));
     println!("{dash}");
 }

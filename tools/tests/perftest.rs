@@ -4,9 +4,14 @@
 use std::process::Command;
 
 fn perftest(args: &[&str]) -> (i32, String, String) {
+    perftest_with(args, &[])
+}
+
+fn perftest_with(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_pw-perftest"))
         .args(args)
         .env("RUST_BACKTRACE", "0")
+        .envs(env.iter().copied())
         .output()
         .expect("run pw-perftest");
     (
