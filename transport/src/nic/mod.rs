@@ -388,3 +388,45 @@ pub trait Nic: Send + Sync {
     /// The device's counters now.
     fn counters(&self) -> CountersSnapshot;
 }
+
+/// Which provider `open` brings up (`PAGEWIRE_TRANSPORT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProviderKind {
+    /// The software NIC (default; no hardware needed).
+    Soft,
+    /// rdma-core's libibverbs (cargo feature `verbs`).
+    Verbs,
+}
+
+impl ProviderKind {
+    /// Reads `PAGEWIRE_TRANSPORT` (`soft`, the default, or `verbs`).
+    pub fn from_env() -> Result<ProviderKind> {
+        match std::env::var("PAGEWIRE_TRANSPORT").as_deref() {
+            Err(_) | Ok("") | Ok("soft") => Ok(ProviderKind::Soft),
+            Ok("verbs") => Ok(ProviderKind::Verbs),
+            Ok(other) => Err(crate::Error::InvalidArgument(format!(
+                "PAGEWIRE_TRANSPORT={other}: expected soft or verbs"
+            ))),
+        }
+    }
+}
+
+/// Brings up the NIC named by `PAGEWIRE_TRANSPORT` for this rank (collective over `boot`).
+pub fn open(boot: &dyn crate::boot::Bootstrap) -> Result<Box<dyn Nic>> {
+    match ProviderKind::from_env()? {
+        ProviderKind::Soft => Ok(Box::new(soft::SoftNic::new(
+            boot,
+            soft::SoftConfig::from_env()?,
+        )?)),
+        ProviderKind::Verbs => open_verbs(boot),
+    }
+}
+
+#[cfg(not(feature = "verbs"))]
+fn open_verbs(_boot: &dyn crate::boot::Bootstrap) -> Result<Box<dyn Nic>> {
+    Err(crate::Error::InvalidArgument(
+        "PAGEWIRE_TRANSPORT=verbs, but pagewire was built without the `verbs` feature; \
+         rebuild with `--features verbs`, or use the soft provider (PAGEWIRE_TRANSPORT=soft)"
+            .into(),
+    ))
+}
