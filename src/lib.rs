@@ -1,16 +1,74 @@
 //! pagewire: MPI-style communication middleware for RDMA networks, with three ways of
-//! getting user buffers to the NIC behind one API — copying through pinned bounce buffers,
-//! a pin-down registration cache, and on-demand paging (DESIGN.md).
+//! getting user buffers to the NIC behind one API (DESIGN.md): copying through pinned
+//! bounce buffers, a pin-down registration cache, and on-demand paging.
 //!
-//! This facade will carry the rsmpi-shaped `Universe`/`Communicator` API. What exists today
-//! is the layer it stands on, re-exported here:
+//! The API is shaped like rsmpi's (the `mpi` crate) so that a code moves with
+//! `use pagewire as mpi;`:
 //!
-//! - [`nic`]: the verbs-shaped NIC boundary ([`nic::Nic`]) and its default software
-//!   provider ([`nic::soft::SoftNic`]);
-//! - [`boot`]: rank discovery, address exchange and the built-in launcher (`pwrun`);
-//! - [`sys`]: the small system-call wrappers the soft NIC stands on, including
-//!   [`sys::AnonMapping`] for buffers handed to the NIC.
+//! ```no_run
+//! use pagewire::traits::*;
+//!
+//! let universe = pagewire::initialize().unwrap();
+//! let world = universe.world();
+//! if world.rank() == 0 {
+//!     world.process_at_rank(1).send(&[1.0f64, 2.0, 3.0][..]);
+//! } else if world.rank() == 1 {
+//!     let (data, status) = world.process_at_rank(0).receive_vec::<f64>();
+//!     assert_eq!(data, vec![1.0, 2.0, 3.0]);
+//!     assert_eq!(status.source_rank(), 0);
+//! }
+//! ```
+//!
+//! Errors are fatal by default, as with `MPI_ERRORS_ARE_FATAL`: a failing call panics with
+//! a message that says what went wrong. Every call has a `try_` twin that returns the error
+//! instead ([`Error`]).
+//!
+//! Lower layers are re-exported: [`nic`] (the NIC boundary and the soft provider), [`msg`]
+//! (the message layer), [`buffer_mode`], [`boot`] (bootstrap and the `pwrun` launcher) and
+//! [`sys`].
 #![deny(missing_docs)]
-#![forbid(unsafe_code)]
+// `unsafe` only in `request.rs`, where requests hand borrowed buffers to the message layer.
+#![deny(unsafe_code)]
 
-pub use pagewire_transport::{boot, nic, sys, Error, Result};
+mod datatype;
+mod point_to_point;
+pub mod request;
+mod topology;
+
+pub use datatype::{Buffer, BufferMut, Equivalence};
+pub use pagewire_transport::{boot, buffer_mode, msg, nic, sys, Error, Result};
+pub use point_to_point::{AnyProcess, Destination, Process, Source, Status};
+pub use topology::{Communicator, Rank, SimpleCommunicator, Tag, Universe, UniverseConfig};
+
+/// The traits a program imports with `use pagewire::traits::*` (as `mpi::traits::*`).
+pub mod traits {
+    pub use crate::datatype::{Buffer, BufferMut, Equivalence};
+    pub use crate::point_to_point::{Destination, Source};
+    pub use crate::topology::Communicator;
+}
+
+/// Starts pagewire with settings from the environment (`PAGEWIRE_*`): the bootstrap
+/// (`pwrun`'s, or a single rank without a launcher), the NIC (`PAGEWIRE_TRANSPORT`), the
+/// buffer mode (`PAGEWIRE_MODE`) and the message layer. `None` if pagewire is already
+/// initialised in this process, as rsmpi's `initialize`.
+///
+/// Panics with the reason if start-up fails; [`try_initialize`] returns it instead.
+pub fn initialize() -> Option<Universe> {
+    match try_initialize() {
+        Ok(u) => u,
+        Err(e) => panic!("pagewire: initialisation failed: {e}"),
+    }
+}
+
+/// [`initialize`], returning start-up errors.
+pub fn try_initialize() -> Result<Option<Universe>> {
+    Universe::from_config(UniverseConfig::from_env()?)
+}
+
+/// Seconds since an arbitrary point, for timing (`MPI_Wtime`).
+pub fn time() -> f64 {
+    use std::sync::OnceLock;
+    use std::time::Instant;
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_secs_f64()
+}

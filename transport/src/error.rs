@@ -43,6 +43,29 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
+    /// The verbs provider found no RDMA device it can use: libibverbs lists none, the
+    /// kernel has no RDMA support, no device has an active port, or the device named by
+    /// `PAGEWIRE_DEVICE` is missing. The message is one line and names the soft provider.
+    #[error(
+        "{detail}; to run without RDMA hardware use the soft provider: PAGEWIRE_TRANSPORT=soft"
+    )]
+    NoRdmaDevice {
+        /// What was looked for and what was found.
+        detail: String,
+    },
+
+    /// The device cannot do what the caller needs (for example on-demand paging on RC
+    /// queue pairs, which the `odp` buffer mode requires).
+    #[error("{device} does not support {what}; {hint}")]
+    Unsupported {
+        /// The device, as `Capabilities::device` names it.
+        device: String,
+        /// The missing capability.
+        what: String,
+        /// What the user can do instead.
+        hint: &'static str,
+    },
+
     /// A resource table (memory regions, queue pairs, queue depth) is full.
     #[error("{what} exhausted: {limit} in use; {hint}")]
     Exhausted {
@@ -80,6 +103,57 @@ pub enum Error {
         /// The peer's process id.
         pid: u32,
     },
+
+    /// A message was longer than the receive buffer (`MPI_ERR_TRUNCATE`). The first
+    /// `buffer_bytes` bytes were delivered; nothing past the buffer was written.
+    #[error(
+        "message truncated: rank {source_rank} sent {message_bytes} bytes with tag {tag}, \
+         but the receive buffer holds {buffer_bytes}"
+    )]
+    Truncated {
+        /// Sending rank.
+        source_rank: usize,
+        /// The message's tag.
+        tag: i32,
+        /// The message's size.
+        message_bytes: usize,
+        /// The receive buffer's size (bytes delivered).
+        buffer_bytes: usize,
+    },
+
+    /// A rank outside the communicator was named (`MPI_ERR_RANK`).
+    #[error("rank {rank} does not exist: the communicator has {size} ranks")]
+    NoSuchRank {
+        /// The rank named.
+        rank: usize,
+        /// Ranks in the communicator.
+        size: usize,
+    },
+
+    /// A tag outside `0..=TAG_UB` was used for a send or a receive (`MPI_ERR_TAG`).
+    #[error("tag {tag} is out of range: tags are 0..={max} (use ANY_TAG to receive any)")]
+    InvalidTag {
+        /// The tag used.
+        tag: i32,
+        /// The largest valid tag.
+        max: i32,
+    },
+
+    /// The NIC could not complete an operation with a peer (it died, or its queue pair
+    /// failed); every operation involving that peer fails with this error.
+    #[error("communication with rank {peer} failed ({status}) while {what}")]
+    Communication {
+        /// The peer.
+        peer: usize,
+        /// The NIC's completion status.
+        status: crate::nic::WcStatus,
+        /// What the layer was doing.
+        what: &'static str,
+    },
+
+    /// The request was cancelled before it matched.
+    #[error("the request was cancelled before it matched a message")]
+    Cancelled,
 
     /// Start-up or address exchange failed.
     #[error("bootstrap: {0}")]

@@ -4,7 +4,9 @@
 #![deny(missing_docs)]
 
 pub mod boot;
+pub mod buffer_mode;
 pub mod error;
+pub mod msg;
 pub mod nic;
 pub mod sys;
 

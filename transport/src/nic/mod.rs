@@ -13,6 +13,8 @@
 
 pub mod counters;
 pub mod soft;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 pub use counters::{Counters, CountersSnapshot, DataPath};
 
@@ -315,12 +317,73 @@ pub struct Capabilities {
     pub max_inline: u32,
     /// Work requests per queue.
     pub max_qp_wr: u32,
+    /// The device this context drives, for messages and reports (`soft`, or e.g.
+    /// `mlx5_0 port 1`).
+    pub device: String,
     /// RC supports ODP for send, receive, write and read.
     pub odp_rc: bool,
+    /// RC supports ODP for SEND on the requester side (`IBV_ODP_SUPPORT_SEND`).
+    pub odp_rc_send: bool,
+    /// RC supports ODP for receive buffers (`IBV_ODP_SUPPORT_RECV`).
+    pub odp_rc_recv: bool,
+    /// RC supports ODP for RDMA WRITE (`IBV_ODP_SUPPORT_WRITE`).
+    pub odp_rc_write: bool,
+    /// RC supports ODP for RDMA READ (`IBV_ODP_SUPPORT_READ`).
+    pub odp_rc_read: bool,
     /// One ODP region may cover the whole address space.
     pub implicit_odp: bool,
     /// `advise` (prefetch) is supported.
     pub prefetch: bool,
+}
+
+impl Capabilities {
+    /// `Ok` when on-demand paging works on RC queue pairs for send, receive, write and read
+    /// (what the `odp` buffer mode needs); otherwise an [`crate::Error::Unsupported`] that
+    /// names the device and the missing operations.
+    pub fn require_rc_odp(&self) -> Result<()> {
+        let missing: Vec<&str> = [
+            ("send", self.odp_rc_send),
+            ("receive", self.odp_rc_recv),
+            ("RDMA write", self.odp_rc_write),
+            ("RDMA read", self.odp_rc_read),
+        ]
+        .iter()
+        .filter(|(_, ok)| !ok)
+        .map(|(op, _)| *op)
+        .collect();
+        if missing.is_empty() && self.odp_rc {
+            return Ok(());
+        }
+        let what = if missing.is_empty() {
+            "on-demand paging on RC queue pairs".to_string()
+        } else {
+            format!(
+                "on-demand paging on RC queue pairs for {}",
+                missing.join(", ")
+            )
+        };
+        Err(crate::Error::Unsupported {
+            device: format!("{} ({} provider)", self.device, self.provider),
+            what,
+            hint: "use the copy or pindown buffer mode, or the soft provider (PAGEWIRE_TRANSPORT=soft)",
+        })
+    }
+
+    /// `Ok` when one ODP region may cover the whole address space (implicit ODP) on top of
+    /// [`Capabilities::require_rc_odp`].
+    pub fn require_implicit_odp(&self) -> Result<()> {
+        self.require_rc_odp()?;
+        if self.implicit_odp {
+            return Ok(());
+        }
+        Err(crate::Error::Unsupported {
+            device: format!("{} ({} provider)", self.device, self.provider),
+            what: "implicit on-demand paging (one region for the whole address space)".into(),
+            hint:
+                "use explicit ODP regions, the copy or pindown buffer mode, or the soft provider \
+                   (PAGEWIRE_TRANSPORT=soft)",
+        })
+    }
 }
 
 /// Opaque per-queue-pair connection data, exchanged through the bootstrap (what QPN, PSN and
@@ -420,6 +483,14 @@ pub fn open(boot: &dyn crate::boot::Bootstrap) -> Result<Box<dyn Nic>> {
         )?)),
         ProviderKind::Verbs => open_verbs(boot),
     }
+}
+
+#[cfg(feature = "verbs")]
+fn open_verbs(boot: &dyn crate::boot::Bootstrap) -> Result<Box<dyn Nic>> {
+    Ok(Box::new(verbs::VerbsNic::open(
+        boot,
+        verbs::VerbsConfig::from_env()?,
+    )?))
 }
 
 #[cfg(not(feature = "verbs"))]

@@ -347,7 +347,12 @@ impl SoftNic {
             max_sge: 16,
             max_inline: 1024,
             max_qp_wr: 16384,
+            device: "soft".into(),
             odp_rc: true,
+            odp_rc_send: true,
+            odp_rc_recv: true,
+            odp_rc_write: true,
+            odp_rc_read: true,
             implicit_odp: true,
             prefetch: true,
         };

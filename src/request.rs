@@ -1,0 +1,291 @@
+//! Nonblocking requests and the scope that keeps their buffers borrowed (rsmpi's
+//! `request` module).
+//!
+//! A [`Request`] borrows its buffer for `'a` and lives inside a [`LocalScope`] created by
+//! [`scope`]. Completing it (`wait`, `test`, [`wait_all`], [`wait_any`]) ends the
+//! operation. Dropping an unfinished request is not undefined behaviour: the drop cancels a
+//! receive that has not matched yet, or waits for the operation to complete, so its buffer
+//! is never used after the borrow ends. The scope does the same at its end for requests
+//! leaked with `mem::forget`.
+//!
+//! This is the one module of the crate with `unsafe`: it hands borrowed buffers to the
+//! message layer, and the rules above are why that is sound.
+#![allow(unsafe_code)]
+
+use std::cell::{Cell, RefCell};
+use std::marker::PhantomData;
+
+use pagewire_transport::msg::raw::{UserBuf, UserBufMut};
+use pagewire_transport::msg::{PointToPoint, RequestId};
+
+use crate::point_to_point::Status;
+use crate::topology::{SimpleCommunicator, Tag};
+use crate::Result;
+
+/// The scope of nonblocking operations whose buffers live for `'a`.
+pub struct LocalScope<'a> {
+    comm_inner: RefCell<Option<std::rc::Rc<crate::topology::Inner>>>,
+    pending: RefCell<Vec<RequestId>>,
+    _invariant: PhantomData<Cell<&'a ()>>,
+}
+
+impl std::fmt::Debug for LocalScope<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalScope")
+            .field("pending", &self.pending.borrow().len())
+            .finish()
+    }
+}
+
+/// Runs `f` with a scope for nonblocking operations; when `f` returns, every request of the
+/// scope has completed (rsmpi's `request::scope`).
+pub fn scope<'a, F, R>(f: F) -> R
+where
+    F: FnOnce(&LocalScope<'a>) -> R,
+{
+    let s = LocalScope {
+        comm_inner: RefCell::new(None),
+        pending: RefCell::new(Vec::new()),
+        _invariant: PhantomData,
+    };
+    f(&s)
+    // `s` drops here and finishes whatever is left.
+}
+
+impl Drop for LocalScope<'_> {
+    fn drop(&mut self) {
+        let left: Vec<RequestId> = self.pending.borrow_mut().drain(..).collect();
+        if let Some(inner) = self.comm_inner.borrow().as_ref() {
+            let mut p2p = inner.p2p.borrow_mut();
+            for id in left {
+                finish_abandoned(&mut p2p, id);
+            }
+        }
+    }
+}
+
+/// Ends an operation nobody will complete: cancel if it has not matched, else wait.
+fn finish_abandoned(p2p: &mut PointToPoint, id: RequestId) {
+    if !p2p.cancel(id) {
+        let _ = p2p.wait(id);
+    } else {
+        let _ = p2p.test(id);
+    }
+}
+
+/// A nonblocking operation borrowing its buffer for `'a`, inside scope `'s`.
+#[must_use = "a request must be completed with wait or test"]
+pub struct Request<'a, 's> {
+    scope: &'s LocalScope<'a>,
+    id: Option<RequestId>,
+}
+
+impl std::fmt::Debug for Request<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request").field("id", &self.id).finish()
+    }
+}
+
+impl<'a, 's> Request<'a, 's> {
+    fn new(comm: &SimpleCommunicator, scope: &'s LocalScope<'a>, id: RequestId) -> Request<'a, 's> {
+        scope
+            .comm_inner
+            .borrow_mut()
+            .get_or_insert_with(|| comm.inner.clone());
+        scope.pending.borrow_mut().push(id);
+        Request {
+            scope,
+            id: Some(id),
+        }
+    }
+
+    fn forget_in_scope(&self, id: RequestId) {
+        self.scope.pending.borrow_mut().retain(|x| *x != id);
+    }
+
+    /// Waits for completion (`MPI_Wait`); panics on error.
+    pub fn wait(self) -> Status {
+        self.try_wait().unwrap_or_else(|e| panic!("pagewire: {e}"))
+    }
+
+    /// Waits for completion, returning errors (truncation, a dead peer, ...).
+    pub fn try_wait(mut self) -> Result<Status> {
+        let id = self.id.take().expect("live request");
+        self.forget_in_scope(id);
+        let inner = self
+            .scope
+            .comm_inner
+            .borrow()
+            .clone()
+            .expect("scope has a communicator");
+        let r = inner.p2p.borrow_mut().wait(id);
+        r.map(|inner| Status { inner })
+    }
+
+    /// Completes the request if it is done (`MPI_Test`): `Ok(status)`, or the request back.
+    /// Panics on error.
+    pub fn test(self) -> std::result::Result<Status, Self> {
+        match self.try_test() {
+            Ok(Ok(s)) => Ok(s),
+            Ok(Err(req)) => Err(req),
+            Err(e) => panic!("pagewire: {e}"),
+        }
+    }
+
+    /// [`Request::test`], returning errors.
+    pub fn try_test(mut self) -> Result<std::result::Result<Status, Self>> {
+        let id = self.id.expect("live request");
+        let inner = self
+            .scope
+            .comm_inner
+            .borrow()
+            .clone()
+            .expect("scope has a communicator");
+        let r = inner.p2p.borrow_mut().test(id)?;
+        match r {
+            None => Ok(Err(self)),
+            Some(result) => {
+                self.id = None;
+                self.forget_in_scope(id);
+                result.map(|inner| Ok(Status { inner }))
+            }
+        }
+    }
+}
+
+impl Drop for Request<'_, '_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.forget_in_scope(id);
+            if let Some(inner) = self.scope.comm_inner.borrow().as_ref() {
+                finish_abandoned(&mut inner.p2p.borrow_mut(), id);
+            }
+        }
+    }
+}
+
+/// Waits for every request (`MPI_Waitall`); panics on the first error.
+pub fn wait_all(requests: Vec<Request<'_, '_>>) -> Vec<Status> {
+    requests.into_iter().map(Request::wait).collect()
+}
+
+/// Waits until one request completes (`MPI_Waitany`): its index in `requests` (from which it
+/// is removed) and status; `None` if `requests` is empty. Panics on error.
+pub fn wait_any(requests: &mut Vec<Request<'_, '_>>) -> Option<(usize, Status)> {
+    if requests.is_empty() {
+        return None;
+    }
+    loop {
+        for i in 0..requests.len() {
+            let id = requests[i].id.expect("live request");
+            let inner = requests[i]
+                .scope
+                .comm_inner
+                .borrow()
+                .clone()
+                .expect("scope has a communicator");
+            let done = inner
+                .p2p
+                .borrow_mut()
+                .test(id)
+                .unwrap_or_else(|e| panic!("pagewire: {e}"));
+            if let Some(result) = done {
+                let mut req = requests.remove(i);
+                req.id = None;
+                req.forget_in_scope(id);
+                return Some((
+                    i,
+                    Status {
+                        inner: result.unwrap_or_else(|e| panic!("pagewire: {e}")),
+                    },
+                ));
+            }
+        }
+    }
+}
+
+/// Whether every request has completed (`MPI_Testall`), completing them if so.
+pub fn test_all<'a, 's>(
+    requests: Vec<Request<'a, 's>>,
+) -> std::result::Result<Vec<Status>, Vec<Request<'a, 's>>> {
+    let all_done = requests.iter().all(|r| {
+        let inner = r
+            .scope
+            .comm_inner
+            .borrow()
+            .clone()
+            .expect("scope has a communicator");
+        let mut p2p = inner.p2p.borrow_mut();
+        let _ = p2p.progress();
+        p2p.is_done(r.id.expect("live request"))
+    });
+    if all_done {
+        Ok(wait_all(requests))
+    } else {
+        Err(requests)
+    }
+}
+
+pub(crate) fn blocking_send(
+    comm: &SimpleCommunicator,
+    dest: usize,
+    tag: Tag,
+    bytes: &[u8],
+    sync: bool,
+) -> Result<Status> {
+    // SAFETY: the request is waited for before this function returns, so `bytes` is
+    // borrowed for the whole operation.
+    let buf = unsafe { UserBuf::new(bytes.as_ptr(), bytes.len()) };
+    let mut p2p = comm.inner.p2p.borrow_mut();
+    let id = p2p.isend(dest, tag, comm.context, buf, sync)?;
+    p2p.wait(id).map(|inner| Status { inner })
+}
+
+pub(crate) fn blocking_receive(
+    comm: &SimpleCommunicator,
+    src: Option<usize>,
+    tag: Option<Tag>,
+    bytes: &mut [u8],
+) -> Result<Status> {
+    // SAFETY: as for `blocking_send`; `bytes` is exclusively borrowed for the call.
+    let buf = unsafe { UserBufMut::new(bytes.as_mut_ptr(), bytes.len()) };
+    let mut p2p = comm.inner.p2p.borrow_mut();
+    let id = p2p.irecv(src, tag, comm.context, buf)?;
+    p2p.wait(id).map(|inner| Status { inner })
+}
+
+pub(crate) fn immediate_send<'a, 's>(
+    comm: &SimpleCommunicator,
+    scope: &'s LocalScope<'a>,
+    dest: usize,
+    tag: Tag,
+    bytes: &'a [u8],
+    sync: bool,
+) -> Result<Request<'a, 's>> {
+    // SAFETY: `bytes` is borrowed for `'a`; the request, or failing that its scope, completes
+    // the operation before `'a` ends (see the module documentation).
+    let buf = unsafe { UserBuf::new(bytes.as_ptr(), bytes.len()) };
+    let id = comm
+        .inner
+        .p2p
+        .borrow_mut()
+        .isend(dest, tag, comm.context, buf, sync)?;
+    Ok(Request::new(comm, scope, id))
+}
+
+pub(crate) fn immediate_receive<'a, 's>(
+    comm: &SimpleCommunicator,
+    scope: &'s LocalScope<'a>,
+    src: Option<usize>,
+    tag: Option<Tag>,
+    bytes: &'a mut [u8],
+) -> Result<Request<'a, 's>> {
+    // SAFETY: `bytes` is mutably borrowed for `'a`; as for `immediate_send`.
+    let buf = unsafe { UserBufMut::new(bytes.as_mut_ptr(), bytes.len()) };
+    let id = comm
+        .inner
+        .p2p
+        .borrow_mut()
+        .irecv(src, tag, comm.context, buf)?;
+    Ok(Request::new(comm, scope, id))
+}

@@ -1,0 +1,449 @@
+//! Multi-process tests of point-to-point messaging through the public, rsmpi-shaped API:
+//! real ranks under the built-in launcher, the soft NIC, the copy buffer mode.
+
+mod util;
+
+use pagewire::request;
+use pagewire::traits::*;
+use pagewire::Error;
+use util::{pattern, ranks};
+
+/// Sizes on both sides of the eager limit (16 KiB) and of a copy-mode chunk (256 KiB), up
+/// to 64 MiB.
+const SIZES: [usize; 12] = [
+    0,
+    1,
+    7,
+    16383,
+    16384,
+    16385,
+    65536,
+    262143,
+    262145,
+    1 << 20,
+    (4 << 20) + 3,
+    64 << 20,
+];
+
+/// Rank 0 sends every size to rank 1, which checks every byte and sends it back.
+fn byte_exact(u: &pagewire::Universe) {
+    let world = u.world();
+    let peer = world.process_at_rank(1 - world.rank());
+    for (i, &n) in SIZES.iter().enumerate() {
+        let data = pattern(i as u64, n);
+        if world.rank() == 0 {
+            peer.send_with_tag(&data[..], i as i32);
+            let mut back = vec![0u8; n];
+            let s = peer.receive_into_with_tag(&mut back[..], i as i32);
+            assert_eq!(s.count_bytes(), n);
+            assert!(back == data, "echo of {n} bytes differs");
+        } else {
+            let mut got = vec![0u8; n];
+            let s = peer.receive_into_with_tag(&mut got[..], i as i32);
+            assert_eq!(
+                (s.source_rank(), s.tag(), s.count_bytes()),
+                (0, i as i32, n)
+            );
+            assert!(got == data, "{n} bytes differ");
+            peer.send_with_tag(&got[..], i as i32);
+        }
+    }
+    let c = u.with_p2p(|p| p.counters());
+    assert!(
+        c.eager_sent > 0 && c.rndv_sent > 0,
+        "both protocols ran: {c:?}"
+    );
+}
+
+#[test]
+fn bytes_arrive_exactly_with_rget() {
+    ranks(
+        "bytes_arrive_exactly_with_rget",
+        2,
+        &[("PAGEWIRE_RNDV", "get")],
+        byte_exact,
+    );
+}
+
+#[test]
+fn bytes_arrive_exactly_with_rput() {
+    ranks(
+        "bytes_arrive_exactly_with_rput",
+        2,
+        &[("PAGEWIRE_RNDV", "put")],
+        byte_exact,
+    );
+}
+
+#[test]
+fn bytes_arrive_exactly_on_the_staged_path() {
+    ranks(
+        "bytes_arrive_exactly_on_the_staged_path",
+        2,
+        &[("PAGEWIRE_SOFT_DMA", "staged")],
+        byte_exact,
+    );
+}
+
+/// Every rank sends to every other (ring distances 1..n-1), sizes across both protocols,
+/// nonblocking, and checks what it got.
+fn all_pairs(u: &pagewire::Universe) {
+    let world = u.world();
+    let (me, n) = (world.rank(), world.size());
+    for &len in &[0usize, 100, 20_000, 300_000, 3 << 20] {
+        let sends: Vec<Vec<u8>> = (0..n)
+            .map(|to| pattern((me * 100 + to) as u64 + len as u64, len))
+            .collect();
+        let mut recvs: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; len]).collect();
+        request::scope(|scope| {
+            let mut reqs = Vec::new();
+            for (from, buf) in recvs.iter_mut().enumerate() {
+                if from as i32 != me {
+                    reqs.push(
+                        world
+                            .process_at_rank(from as i32)
+                            .immediate_receive_into_with_tag(scope, &mut buf[..], 7),
+                    );
+                }
+            }
+            for (to, buf) in sends.iter().enumerate() {
+                if to as i32 != me {
+                    reqs.push(world.process_at_rank(to as i32).immediate_send_with_tag(
+                        scope,
+                        &buf[..],
+                        7,
+                    ));
+                }
+            }
+            request::wait_all(reqs);
+        });
+        for (from, got) in recvs.iter().enumerate() {
+            if from as i32 != me {
+                assert!(
+                    *got == pattern((from as i32 * 100 + me) as u64 + len as u64, len),
+                    "{len} B from {from}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn all_pairs_on_3_ranks() {
+    ranks("all_pairs_on_3_ranks", 3, &[], all_pairs);
+}
+
+#[test]
+fn all_pairs_on_4_ranks_with_rput() {
+    ranks(
+        "all_pairs_on_4_ranks_with_rput",
+        4,
+        &[("PAGEWIRE_RNDV", "put")],
+        all_pairs,
+    );
+}
+
+/// Non-overtaking with wildcards: each sender's messages arrive in the order sent, even
+/// when a small (eager) message follows a large (rendezvous) one with the same tag.
+fn ordering(u: &pagewire::Universe) {
+    let world = u.world();
+    let me = world.rank();
+    const PER_SENDER: u32 = 60;
+    if me == 0 {
+        let mut last = vec![None::<u32>; world.size() as usize];
+        let mut buf = vec![0u8; 100_000];
+        for _ in 0..PER_SENDER * (world.size() as u32 - 1) {
+            let s = world
+                .any_process()
+                .try_receive_into_with_tag(&mut buf[..], None)
+                .expect("receive");
+            let seq = u32::from_le_bytes(buf[..4].try_into().unwrap());
+            let src = s.source_rank() as usize;
+            assert_eq!(s.tag(), (seq % 3) as i32);
+            assert!(
+                last[src].is_none_or(|l| seq == l + 1),
+                "rank {src}: {seq} after {:?}",
+                last[src]
+            );
+            last[src] = Some(seq);
+            // Sizes alternate between rendezvous and eager.
+            assert_eq!(s.count_bytes(), if seq % 2 == 0 { 100_000 } else { 8 });
+        }
+    } else {
+        let dest = world.process_at_rank(0);
+        let mut big = vec![0u8; 100_000];
+        for seq in 0..PER_SENDER {
+            big[..4].copy_from_slice(&seq.to_le_bytes());
+            let msg = if seq % 2 == 0 { &big[..] } else { &big[..8] };
+            dest.send_with_tag(msg, (seq % 3) as i32);
+        }
+    }
+}
+
+#[test]
+fn wildcard_receives_keep_each_senders_order() {
+    ranks(
+        "wildcard_receives_keep_each_senders_order",
+        3,
+        &[],
+        ordering,
+    );
+}
+
+fn probe_and_truncation(u: &pagewire::Universe) {
+    let world = u.world();
+    let peer = world.process_at_rank(1 - world.rank());
+    if world.rank() == 0 {
+        for &n in &[1000usize, 300_000] {
+            peer.send_with_tag(&pattern(n as u64, n)[..], 5);
+            peer.send_with_tag(&pattern(n as u64, n)[..], 6);
+        }
+    } else {
+        for &n in &[1000usize, 300_000] {
+            // Probe reports source, tag and size without receiving.
+            let s = peer.probe_with_tag(5);
+            assert_eq!((s.source_rank(), s.tag(), s.count_bytes()), (0, 5, n));
+            let (v, s2) = peer.receive_vec_with_tag::<u8>(5);
+            assert_eq!(s2.count_bytes(), n);
+            assert!(v == pattern(n as u64, n));
+            // A buffer too short: the prefix arrives, the error says so, and the guard bytes
+            // past the receive buffer are untouched.
+            let mut buf = vec![0xeeu8; n / 2 + 64];
+            let r = peer.try_receive_into_with_tag(&mut buf[..n / 2], Some(6));
+            match r {
+                Err(Error::Truncated {
+                    message_bytes,
+                    buffer_bytes,
+                    source_rank: 0,
+                    tag: 6,
+                }) => {
+                    assert_eq!((message_bytes, buffer_bytes), (n, n / 2))
+                }
+                other => panic!("expected a truncation error, got {other:?}"),
+            }
+            assert!(buf[..n / 2] == pattern(n as u64, n)[..n / 2]);
+            assert!(
+                buf[n / 2..].iter().all(|&b| b == 0xee),
+                "truncated receive overran its buffer"
+            );
+        }
+        assert!(peer.immediate_probe().is_none());
+    }
+}
+
+#[test]
+fn probe_reports_and_truncation_never_overruns() {
+    ranks(
+        "probe_reports_and_truncation_never_overruns",
+        2,
+        &[],
+        probe_and_truncation,
+    );
+}
+
+/// A synchronous send does not complete before the receive is posted.
+fn ssend(u: &pagewire::Universe) {
+    let world = u.world();
+    let peer = world.process_at_rank(1 - world.rank());
+    let boot = |u: &pagewire::Universe| u.world();
+    let _ = boot;
+    for &n in &[64usize, 1 << 20] {
+        let data = pattern(n as u64, n);
+        if world.rank() == 0 {
+            request::scope(|scope| {
+                let mut req = peer.immediate_synchronous_send(scope, &data[..]);
+                let start = std::time::Instant::now();
+                while start.elapsed() < std::time::Duration::from_millis(300) {
+                    req = match req.test() {
+                        Ok(_) => panic!("ssend of {n} B completed before the receive was posted"),
+                        Err(r) => r,
+                    };
+                }
+                // Tell rank 1 to post its receive now.
+                peer.send_with_tag(&1u8, 99);
+                req.wait();
+            });
+        } else {
+            let (_go, _) = peer.receive_with_tag::<u8>(99);
+            let mut got = vec![0u8; n];
+            peer.receive_into(&mut got[..]);
+            assert!(got == data);
+        }
+    }
+}
+
+#[test]
+fn synchronous_send_completes_only_once_matched() {
+    ranks(
+        "synchronous_send_completes_only_once_matched",
+        2,
+        &[],
+        ssend,
+    );
+}
+
+/// 10,000 nonblocking sends before the receiver posts anything: memory stays bounded
+/// (credits stop the sender, payloads past the budget stay in their slots) and every message
+/// arrives, in order.
+fn flood(u: &pagewire::Universe) {
+    const N: usize = 10_000;
+    let world = u.world();
+    let peer = world.process_at_rank(1 - world.rank());
+    if world.rank() == 0 {
+        let msgs: Vec<[u32; 256]> = (0..N as u32).map(|i| [i; 256]).collect();
+        request::scope(|scope| {
+            let reqs: Vec<_> = msgs
+                .iter()
+                .map(|m| peer.immediate_send(scope, &m[..]))
+                .collect();
+            request::wait_all(reqs);
+        });
+        let c = u.with_p2p(|p| p.counters());
+        assert!(
+            c.credit_waits > 0,
+            "the sender never ran out of credits: {c:?}"
+        );
+    } else {
+        // Take in what arrives without receiving anything, until the sender is stopped.
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_millis(500) {
+            world.progress().unwrap();
+        }
+        let (_, rss_before) = pagewire::sys::vm_locked_and_resident().unwrap();
+        let c = u.with_p2p(|p| p.counters());
+        assert!(
+            c.held_slots > 0,
+            "payloads past the budget were held in slots: {c:?}"
+        );
+        let mut buf = [0u32; 256];
+        for i in 0..N as u32 {
+            peer.receive_into(&mut buf[..]);
+            assert!(
+                buf.iter().all(|&x| x == i),
+                "message {i} out of order or corrupt"
+            );
+        }
+        let (_, rss_after) = pagewire::sys::vm_locked_and_resident().unwrap();
+        // 10,000 KiB were sent; the receiver never held more than budget + credits of them.
+        assert!(
+            rss_after < rss_before + (8 << 20),
+            "RSS grew from {rss_before} to {rss_after}"
+        );
+    }
+}
+
+#[test]
+fn ten_thousand_unexpected_sends_are_bounded_and_all_delivered() {
+    ranks(
+        "ten_thousand_unexpected_sends_are_bounded_and_all_delivered",
+        2,
+        &[("PAGEWIRE_UNEXPECTED_BUDGET", "64K")],
+        flood,
+    );
+}
+
+fn bad_arguments(u: &pagewire::Universe) {
+    let world = u.world();
+    let mut buf = [0u8; 4];
+    let e = world
+        .process_at_rank(5)
+        .try_receive_into_with_tag(&mut buf[..], None)
+        .unwrap_err();
+    assert!(matches!(e, Error::NoSuchRank { rank: 5, size: 2 }), "{e}");
+    assert!(e.to_string().contains("does not exist"));
+    let e = world
+        .process_at_rank(0)
+        .try_send_with_tag(&buf[..], -3)
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidTag { tag: -3, .. }), "{e}");
+    let e = world
+        .process_at_rank(-1)
+        .try_send_with_tag(&buf[..], 0)
+        .unwrap_err();
+    assert!(matches!(e, Error::NoSuchRank { .. }), "{e}");
+}
+
+#[test]
+fn a_rank_that_does_not_exist_and_a_bad_tag_are_errors() {
+    ranks(
+        "a_rank_that_does_not_exist_and_a_bad_tag_are_errors",
+        2,
+        &[],
+        bad_arguments,
+    );
+}
+
+/// Messages to oneself, eager and rendezvous, receive posted first or last.
+fn self_messages(u: &pagewire::Universe) {
+    let world = u.world();
+    let me = world.process_at_rank(world.rank());
+    for &n in &[0usize, 10, 1 << 20] {
+        let data = pattern(n as u64 + 3, n);
+        let mut got = vec![0u8; n];
+        request::scope(|scope| {
+            let s = me.immediate_send(scope, &data[..]);
+            me.receive_into(&mut got[..]);
+            s.wait();
+        });
+        assert!(got == data);
+        let mut got2 = vec![0u8; n];
+        request::scope(|scope| {
+            let r = me.immediate_receive_into(scope, &mut got2[..]);
+            me.send(&data[..]);
+            r.wait();
+        });
+        assert!(got2 == data);
+    }
+}
+
+#[test]
+fn messages_to_oneself() {
+    ranks("messages_to_oneself", 1, &[], self_messages);
+}
+
+/// The peer dies while a rendezvous is in flight: the waiting side gets an error.
+fn peer_dies(u: &pagewire::Universe) {
+    let world = u.world();
+    let peer = world.process_at_rank(1 - world.rank());
+    if world.rank() == 1 {
+        let big = vec![1u8; 8 << 20];
+        request::scope(|scope| {
+            let _req = peer.immediate_send(scope, &big[..]);
+            // Die with the rendezvous started and nothing finished.
+            std::process::exit(0);
+        })
+    } else {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let mut buf = vec![0u8; 8 << 20];
+        let start = std::time::Instant::now();
+        let r = peer.try_receive_into_with_tag(&mut buf[..], None);
+        assert!(
+            matches!(r, Err(Error::Communication { peer: 1, .. })),
+            "{r:?}"
+        );
+        assert!(start.elapsed() < std::time::Duration::from_secs(20));
+        // Later operations with the dead peer fail at once.
+        assert!(peer.try_send_with_tag(&buf[..8], 0).is_err());
+        std::process::exit(0); // no collective finalise with a dead peer
+    }
+}
+
+#[test]
+fn a_peer_dying_mid_rendezvous_is_an_error_not_a_hang_rget() {
+    ranks(
+        "a_peer_dying_mid_rendezvous_is_an_error_not_a_hang_rget",
+        2,
+        &[("PAGEWIRE_RNDV", "get")],
+        peer_dies,
+    );
+}
+
+#[test]
+fn a_peer_dying_mid_rendezvous_is_an_error_not_a_hang_rput() {
+    ranks(
+        "a_peer_dying_mid_rendezvous_is_an_error_not_a_hang_rput",
+        2,
+        &[("PAGEWIRE_RNDV", "put")],
+        peer_dies,
+    );
+}

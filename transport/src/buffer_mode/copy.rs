@@ -1,0 +1,215 @@
+//! The `copy` buffer mode: every payload goes through a pinned bounce pool sized at
+//! start-up, and large messages are pipelined in chunks so that copying one chunk overlaps
+//! moving another (MVAPICH's R3; seed 000 "copying"). The only mode whose pinned footprint is
+//! fixed and independent of the application.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use super::{BufferMode, Direction, Lease, ModeCounters, Pipeline};
+use crate::error::{Error, Result};
+use crate::msg::raw::{UserBuf, UserBufMut};
+use crate::nic::{Access, Nic};
+use crate::sys::AnonMapping;
+
+/// Default chunk of the pipeline (bytes); chosen by measurement, see the README.
+pub const DEFAULT_CHUNK: usize = 256 << 10;
+/// Default number of chunks in flight per transfer and side.
+pub const DEFAULT_DEPTH: usize = 4;
+/// Default number of chunk slots in the pool (shared by all transfers).
+pub const DEFAULT_SLOTS: usize = 8;
+
+/// Sizes of the bounce pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopyConfig {
+    /// Bytes per chunk slot (`PAGEWIRE_COPY_CHUNK`).
+    pub chunk: usize,
+    /// Chunks in flight per transfer and side (`PAGEWIRE_COPY_DEPTH`).
+    pub depth: usize,
+    /// Slots in the pool (`PAGEWIRE_COPY_SLOTS`).
+    pub slots: usize,
+}
+
+impl Default for CopyConfig {
+    fn default() -> Self {
+        CopyConfig {
+            chunk: DEFAULT_CHUNK,
+            depth: DEFAULT_DEPTH,
+            slots: DEFAULT_SLOTS,
+        }
+    }
+}
+
+impl CopyConfig {
+    /// Reads `PAGEWIRE_COPY_CHUNK`, `PAGEWIRE_COPY_DEPTH` and `PAGEWIRE_COPY_SLOTS`.
+    pub fn from_env() -> Result<CopyConfig> {
+        let mut c = CopyConfig::default();
+        if let Some(v) = env_usize("PAGEWIRE_COPY_CHUNK")? {
+            c.chunk = v;
+        }
+        if let Some(v) = env_usize("PAGEWIRE_COPY_DEPTH")? {
+            c.depth = v;
+        }
+        if let Some(v) = env_usize("PAGEWIRE_COPY_SLOTS")? {
+            c.slots = v;
+        }
+        if c.chunk < 4096 || c.depth == 0 || c.slots < 2 {
+            return Err(Error::InvalidArgument(format!(
+                "copy mode needs chunk >= 4096, depth >= 1 and slots >= 2 (got chunk {}, depth {}, slots {})",
+                c.chunk, c.depth, c.slots
+            )));
+        }
+        Ok(c)
+    }
+}
+
+/// Reads a byte count (with K/M/G suffix) from the environment.
+pub(crate) fn env_usize(name: &str) -> Result<Option<usize>> {
+    match std::env::var(name) {
+        Err(_) => Ok(None),
+        Ok(v) => match crate::nic::soft::parse_bytes(&v) {
+            Some(Some(n)) => Ok(Some(n as usize)),
+            _ => Err(Error::InvalidArgument(format!(
+                "{name}={v}: expected a number of bytes like 65536 or 256K"
+            ))),
+        },
+    }
+}
+
+fn half(dir: Direction) -> usize {
+    match dir {
+        Direction::Source => 0,
+        Direction::Sink => 1,
+    }
+}
+
+/// The copy mode: a pinned pool of chunk slots.
+#[derive(Debug)]
+pub struct CopyMode {
+    config: CopyConfig,
+    pool: Option<AnonMapping>,
+    key: u32,
+    /// Free source slots (the first half of the pool) and sink slots (the second half).
+    free: [Vec<usize>; 2],
+    leases: u64,
+    waits: u64,
+    copied: AtomicU64,
+}
+
+impl CopyMode {
+    /// A copy mode with the given pool sizes (the pool is registered at `start`).
+    pub fn new(config: CopyConfig) -> CopyMode {
+        CopyMode {
+            config,
+            pool: None,
+            key: 0,
+            free: [
+                (0..config.slots / 2).rev().collect(),
+                (config.slots / 2..config.slots).rev().collect(),
+            ],
+            leases: 0,
+            waits: 0,
+            copied: AtomicU64::new(0),
+        }
+    }
+
+    fn slot_addr(&self, slot: usize) -> u64 {
+        self.pool.as_ref().expect("started").addr() + (slot * self.config.chunk) as u64
+    }
+}
+
+impl BufferMode for CopyMode {
+    fn name(&self) -> &'static str {
+        "copy"
+    }
+
+    fn is_zero_copy(&self) -> bool {
+        false
+    }
+
+    fn pipeline(&self) -> Pipeline {
+        Pipeline {
+            chunk: self.config.chunk,
+            depth: self.config.depth,
+        }
+    }
+
+    fn start(&mut self, nic: &dyn Nic) -> Result<()> {
+        let bytes = self.config.chunk * self.config.slots;
+        let mut pool = AnonMapping::new(bytes)
+            .map_err(|e| Error::os(format!("mmap of the {bytes}-byte bounce pool"), e))?;
+        pool.as_mut_slice().fill(0);
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        self.key = nic.register(pool.addr(), pool.len() as u64, access)?.lkey;
+        self.pool = Some(pool);
+        Ok(())
+    }
+
+    fn lease(
+        &mut self,
+        _nic: &dyn Nic,
+        _user_addr: u64,
+        _offset: usize,
+        len: usize,
+        dir: Direction,
+    ) -> Result<Option<Lease>> {
+        assert!(
+            len <= self.config.chunk,
+            "a copy-mode lease covers at most one chunk"
+        );
+        let Some(slot) = self.free[half(dir)].pop() else {
+            self.waits += 1;
+            return Ok(None);
+        };
+        self.leases += 1;
+        Ok(Some(Lease {
+            addr: self.slot_addr(slot),
+            len: len as u64,
+            lkey: self.key,
+            rkey: self.key,
+            token: slot as u64,
+        }))
+    }
+
+    fn stage_out(&mut self, lease: &Lease, user: &UserBuf, offset: usize) {
+        let slot = lease.token as usize;
+        let len = lease.len as usize;
+        let start = slot * self.config.chunk;
+        let pool = self.pool.as_mut().expect("started");
+        user.read(offset, &mut pool.as_mut_slice()[start..start + len]);
+        self.copied.fetch_add(len as u64, Relaxed);
+    }
+
+    fn stage_in(&mut self, lease: &Lease, user: &UserBufMut, offset: usize, len: usize) {
+        let start = lease.token as usize * self.config.chunk;
+        let pool = self.pool.as_ref().expect("started");
+        user.write(offset, &pool.as_slice()[start..start + len]);
+        self.copied.fetch_add(len as u64, Relaxed);
+    }
+
+    fn release(&mut self, _nic: &dyn Nic, lease: Lease) {
+        let slot = lease.token as usize;
+        let dir = if slot < self.config.slots / 2 {
+            Direction::Source
+        } else {
+            Direction::Sink
+        };
+        self.free[half(dir)].push(slot);
+    }
+
+    fn counters(&self) -> ModeCounters {
+        ModeCounters {
+            leases: self.leases,
+            bytes_copied: self.copied.load(Relaxed),
+            lease_waits: self.waits,
+            pinned_footprint: (self.config.chunk * self.config.slots) as u64,
+            ..ModeCounters::default()
+        }
+    }
+
+    fn stop(&mut self, nic: &dyn Nic) {
+        if self.pool.is_some() {
+            let _ = nic.deregister(self.key);
+        }
+        self.pool = None;
+    }
+}

@@ -1,0 +1,119 @@
+//! The buffer-mode boundary (DESIGN.md "Buffer modes"): how a user buffer reaches the NIC.
+//!
+//! The rendezvous protocols move a message as a pipeline of chunks. For each chunk they ask
+//! the mode for a [`Lease`]: a range the NIC can address, with keys. Before the NIC reads a
+//! lease the protocol calls [`BufferMode::stage_out`]; after the NIC wrote one, it calls
+//! [`BufferMode::stage_in`]; when done, [`BufferMode::release`]. The protocols never ask which
+//! mode they run on; they ask only its [`Pipeline`].
+//!
+//! - `copy` ([`copy::CopyMode`], this crate): leases are slots of a pinned bounce pool, and
+//!   staging copies between the user buffer and the slot (MVAPICH's R3 pipelining; seed 000
+//!   "copying", seed 001 "inline/bounce").
+//! - `pindown` and `odp` (their own crates): leases are the user buffer itself, as one chunk
+//!   (a registration from a pin-down cache, or an on-demand-paging key), and staging is a
+//!   no-op.
+
+pub mod copy;
+
+use crate::error::Result;
+use crate::msg::raw::{UserBuf, UserBufMut};
+use crate::nic::Nic;
+
+/// Which way the NIC uses a lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// The NIC reads it (the sending side).
+    Source,
+    /// The NIC writes it (the receiving side).
+    Sink,
+}
+
+/// A range the NIC can address for one chunk of a transfer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// Start address the NIC uses.
+    pub addr: u64,
+    /// Bytes covered.
+    pub len: u64,
+    /// Local key.
+    pub lkey: u32,
+    /// Remote key (what the peer names in RDMA).
+    pub rkey: u32,
+    /// The mode's own handle (a bounce slot, a cache entry, ...).
+    pub token: u64,
+}
+
+/// How the protocols chunk a large transfer in this mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pipeline {
+    /// Largest chunk one lease covers (`usize::MAX`: the whole message in one lease).
+    pub chunk: usize,
+    /// Leases one transfer may hold at once, per side.
+    pub depth: usize,
+}
+
+/// Counters a mode reports, each mode filling what applies to it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModeCounters {
+    /// Leases handed out.
+    pub leases: u64,
+    /// Bytes copied between user buffers and bounce memory.
+    pub bytes_copied: u64,
+    /// Times a lease was refused for lack of resources (the transfer waited).
+    pub lease_waits: u64,
+    /// Bytes this mode keeps pinned for itself (its fixed footprint).
+    pub pinned_footprint: u64,
+    /// Registration-cache hits (pin-down).
+    pub hits: u64,
+    /// Registration-cache misses (pin-down).
+    pub misses: u64,
+    /// Registrations evicted (pin-down).
+    pub evictions: u64,
+    /// Registrations or translations invalidated because memory changed.
+    pub invalidations: u64,
+    /// Transfers that fell back to copying (pin-down, when registration failed).
+    pub fallbacks: u64,
+}
+
+/// What a mode must provide so the protocols can move a user buffer.
+pub trait BufferMode: Send {
+    /// The mode's name, for reports (`copy`, `pindown`, `odp`).
+    fn name(&self) -> &'static str;
+
+    /// Whether leases expose the user's own memory to the NIC (no copy).
+    fn is_zero_copy(&self) -> bool;
+
+    /// How large transfers are chunked.
+    fn pipeline(&self) -> Pipeline;
+
+    /// Start-up, once the NIC is up (e.g. register a bounce pool).
+    fn start(&mut self, nic: &dyn Nic) -> Result<()>;
+
+    /// A lease for `len` bytes at `offset` of a user buffer at `user_addr`, used as `dir`.
+    /// `Ok(None)` means "no resources now": the protocol retries after releasing others.
+    fn lease(
+        &mut self,
+        nic: &dyn Nic,
+        user_addr: u64,
+        offset: usize,
+        len: usize,
+        dir: Direction,
+    ) -> Result<Option<Lease>>;
+
+    /// The NIC is about to read `lease`, which stands for `lease.len` bytes of `user` at
+    /// `offset`: make its contents right.
+    fn stage_out(&mut self, lease: &Lease, user: &UserBuf, offset: usize);
+
+    /// The NIC has written `lease`, which stands for `len` bytes of `user` at `offset`: move
+    /// them where the user expects them.
+    fn stage_in(&mut self, lease: &Lease, user: &UserBufMut, offset: usize, len: usize);
+
+    /// The NIC is done with `lease`.
+    fn release(&mut self, nic: &dyn Nic, lease: Lease);
+
+    /// The mode's counters.
+    fn counters(&self) -> ModeCounters;
+
+    /// Ends the mode's use of the NIC (deregisters what it registered).
+    fn stop(&mut self, nic: &dyn Nic);
+}

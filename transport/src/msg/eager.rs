@@ -1,0 +1,250 @@
+//! The eager protocol and its flow control.
+//!
+//! A data message (eager payload or RTS) needs a credit: the receiver posted `credits`
+//! slots for it per peer and returns a credit each time it puts a slot back, piggybacked on
+//! any message it sends or, when it has nothing to send, in an explicit credit message once
+//! half are owed. An eager message that finds no receive is copied out of its slot while the
+//! peer's unexpected bytes stay under the budget; past that the slot is held and its credit
+//! withheld, so a flood of unexpected messages stops the sender instead of growing memory.
+//! Held slots go back when a receive matches their message. A program that needs more than
+//! the budget plus the credits of unexpected data from one peer before it receives any of it
+//! waits for ever, as the MPI standard allows for programs that rely on buffering.
+//! Control messages (CTS, FIN, chunk notices, acknowledgements) use extra slots and no credit.
+
+use super::matching::Envelope;
+use super::wire::{self, Header, MsgKind, HEADER_BYTES};
+use super::{EagerData, Payload, PointToPoint, Req, RequestId, SendState, Status, Unexpected};
+use crate::error::{Error, Result};
+
+impl PointToPoint {
+    /// Starts the queued data sends to `peer` while credits and slots last, in order.
+    pub(crate) fn drain_queued(&mut self, peer: usize) -> Result<()> {
+        while let Some(&id) = self.peers[peer].queued.front() {
+            if self.peers[peer].credits == 0 {
+                self.counters.credit_waits += 1;
+                break;
+            }
+            let Some(Req::Send(s)) = self.reqs.get(id) else {
+                self.peers[peer].queued.pop_front();
+                continue;
+            };
+            let (tag, context, buf, sync) = (s.tag, s.context, s.buf, s.sync);
+            let started = if buf.len() <= self.cfg.eager_limit {
+                let mut h = Header::new(MsgKind::Eager);
+                h.tag = tag;
+                h.context = context;
+                h.size = buf.len() as u64;
+                h.sreq = id.0;
+                if sync {
+                    h.flags |= wire::SYNC;
+                }
+                let sent = self.send_message(peer, h, Payload::User(&buf, 0, buf.len()))?;
+                if sent {
+                    self.counters.eager_sent += 1;
+                    if sync {
+                        if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
+                            s.state = SendState::AwaitSyncAck;
+                        }
+                    } else {
+                        // The payload is copied out: the user's buffer is free again.
+                        let status = Status {
+                            source: self.rank(),
+                            tag,
+                            count: buf.len(),
+                        };
+                        self.complete(id, Ok(status));
+                    }
+                }
+                sent
+            } else {
+                self.start_rndv_send(peer, id)?
+            };
+            if !started {
+                break;
+            }
+            self.peers[peer].credits -= 1;
+            self.peers[peer].queued.pop_front();
+        }
+        Ok(())
+    }
+
+    /// Sends an explicit credit message when half the credits are owed and nothing else
+    /// carried them.
+    pub(crate) fn return_credits(&mut self, peer: usize) -> Result<()> {
+        let p = &self.peers[peer];
+        if p.to_return >= self.cfg.credits / 2 && p.control.is_empty() && p.dead.is_none() {
+            self.send_message(peer, Header::new(MsgKind::Credit), Payload::None)?;
+        }
+        Ok(())
+    }
+
+    /// A message arrived in receive slot `slot` of `peer`.
+    pub(crate) fn handle_incoming(&mut self, peer: usize, slot: usize, len: usize) -> Result<()> {
+        let h = Header::decode(&self.slot_bytes_of(peer, slot)[..HEADER_BYTES]);
+        self.peers[peer].credits += h.credits as u32;
+        let Some(kind) = h.kind() else {
+            return self.post_slot(peer, slot);
+        };
+        let env = Envelope {
+            source: peer,
+            tag: h.tag,
+            context: h.context,
+        };
+        match kind {
+            MsgKind::Eager => {
+                let size = h.size as usize;
+                if len != HEADER_BYTES + size {
+                    return Err(Error::InvalidArgument(format!(
+                        "rank {peer} sent a malformed eager message ({len} bytes for a {size}-byte payload)"
+                    )));
+                }
+                let sync = h.flags & wire::SYNC != 0;
+                match self.matcher.take_posted(&env) {
+                    Some(rid) => {
+                        let payload = self.slot_bytes_of(peer, slot)
+                            [HEADER_BYTES..HEADER_BYTES + size]
+                            .to_vec();
+                        self.deliver_eager(rid, env, &payload);
+                        self.repost_data_slot(peer, slot)?;
+                        if sync {
+                            self.sync_ack(peer, h.sreq)?;
+                        }
+                    }
+                    None => {
+                        self.counters.unexpected += 1;
+                        let p = &mut self.peers[peer];
+                        let data = if p.unexpected_bytes + size <= self.cfg.unexpected_budget {
+                            p.unexpected_bytes += size;
+                            EagerData::Owned(
+                                self.slot_bytes_of(peer, slot)[HEADER_BYTES..HEADER_BYTES + size]
+                                    .to_vec(),
+                            )
+                        } else {
+                            self.counters.held_slots += 1;
+                            EagerData::Held { slot }
+                        };
+                        let owned = matches!(data, EagerData::Owned(_));
+                        self.matcher.push_unexpected(
+                            env,
+                            Unexpected::Eager {
+                                data,
+                                size,
+                                sync,
+                                sreq: h.sreq,
+                            },
+                        );
+                        if owned {
+                            self.repost_data_slot(peer, slot)?;
+                        }
+                    }
+                }
+                Ok(())
+            }
+            MsgKind::Rts => {
+                let chunks =
+                    Self::decode_chunks(&self.slot_bytes_of(peer, slot)[HEADER_BYTES..len]);
+                match self.matcher.take_posted(&env) {
+                    Some(rid) => self.start_rndv_recv(rid, peer, h, chunks)?,
+                    None => {
+                        self.counters.unexpected += 1;
+                        self.matcher
+                            .push_unexpected(env, Unexpected::Rts { header: h, chunks });
+                    }
+                }
+                self.repost_data_slot(peer, slot)
+            }
+            MsgKind::SyncAck => {
+                let id = RequestId(h.sreq);
+                if let Some(Req::Send(s)) = self.reqs.get(id) {
+                    let status = Status {
+                        source: self.rank(),
+                        tag: s.tag,
+                        count: s.buf.len(),
+                    };
+                    self.complete(id, Ok(status));
+                }
+                self.post_slot(peer, slot)
+            }
+            MsgKind::Credit => self.post_slot(peer, slot),
+            MsgKind::Cts | MsgKind::Fin | MsgKind::ChunkReady | MsgKind::ChunkDone => {
+                self.post_slot(peer, slot)?;
+                self.handle_rndv_control(peer, kind, h)
+            }
+        }
+    }
+
+    fn repost_data_slot(&mut self, peer: usize, slot: usize) -> Result<()> {
+        self.post_slot(peer, slot)?;
+        self.peers[peer].to_return += 1;
+        Ok(())
+    }
+
+    fn sync_ack(&mut self, peer: usize, sreq: u64) -> Result<()> {
+        let mut h = Header::new(MsgKind::SyncAck);
+        h.sreq = sreq;
+        self.send_control(peer, h)
+    }
+
+    /// Copies an eager payload into receive `rid` and completes it; a payload longer than
+    /// the buffer delivers the prefix and completes with `Error::Truncated`.
+    fn deliver_eager(&mut self, rid: RequestId, env: Envelope, payload: &[u8]) {
+        let Some(Req::Recv(r)) = self.reqs.get(rid) else {
+            return;
+        };
+        let n = payload.len().min(r.buf.len());
+        r.buf.write(0, &payload[..n]);
+        let result = if payload.len() > r.buf.len() {
+            Err(Error::Truncated {
+                source_rank: env.source,
+                tag: env.tag,
+                message_bytes: payload.len(),
+                buffer_bytes: r.buf.len(),
+            })
+        } else {
+            Ok(Status {
+                source: env.source,
+                tag: env.tag,
+                count: n,
+            })
+        };
+        self.complete(rid, result);
+    }
+
+    /// A new receive `rid` matched an unexpected message.
+    pub(crate) fn deliver_unexpected(
+        &mut self,
+        rid: RequestId,
+        env: Envelope,
+        u: Unexpected,
+    ) -> Result<()> {
+        match u {
+            Unexpected::Eager {
+                data,
+                size,
+                sync,
+                sreq,
+            } => {
+                match data {
+                    EagerData::Owned(bytes) => {
+                        self.peers[env.source].unexpected_bytes -= size;
+                        self.deliver_eager(rid, env, &bytes);
+                    }
+                    EagerData::Held { slot } => {
+                        let bytes = self.slot_bytes_of(env.source, slot)
+                            [HEADER_BYTES..HEADER_BYTES + size]
+                            .to_vec();
+                        self.deliver_eager(rid, env, &bytes);
+                        self.repost_data_slot(env.source, slot)?;
+                    }
+                }
+                if sync {
+                    self.sync_ack(env.source, sreq)?;
+                }
+                Ok(())
+            }
+            Unexpected::Rts { header, chunks } => {
+                self.start_rndv_recv(rid, env.source, header, chunks)
+            }
+        }
+    }
+}

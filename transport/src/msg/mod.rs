@@ -1,0 +1,905 @@
+//! The message layer (DESIGN.md "Message layer"): MPI point-to-point semantics over the NIC
+//! trait, with an eager protocol for small messages and rendezvous protocols for large ones,
+//! moving user buffers through whichever [`BufferMode`] the job runs.
+//!
+//! - Matching on (source, tag, context) with wildcards, non-overtaking per sender, posted and
+//!   unexpected queues, probe ([`matching`]).
+//! - Eager (<= eager limit, [`eager`]): header and payload copied into pre-registered slots;
+//!   per-peer credits bound the memory unexpected messages can take (the sender waits for
+//!   credits; nothing is dropped).
+//! - Rendezvous (> eager limit): RTS, then RGET ([`rndv_get`]: the receiver RDMA-READs) or
+//!   RPUT ([`rndv_put`]: the receiver returns CTS, the sender RDMA-WRITEs), as a pipeline of
+//!   chunks whose size and depth the buffer mode decides (one chunk for zero-copy modes,
+//!   bounce-pool chunks for `copy`). Seed 001 sections 3-4 discuss the same inline/bulk and
+//!   RDMA Read/Write choices for NFS.
+//! - Progress runs inside every call that waits or tests; there is no progress thread.
+//!
+//! The user-facing, rsmpi-shaped API lives in the `pagewire` facade; this layer works on
+//! bytes and request ids.
+
+mod eager;
+pub mod matching;
+pub mod raw;
+mod request;
+mod rndv;
+mod rndv_get;
+mod rndv_put;
+pub mod wire;
+
+pub use matching::{Envelope, Selector, ANY_SOURCE, ANY_TAG};
+pub use request::{RequestId, Status};
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::boot::Bootstrap;
+use crate::buffer_mode::{BufferMode, Lease, ModeCounters};
+use crate::error::{Error, Result};
+use crate::nic::{
+    Access, Completion, CountersSnapshot, Endpoint, Nic, Opcode, QpCaps, SendWr, Sge, WcStatus,
+};
+use crate::sys::AnonMapping;
+
+use matching::Matcher;
+use raw::{UserBuf, UserBufMut};
+use request::Slab;
+use wire::{Header, HEADER_BYTES};
+
+/// The largest valid tag (`MPI_TAG_UB`).
+pub const TAG_UB: i32 = i32::MAX;
+
+/// Default eager limit in bytes; chosen by measurement (see the README).
+pub const DEFAULT_EAGER_LIMIT: usize = 16 << 10;
+
+/// Which rendezvous protocol large messages use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RndvProtocol {
+    /// The receiver RDMA-READs from the sender (RGET).
+    Get,
+    /// The receiver returns CTS and the sender RDMA-WRITEs (RPUT).
+    Put,
+    /// RGET (one control message fewer per chunk).
+    Auto,
+}
+
+/// Settings of the message layer.
+#[derive(Clone, Debug)]
+pub struct MsgConfig {
+    /// Largest message sent eagerly (`PAGEWIRE_EAGER_LIMIT`).
+    pub eager_limit: usize,
+    /// Rendezvous protocol (`PAGEWIRE_RNDV=get|put|auto`).
+    pub rndv: RndvProtocol,
+    /// Data messages in flight per peer before the sender waits (`PAGEWIRE_EAGER_CREDITS`).
+    pub credits: u32,
+    /// Extra receive slots per peer for control messages.
+    pub control_slots: u32,
+    /// Eager send slots (shared by all peers).
+    pub send_slots: u32,
+    /// Bytes of unexpected eager data kept per peer before its slots are held
+    /// (`PAGEWIRE_UNEXPECTED_BUDGET`).
+    pub unexpected_budget: usize,
+}
+
+impl Default for MsgConfig {
+    fn default() -> Self {
+        MsgConfig {
+            eager_limit: DEFAULT_EAGER_LIMIT,
+            rndv: RndvProtocol::Auto,
+            credits: 16,
+            control_slots: 8,
+            send_slots: 32,
+            unexpected_budget: 4 << 20,
+        }
+    }
+}
+
+impl MsgConfig {
+    /// Defaults overridden by `PAGEWIRE_EAGER_LIMIT`, `PAGEWIRE_RNDV`,
+    /// `PAGEWIRE_EAGER_CREDITS` and `PAGEWIRE_UNEXPECTED_BUDGET`.
+    pub fn from_env() -> Result<MsgConfig> {
+        use crate::buffer_mode::copy::env_usize;
+        let mut c = MsgConfig::default();
+        if let Some(v) = env_usize("PAGEWIRE_EAGER_LIMIT")? {
+            c.eager_limit = v;
+        }
+        if let Some(v) = env_usize("PAGEWIRE_EAGER_CREDITS")? {
+            c.credits = v as u32;
+        }
+        if let Some(v) = env_usize("PAGEWIRE_UNEXPECTED_BUDGET")? {
+            c.unexpected_budget = v;
+        }
+        c.rndv = match std::env::var("PAGEWIRE_RNDV").as_deref() {
+            Err(_) | Ok("") | Ok("auto") => RndvProtocol::Auto,
+            Ok("get") => RndvProtocol::Get,
+            Ok("put") => RndvProtocol::Put,
+            Ok(other) => {
+                return Err(Error::InvalidArgument(format!(
+                    "PAGEWIRE_RNDV={other}: expected get, put or auto"
+                )))
+            }
+        };
+        if c.credits < 2 || c.credits > 4096 {
+            return Err(Error::InvalidArgument(format!(
+                "PAGEWIRE_EAGER_CREDITS={}: expected 2..=4096",
+                c.credits
+            )));
+        }
+        if c.eager_limit > 1 << 20 {
+            return Err(Error::InvalidArgument(format!(
+                "PAGEWIRE_EAGER_LIMIT={}: at most 1 MiB (larger messages go by rendezvous)",
+                c.eager_limit
+            )));
+        }
+        Ok(c)
+    }
+}
+
+fn fill_payload(src: &Payload<'_>, dst: &mut [u8]) {
+    match src {
+        Payload::None => {}
+        Payload::User(ub, off, len) => ub.read(*off, &mut dst[..*len]),
+        Payload::Bytes(b) => dst[..b.len()].copy_from_slice(b),
+    }
+}
+
+/// Work-request id layout: kind (8 bits) | peer (24 bits) | index (32 bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WrKind {
+    Recv = 1,
+    SendSlot = 2,
+    SendInline = 3,
+    Rdma = 4,
+    Probe = 5,
+}
+
+pub(crate) fn wr_id(kind: WrKind, peer: usize, index: usize) -> u64 {
+    (kind as u64) << 56 | (peer as u64 & 0xff_ffff) << 32 | index as u64 & 0xffff_ffff
+}
+
+fn wr_parts(id: u64) -> (u64, usize, usize) {
+    (
+        id >> 56,
+        ((id >> 32) & 0xff_ffff) as usize,
+        (id & 0xffff_ffff) as usize,
+    )
+}
+
+/// A message that arrived before its receive was posted.
+pub(crate) enum Unexpected {
+    Eager {
+        data: EagerData,
+        size: usize,
+        sync: bool,
+        sreq: u64,
+    },
+    Rts {
+        header: Header,
+        chunks: Vec<ChunkDesc>,
+    },
+}
+
+/// Where a chunk of a rendezvous send can be read (RGET).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ChunkDesc {
+    pub chunk: u32,
+    pub addr: u64,
+    pub rkey: u32,
+    pub len: u64,
+}
+
+/// What follows a header in a message.
+pub(crate) enum Payload<'a> {
+    None,
+    /// `len` bytes of a user buffer from `offset`.
+    User(&'a UserBuf, usize, usize),
+    /// Bytes the layer made.
+    Bytes(&'a [u8]),
+}
+
+/// Where an unexpected eager payload is.
+pub(crate) enum EagerData {
+    /// Copied out of its slot (the slot went back to the peer).
+    Owned(Vec<u8>),
+    /// Still in receive slot `slot` of the sender's region (over the unexpected budget).
+    Held { slot: usize },
+}
+
+pub(crate) enum Req {
+    Send(SendReq),
+    Recv(RecvReq),
+    Done(Result<Status>),
+}
+
+pub(crate) struct SendReq {
+    pub peer: usize,
+    pub tag: i32,
+    pub context: u32,
+    pub buf: UserBuf,
+    pub sync: bool,
+    pub state: SendState,
+}
+
+pub(crate) enum SendState {
+    /// Waiting for a credit or a send slot.
+    Queued,
+    /// Eager synchronous send: waiting to hear it matched.
+    AwaitSyncAck,
+    /// Rendezvous in progress.
+    Rndv(rndv::RndvSend),
+}
+
+pub(crate) struct RecvReq {
+    pub sel: Selector,
+    pub buf: UserBufMut,
+    pub state: RecvState,
+}
+
+pub(crate) enum RecvState {
+    Posted,
+    Rndv(rndv::RndvRecv),
+}
+
+/// An RDMA operation in flight for a rendezvous chunk.
+pub(crate) struct RdmaOp {
+    pub req: RequestId,
+    pub chunk: u32,
+}
+
+pub(crate) struct Peer {
+    pub qpn: u32,
+    /// Data messages we may still send to this peer.
+    pub credits: u32,
+    /// Credits we owe this peer (slots reposted since we last told it).
+    pub to_return: u32,
+    /// Data sends waiting for a credit or a slot, in order.
+    pub queued: VecDeque<RequestId>,
+    /// Control messages waiting for send-queue room.
+    pub control: VecDeque<Header>,
+    /// Send work requests outstanding on the queue pair.
+    pub in_flight: u32,
+    /// Bytes of unexpected eager data copied out for this peer.
+    pub unexpected_bytes: usize,
+    /// Set once the NIC reported the peer unreachable.
+    pub dead: Option<WcStatus>,
+}
+
+/// Per-layer counters (eager/rendezvous traffic, flow control).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MsgCounters {
+    /// Eager messages sent.
+    pub eager_sent: u64,
+    /// Rendezvous messages sent.
+    pub rndv_sent: u64,
+    /// Messages that arrived before their receive.
+    pub unexpected: u64,
+    /// Times a data send waited for credits.
+    pub credit_waits: u64,
+    /// Unexpected payloads kept in their slot because the budget was used up.
+    pub held_slots: u64,
+}
+
+/// The message layer of one rank.
+pub struct PointToPoint {
+    pub(crate) nic: Box<dyn Nic>,
+    pub(crate) mode: Box<dyn BufferMode>,
+    pub(crate) cfg: MsgConfig,
+    rank: usize,
+    size: usize,
+    pub(crate) cq: u32,
+    pub(crate) peers: Vec<Peer>,
+    slot_bytes: usize,
+    recv_pool: AnonMapping,
+    recv_key: u32,
+    send_pool: AnonMapping,
+    send_key: u32,
+    pub(crate) send_free: Vec<usize>,
+    pub(crate) reqs: Slab<Req>,
+    pub(crate) matcher: Matcher<RequestId, Unexpected>,
+    /// RDMA operations in flight, by the index carried in their work-request id.
+    pub(crate) rdma: Vec<Option<RdmaOp>>,
+    rdma_free: Vec<usize>,
+    last_progress_made: bool,
+    /// Rendezvous requests with work that may wait for leases.
+    pub(crate) active: Vec<RequestId>,
+    pub(crate) counters: MsgCounters,
+    max_inline: usize,
+    max_send_wr: u32,
+    scratch: Vec<Completion>,
+}
+
+impl std::fmt::Debug for PointToPoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PointToPoint")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("mode", &self.mode.name())
+            .finish()
+    }
+}
+
+impl PointToPoint {
+    /// Brings the layer up over `nic` (collective: every rank calls it): one queue pair per
+    /// rank including itself, receive slots posted, the buffer mode started.
+    pub fn new(
+        nic: Box<dyn Nic>,
+        boot: &dyn Bootstrap,
+        mut mode: Box<dyn BufferMode>,
+        cfg: MsgConfig,
+    ) -> Result<PointToPoint> {
+        let (rank, size) = (boot.rank(), boot.size());
+        let slot_bytes = (HEADER_BYTES + cfg.eager_limit).div_ceil(64) * 64;
+        let per_peer = (cfg.credits + cfg.control_slots) as usize;
+        let max_send_wr = 4096;
+        let cq = nic.create_cq(65536)?;
+        let caps = QpCaps {
+            max_send_wr,
+            max_recv_wr: per_peer as u32,
+            max_sge: 2,
+            ..QpCaps::default()
+        };
+        let mut qps = Vec::with_capacity(size);
+        let mut mine = Vec::new();
+        for peer in 0..size {
+            let q = nic.create_qp(peer, cq, cq, caps)?;
+            let ep = nic.endpoint(q)?;
+            mine.extend_from_slice(&(ep.0.len() as u32).to_le_bytes());
+            mine.extend_from_slice(&ep.0);
+            qps.push(q);
+        }
+        let all = boot.allgather(&mine)?;
+        for (peer, blob) in all.iter().enumerate() {
+            // Rank `peer` listed its endpoints for ranks 0..size; ours is entry `rank`.
+            let mut at = 0;
+            for target in 0..size {
+                let n = u32::from_le_bytes(blob[at..at + 4].try_into().expect("4 bytes")) as usize;
+                if target == rank {
+                    nic.connect(qps[peer], &Endpoint(blob[at + 4..at + 4 + n].to_vec()))?;
+                }
+                at += 4 + n;
+            }
+        }
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        let recv_pool = AnonMapping::new(size * per_peer * slot_bytes)
+            .map_err(|e| Error::os("mmap of the eager receive slots", e))?;
+        let recv_key = nic
+            .register(recv_pool.addr(), recv_pool.len() as u64, access)?
+            .lkey;
+        let send_pool = AnonMapping::new(cfg.send_slots as usize * slot_bytes)
+            .map_err(|e| Error::os("mmap of the eager send slots", e))?;
+        let send_key = nic
+            .register(send_pool.addr(), send_pool.len() as u64, access)?
+            .lkey;
+        mode.start(&*nic)?;
+        let max_inline = nic.capabilities().max_inline.min(caps.max_inline) as usize;
+        let peers = qps
+            .iter()
+            .map(|&qpn| Peer {
+                qpn,
+                credits: cfg.credits,
+                to_return: 0,
+                queued: VecDeque::new(),
+                control: VecDeque::new(),
+                in_flight: 0,
+                unexpected_bytes: 0,
+                dead: None,
+            })
+            .collect();
+        let mut p2p = PointToPoint {
+            send_free: (0..cfg.send_slots as usize).rev().collect(),
+            nic,
+            mode,
+            cfg,
+            rank,
+            size,
+            cq,
+            peers,
+            slot_bytes,
+            recv_pool,
+            recv_key,
+            send_pool,
+            send_key,
+            reqs: Slab::default(),
+            matcher: Matcher::default(),
+            rdma: Vec::new(),
+            rdma_free: Vec::new(),
+            last_progress_made: false,
+            active: Vec::new(),
+            counters: MsgCounters::default(),
+            max_inline,
+            max_send_wr,
+            scratch: Vec::with_capacity(64),
+        };
+        for peer in 0..size {
+            for slot in 0..per_peer {
+                p2p.post_slot(peer, slot)?;
+            }
+        }
+        boot.barrier()?;
+        Ok(p2p)
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Ranks in the job.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The buffer mode's name.
+    pub fn mode_name(&self) -> &'static str {
+        self.mode.name()
+    }
+
+    /// The eager limit in force.
+    pub fn eager_limit(&self) -> usize {
+        self.cfg.eager_limit
+    }
+
+    /// The NIC's counters.
+    pub fn nic_counters(&self) -> CountersSnapshot {
+        self.nic.counters()
+    }
+
+    /// The buffer mode's counters.
+    pub fn mode_counters(&self) -> ModeCounters {
+        self.mode.counters()
+    }
+
+    /// The layer's own counters.
+    pub fn counters(&self) -> MsgCounters {
+        self.counters.clone()
+    }
+
+    /// Requests not yet collected by `test`/`wait`.
+    pub fn outstanding(&self) -> usize {
+        self.reqs.len()
+    }
+
+    fn check_rank(&self, rank: usize) -> Result<()> {
+        if rank >= self.size {
+            return Err(Error::NoSuchRank {
+                rank,
+                size: self.size,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_tag(tag: i32) -> Result<()> {
+        if !(0..=TAG_UB).contains(&tag) {
+            return Err(Error::InvalidTag { tag, max: TAG_UB });
+        }
+        Ok(())
+    }
+
+    /// Starts sending `buf` to `dest` (`MPI_Isend`, or `MPI_Issend` when `sync`).
+    pub fn isend(
+        &mut self,
+        dest: usize,
+        tag: i32,
+        context: u32,
+        buf: UserBuf,
+        sync: bool,
+    ) -> Result<RequestId> {
+        self.check_rank(dest)?;
+        Self::check_tag(tag)?;
+        if let Some(status) = self.peers[dest].dead {
+            return Err(Error::Communication {
+                peer: dest,
+                status,
+                what: "starting a send",
+            });
+        }
+        let id = self.reqs.insert(Req::Send(SendReq {
+            peer: dest,
+            tag,
+            context,
+            buf,
+            sync,
+            state: SendState::Queued,
+        }));
+        self.peers[dest].queued.push_back(id);
+        self.drain_queued(dest)?;
+        Ok(id)
+    }
+
+    /// Starts receiving into `buf` (`MPI_Irecv`); `source`/`tag` `None` are wildcards.
+    pub fn irecv(
+        &mut self,
+        source: Option<usize>,
+        tag: Option<i32>,
+        context: u32,
+        buf: UserBufMut,
+    ) -> Result<RequestId> {
+        if let Some(s) = source {
+            self.check_rank(s)?;
+            if let Some(status) = self.peers[s].dead {
+                return Err(Error::Communication {
+                    peer: s,
+                    status,
+                    what: "posting a receive",
+                });
+            }
+        }
+        if let Some(t) = tag {
+            Self::check_tag(t)?;
+        }
+        let sel = Selector {
+            source,
+            tag,
+            context,
+        };
+        let id = self.reqs.insert(Req::Recv(RecvReq {
+            sel,
+            buf,
+            state: RecvState::Posted,
+        }));
+        if let Some((env, u)) = self.matcher.post(sel, id) {
+            self.deliver_unexpected(id, env, u)?;
+        }
+        Ok(id)
+    }
+
+    /// Whether a matching message has arrived, without receiving it (`MPI_Iprobe`).
+    pub fn iprobe(
+        &mut self,
+        source: Option<usize>,
+        tag: Option<i32>,
+        context: u32,
+    ) -> Result<Option<Status>> {
+        self.progress()?;
+        let sel = Selector {
+            source,
+            tag,
+            context,
+        };
+        Ok(self.matcher.probe(&sel).map(|(env, u)| Status {
+            source: env.source,
+            tag: env.tag,
+            count: match u {
+                Unexpected::Eager { size, .. } => *size,
+                Unexpected::Rts { header, .. } => header.size as usize,
+            },
+        }))
+    }
+
+    /// Completes `id` if it is done: `Some(result)` (the request is then gone), else `None`.
+    pub fn test(&mut self, id: RequestId) -> Result<Option<Result<Status>>> {
+        self.progress()?;
+        match self.reqs.get(id) {
+            None => Err(Error::InvalidArgument(
+                "unknown or already completed request".into(),
+            )),
+            Some(Req::Done(_)) => match self.reqs.remove(id) {
+                Some(Req::Done(r)) => Ok(Some(r)),
+                _ => unreachable!(),
+            },
+            Some(_) => Ok(None),
+        }
+    }
+
+    /// Waits for `id` and returns its outcome (`MPI_Wait`). If the peer stops answering,
+    /// the NIC's error completion ends the wait with [`Error::Communication`].
+    pub fn wait(&mut self, id: RequestId) -> Result<Status> {
+        let mut idle_since = Instant::now();
+        loop {
+            if let Some(r) = self.test(id)? {
+                return r;
+            }
+            if self.last_progress_made {
+                idle_since = Instant::now();
+            } else if idle_since.elapsed() > Duration::from_millis(500) {
+                self.probe_peers_of(id)?;
+                idle_since = Instant::now();
+            }
+        }
+    }
+
+    /// Whether `id` has completed, without completing it.
+    pub fn is_done(&self, id: RequestId) -> bool {
+        matches!(self.reqs.get(id), Some(Req::Done(_)))
+    }
+
+    /// Cancels a receive that has not matched (`MPI_Cancel`); true if it was cancelled.
+    pub fn cancel(&mut self, id: RequestId) -> bool {
+        if self.matcher.cancel(|r| *r == id).is_some() {
+            if let Some(r) = self.reqs.get_mut(id) {
+                *r = Req::Done(Err(Error::Cancelled));
+            }
+            return true;
+        }
+        false
+    }
+
+    pub(crate) fn complete(&mut self, id: RequestId, result: Result<Status>) {
+        if let Some(r) = self.reqs.get_mut(id) {
+            *r = Req::Done(result);
+        }
+        self.active.retain(|a| *a != id);
+    }
+
+    /// Makes progress: polls completions and advances every protocol. Returns whether
+    /// anything happened.
+    pub fn progress(&mut self) -> Result<bool> {
+        let mut events = 0usize;
+        loop {
+            self.scratch.clear();
+            let n = self.nic.poll_cq(self.cq, &mut self.scratch, 64)?;
+            if n == 0 {
+                break;
+            }
+            events += n;
+            let batch = std::mem::take(&mut self.scratch);
+            for c in &batch {
+                self.handle_completion(c)?;
+            }
+            self.scratch = batch;
+        }
+        for peer in 0..self.size {
+            self.flush_control(peer)?;
+            self.drain_queued(peer)?;
+            self.return_credits(peer)?;
+        }
+        events += self.advance_rendezvous()?;
+        self.last_progress_made = events > 0;
+        Ok(events > 0)
+    }
+
+    fn handle_completion(&mut self, c: &Completion) -> Result<()> {
+        let (kind, peer, index) = wr_parts(c.wr_id);
+        if kind != WrKind::Recv as u64 {
+            self.peers[peer].in_flight = self.peers[peer].in_flight.saturating_sub(1);
+        }
+        if kind == WrKind::SendSlot as u64 {
+            self.send_free.push(index);
+        }
+        if c.status != WcStatus::Success {
+            if kind == WrKind::Rdma as u64 {
+                // The lease stays with its request, which `fail_peer` releases.
+                self.take_rdma(index);
+            }
+            self.fail_peer(peer, c.status, "moving data");
+            return Ok(());
+        }
+        match kind {
+            k if k == WrKind::Recv as u64 => self.handle_incoming(peer, index, c.byte_len as usize),
+            k if k == WrKind::Rdma as u64 => self.rdma_done(index),
+            _ => Ok(()),
+        }
+    }
+
+    /// Every request involving `peer` fails; further operations with it fail at once.
+    pub(crate) fn fail_peer(&mut self, peer: usize, status: WcStatus, what: &'static str) {
+        if self.peers[peer].dead.is_some() {
+            return;
+        }
+        self.peers[peer].dead = Some(status);
+        let err = || Error::Communication { peer, status, what };
+        for id in self.reqs.ids() {
+            let involved = match self.reqs.get(id) {
+                Some(Req::Send(s)) => s.peer == peer,
+                Some(Req::Recv(r)) => match &r.state {
+                    RecvState::Rndv(rv) => rv.peer == peer,
+                    RecvState::Posted => r.sel.source == Some(peer),
+                },
+                _ => false,
+            };
+            if involved {
+                if let Some(Req::Recv(r)) = self.reqs.get(id) {
+                    if matches!(r.state, RecvState::Posted) {
+                        self.matcher.cancel(|x| *x == id);
+                    }
+                }
+                self.release_leases_of(id);
+                self.complete(id, Err(err()));
+            }
+        }
+        self.peers[peer].queued.clear();
+        self.peers[peer].control.clear();
+    }
+
+    /// If a wait makes no progress for a while, sends a zero-length RDMA WRITE to the peers
+    /// it depends on: a dead peer turns into an error completion instead of a hang.
+    fn probe_peers_of(&mut self, id: RequestId) -> Result<()> {
+        let peers: Vec<usize> = match self.reqs.get(id) {
+            Some(Req::Send(s)) => vec![s.peer],
+            Some(Req::Recv(r)) => match (&r.state, r.sel.source) {
+                (RecvState::Rndv(rv), _) => vec![rv.peer],
+                (RecvState::Posted, Some(s)) => vec![s],
+                (RecvState::Posted, None) => (0..self.size).collect(),
+            },
+            _ => vec![],
+        };
+        for p in peers {
+            if self.peers[p].dead.is_none() && p != self.rank {
+                let wr = SendWr {
+                    wr_id: wr_id(WrKind::Probe, p, 0),
+                    opcode: Opcode::RdmaWrite {
+                        remote_addr: 0,
+                        rkey: 0,
+                    },
+                    sgl: &[],
+                    inline: false,
+                    signaled: true,
+                };
+                if raw::post_send(&*self.nic, self.peers[p].qpn, &wr).is_ok() {
+                    self.peers[p].in_flight += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts receive slot `slot` of `peer`'s region again.
+    pub(crate) fn post_slot(&mut self, peer: usize, slot: usize) -> Result<()> {
+        let per_peer = (self.cfg.credits + self.cfg.control_slots) as usize;
+        let addr = self.recv_pool.addr() + ((peer * per_peer + slot) * self.slot_bytes) as u64;
+        let sge = [Sge {
+            addr,
+            len: self.slot_bytes as u32,
+            lkey: self.recv_key,
+        }];
+        let wr = crate::nic::RecvWr {
+            wr_id: wr_id(WrKind::Recv, peer, slot),
+            sgl: &sge,
+        };
+        raw::post_recv(&*self.nic, self.peers[peer].qpn, &wr)
+    }
+
+    /// The bytes of receive slot `slot` of `peer`.
+    pub(crate) fn slot_bytes_of(&self, peer: usize, slot: usize) -> &[u8] {
+        let per_peer = (self.cfg.credits + self.cfg.control_slots) as usize;
+        let start = (peer * per_peer + slot) * self.slot_bytes;
+        &self.recv_pool.as_slice()[start..start + self.slot_bytes]
+    }
+
+    /// Sends a message: header plus `payload` bytes of `src` (from `offset`). Inline when it
+    /// fits, else through an eager send slot. False if the queue pair or the slots are full.
+    pub(crate) fn send_message(
+        &mut self,
+        peer: usize,
+        mut h: Header,
+        src: Payload<'_>,
+    ) -> Result<bool> {
+        let p = &mut self.peers[peer];
+        if p.in_flight + 2 >= self.max_send_wr {
+            return Ok(false);
+        }
+        let payload = match src {
+            Payload::None => 0,
+            Payload::User(_, _, len) => len,
+            Payload::Bytes(b) => b.len(),
+        };
+        let credits = p.to_return.min(u16::MAX as u32);
+        h.credits = credits as u16;
+        let total = HEADER_BYTES + payload;
+        if total <= self.max_inline {
+            let mut buf = [0u8; 1024];
+            buf[..HEADER_BYTES].copy_from_slice(&h.encode());
+            fill_payload(&src, &mut buf[HEADER_BYTES..total]);
+            let sge = [Sge {
+                addr: buf.as_ptr() as u64,
+                len: total as u32,
+                lkey: 0,
+            }];
+            let wr = SendWr {
+                wr_id: wr_id(WrKind::SendInline, peer, 0),
+                opcode: Opcode::Send,
+                sgl: &sge,
+                inline: true,
+                signaled: true,
+            };
+            raw::post_send(&*self.nic, p.qpn, &wr)?;
+        } else {
+            let Some(slot) = self.send_free.pop() else {
+                return Ok(false);
+            };
+            let start = slot * self.slot_bytes;
+            let mem = &mut self.send_pool.as_mut_slice()[start..start + total];
+            mem[..HEADER_BYTES].copy_from_slice(&h.encode());
+            fill_payload(&src, &mut mem[HEADER_BYTES..]);
+            let sge = [Sge {
+                addr: self.send_pool.addr() + start as u64,
+                len: total as u32,
+                lkey: self.send_key,
+            }];
+            let wr = SendWr {
+                wr_id: wr_id(WrKind::SendSlot, peer, slot),
+                opcode: Opcode::Send,
+                sgl: &sge,
+                inline: false,
+                signaled: true,
+            };
+            raw::post_send(&*self.nic, p.qpn, &wr)?;
+        }
+        let p = &mut self.peers[peer];
+        p.to_return -= credits;
+        p.in_flight += 1;
+        Ok(true)
+    }
+
+    /// Sends a control message now, or queues it (in order) behind earlier ones.
+    pub(crate) fn send_control(&mut self, peer: usize, h: Header) -> Result<()> {
+        if self.peers[peer].dead.is_some() {
+            return Ok(());
+        }
+        if self.peers[peer].control.is_empty() && self.send_message(peer, h, Payload::None)? {
+            return Ok(());
+        }
+        self.peers[peer].control.push_back(h);
+        Ok(())
+    }
+
+    fn flush_control(&mut self, peer: usize) -> Result<()> {
+        while let Some(h) = self.peers[peer].control.front().copied() {
+            if !self.send_message(peer, h, Payload::None)? {
+                break;
+            }
+            self.peers[peer].control.pop_front();
+        }
+        Ok(())
+    }
+
+    /// Posts an RDMA operation for a rendezvous chunk.
+    pub(crate) fn post_rdma(
+        &mut self,
+        peer: usize,
+        req: RequestId,
+        chunk: u32,
+        lease: Lease,
+        opcode: Opcode,
+    ) -> Result<bool> {
+        if self.peers[peer].in_flight + 2 >= self.max_send_wr {
+            return Ok(false);
+        }
+        let op = RdmaOp { req, chunk };
+        let index = match self.rdma_free.pop() {
+            Some(i) => {
+                self.rdma[i] = Some(op);
+                i
+            }
+            None => {
+                self.rdma.push(Some(op));
+                self.rdma.len() - 1
+            }
+        };
+        let sge = [Sge {
+            addr: lease.addr,
+            len: lease.len as u32,
+            lkey: lease.lkey,
+        }];
+        let wr = SendWr {
+            wr_id: wr_id(WrKind::Rdma, peer, index),
+            opcode,
+            sgl: if lease.len == 0 { &[] } else { &sge },
+            inline: false,
+            signaled: true,
+        };
+        raw::post_send(&*self.nic, self.peers[peer].qpn, &wr)?;
+        self.peers[peer].in_flight += 1;
+        Ok(true)
+    }
+
+    fn take_rdma(&mut self, index: usize) -> Option<RdmaOp> {
+        let op = self.rdma.get_mut(index)?.take()?;
+        self.rdma_free.push(index);
+        Some(op)
+    }
+
+    fn rdma_done(&mut self, index: usize) -> Result<()> {
+        let Some(op) = self.take_rdma(index) else {
+            return Ok(());
+        };
+        self.rndv_rdma_done(op)
+    }
+
+    /// Shuts the layer down: stops the buffer mode and deregisters the slots.
+    pub fn shutdown(mut self) {
+        self.mode.stop(&*self.nic);
+        let _ = self.nic.deregister(self.recv_key);
+        let _ = self.nic.deregister(self.send_key);
+    }
+}

@@ -1,0 +1,868 @@
+//! The verbs provider: the [`Nic`] trait over rdma-core's libibverbs (cargo feature `verbs`,
+//! DESIGN.md "The verbs provider"), bound to the system rdma-core through `rdma-sys`.
+//!
+//! **Status: built, clippy-checked and unit-tested on a machine without RDMA hardware.
+//! Nothing in this module has run against a device.** What does run here is the no-device
+//! path (libibverbs finds no device) and the pure parts: attribute and state-transition
+//! builders, status and opcode mapping, capability parsing, endpoint encoding, device, port
+//! and GID choice. The hardware test plan is in `docs/verbs.md`.
+//!
+//! A thin mapping, each method one or a few verbs calls (see `ffi` for the calls):
+//!
+//! | trait method | libibverbs |
+//! |---|---|
+//! | [`VerbsNic::open`] | `ibv_fork_init` (if `PAGEWIRE_FORK_SAFE=1`), `ibv_get_device_list`, `ibv_open_device`, `ibv_query_device_ex`, `ibv_query_port`, `ibv_query_gid_ex`, `ibv_alloc_pd`, probe `ibv_create_cq`/`ibv_create_qp` for the inline size |
+//! | `register` | `ibv_reg_mr(pd, addr, len, access)`, `IBV_ACCESS_ON_DEMAND` for ODP |
+//! | `register_implicit_odp` | `ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND \| ...)` |
+//! | `deregister` | `ibv_dereg_mr` |
+//! | `advise` | `ibv_advise_mr(pd, PREFETCH[_WRITE], IBV_ADVISE_MR_FLAG_FLUSH, sges)` |
+//! | `create_cq` | `ibv_create_cq(ctx, depth, NULL, NULL, 0)` |
+//! | `create_qp` | `ibv_create_qp` (RC, no SRQ), `ibv_modify_qp` RESET -> INIT |
+//! | `endpoint` | (QPN, PSN, LID, GID, MTU encoded; see `endpoint`) |
+//! | `connect` | `ibv_modify_qp` INIT -> RTR -> RTS |
+//! | `post_send` / `post_recv` | `ibv_post_send` / `ibv_post_recv`, one work request |
+//! | `poll_cq` | `ibv_poll_cq` |
+//!
+//! **Ownership.** Handles own their parents through `Arc` (`ffi`): a queue pair keeps its
+//! CQs and PD, a region its PD, and those the device context; dropping the [`VerbsNic`]
+//! destroys queue pairs, then CQs, regions, the PD and the context, in that order whatever
+//! the field order, and a half-made object (a QP whose INIT transition failed) is destroyed
+//! where the error returns. `unsafe` lives in `ffi`; the only `unsafe` outside it is the
+//! trait's own `post_send`/`post_recv`, which forward their contract to `ffi`.
+//!
+//! **Counters.** Filled: registrations and deregistrations; pinned bytes now and peak for
+//! non-ODP regions (page-rounded per region, as the kernel charges each registration to
+//! `RLIMIT_MEMLOCK`, overlapping regions counted twice like the kernel does); prefetched
+//! pages (pages *asked for*: `ibv_advise_mr` does not say how many were absent); inline
+//! bytes; error completions. Left at 0: the NPF counters (`npf_*`), RNR retries and
+//! invalidated pages: on hardware those events happen in the NIC and the kernel driver, whose
+//! counters live in the driver's sysfs/debugfs (for mlx5, ODP page-fault and invalidation
+//! counts) and are **not read yet**; and the soft provider's data-path byte counters
+//! (CMA/staged), which do not apply.
+//!
+//! **Environment.** `PAGEWIRE_DEVICE`, `PAGEWIRE_PORT`, `PAGEWIRE_GID_INDEX`,
+//! `PAGEWIRE_FORK_SAFE` ([`VerbsConfig`]). The locked-memory limit is the kernel's
+//! `RLIMIT_MEMLOCK` (`ulimit -l`); `PAGEWIRE_MEMLOCK_LIMIT` is the soft provider's and has no
+//! effect here.
+#![deny(unsafe_code)]
+
+mod caps;
+mod config;
+mod endpoint;
+mod ffi;
+mod qp_state;
+mod wr;
+
+pub use config::{LinkLayer, VerbsConfig};
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+use rdma_sys::{ibv_qp_cap, ibv_wc};
+
+use crate::boot::Bootstrap;
+use crate::error::{Error, Result};
+use crate::nic::{
+    Access, Advice, Capabilities, Completion, Counters, CountersSnapshot, Endpoint, Nic, QpCaps,
+    RecvWr, RegionInfo, SendWr, WcOpcode, WcStatus, PAGE_SIZE,
+};
+
+use caps::DeviceLimits;
+use config::{GidKind, GidProbe, PortProbe};
+use endpoint::QpAddress;
+use qp_state::{QpState, RtrParams};
+use wr::{QueueLimits, WrRing, EMPTY_SGE, MAX_SGE, RECV_BIT};
+
+/// `IBV_QPF_GRH_REQUIRED` in `ibv_port_attr::flags`.
+const PORT_FLAG_GRH_REQUIRED: u8 = 1;
+/// Completions fetched per `ibv_poll_cq` call.
+const POLL_BATCH: usize = 16;
+/// Error completions kept for [`VerbsNic::recent_errors`].
+const RECENT_ERRORS: usize = 32;
+
+/// The port the provider uses, as the device reported it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortInfo {
+    /// Device name (`ibv_get_device_name`), e.g. `mlx5_0`.
+    pub device: String,
+    /// Port number, from 1.
+    pub port: u8,
+    /// InfiniBand or Ethernet (RoCE).
+    pub link: LinkLayer,
+    /// The port's LID (InfiniBand; 0 on RoCE).
+    pub lid: u16,
+    /// The GID index used for the GRH, if any (always on RoCE).
+    pub gid_index: Option<u32>,
+    /// That GID.
+    pub gid: Option<[u8; 16]>,
+    /// Active MTU in bytes.
+    pub active_mtu: u32,
+    active_mtu_code: u32,
+}
+
+/// The raw facts of an error completion, which [`WcStatus`] may summarise.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawCompletionError {
+    /// The caller's work request id (`u64::MAX` if the provider could not map it back).
+    pub wr_id: u64,
+    /// Local queue pair number.
+    pub qp_num: u32,
+    /// The `ibv_wc_status` value.
+    pub status: u32,
+    /// `ibv_wc_status_str` of it.
+    pub status_str: String,
+    /// The vendor's error syndrome (`ibv_wc::vendor_err`).
+    pub vendor_err: u32,
+}
+
+/// One registered region.
+struct Region {
+    mr: ffi::MemoryRegion,
+    info: RegionInfo,
+    /// Bytes this registration pinned (0 for ODP).
+    pinned: u64,
+}
+
+/// One queue pair and its bookkeeping.
+struct QueuePairEntry {
+    qp: ffi::QueuePair,
+    peer: usize,
+    psn: u32,
+    caps: QpCaps,
+    limits: QueueLimits,
+    state: Mutex<QpState>,
+    sq: Mutex<WrRing>,
+    rq: Mutex<WrRing>,
+}
+
+/// A device context with its protection domain, over libibverbs. See the module docs.
+pub struct VerbsNic {
+    rank: usize,
+    caps: Capabilities,
+    limits: DeviceLimits,
+    port: PortInfo,
+    counters: Counters,
+    qps: RwLock<HashMap<u32, Arc<QueuePairEntry>>>,
+    cqs: RwLock<Vec<Arc<ffi::CompletionQueue>>>,
+    regions: Mutex<HashMap<u32, Region>>,
+    recent_errors: Mutex<VecDeque<RawCompletionError>>,
+    pd: Arc<ffi::ProtectionDomain>,
+    ctx: Arc<ffi::Context>,
+}
+
+impl std::fmt::Debug for VerbsNic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsNic")
+            .field("rank", &self.rank)
+            .field("port", &self.port)
+            .finish()
+    }
+}
+
+/// What probing one device found usable.
+struct Chosen {
+    ctx: Arc<ffi::Context>,
+    pd: Arc<ffi::ProtectionDomain>,
+    attr: rdma_sys::ibv_device_attr_ex,
+    port: PortInfo,
+    max_inline: u32,
+}
+
+fn os(call: String, e: io::Error) -> Error {
+    Error::Os { call, source: e }
+}
+
+impl VerbsNic {
+    /// Opens the device `config` names, or the first with an active port; chooses the port
+    /// and GID; allocates the protection domain. Not collective: endpoints are exchanged
+    /// later, per queue pair.
+    ///
+    /// With no usable device (none present, as on machines without RDMA hardware; the kernel
+    /// without RDMA support; no active port; `PAGEWIRE_DEVICE` not found) it returns
+    /// [`Error::NoRdmaDevice`], whose one-line message names the soft provider.
+    pub fn open(boot: &dyn Bootstrap, config: VerbsConfig) -> Result<VerbsNic> {
+        if config.fork_safe {
+            ffi::fork_init().map_err(|e| os("ibv_fork_init (PAGEWIRE_FORK_SAFE=1)".into(), e))?;
+        }
+        let list = ffi::DeviceList::get().map_err(|e| Error::NoRdmaDevice {
+            detail: match e.raw_os_error() {
+                Some(libc::ENOSYS) => "no RDMA device found: the kernel has no RDMA support \
+                     (ibv_get_device_list: ENOSYS)"
+                    .to_string(),
+                _ => format!("no RDMA device found: ibv_get_device_list failed: {e}"),
+            },
+        })?;
+        let names = list.names();
+        let candidates = config::candidates(&names, config.device.as_deref())
+            .map_err(|detail| Error::NoRdmaDevice { detail })?;
+        let mut reasons = Vec::new();
+        let mut chosen = None;
+        for i in candidates {
+            match probe(&list, i, &names[i], &config) {
+                Ok(c) => {
+                    chosen = Some(c);
+                    break;
+                }
+                Err(why) => reasons.push(format!("{} {why}", names[i])),
+            }
+        }
+        drop(list);
+        let Some(c) = chosen else {
+            return Err(Error::NoRdmaDevice {
+                detail: format!("no usable RDMA device: {}", reasons.join("; ")),
+            });
+        };
+        let device = format!("{} port {}", c.port.device, c.port.port);
+        Ok(VerbsNic {
+            rank: boot.rank(),
+            caps: caps::capabilities(&c.attr, &device, c.max_inline),
+            limits: caps::limits(&c.attr),
+            port: c.port,
+            counters: Counters::default(),
+            qps: RwLock::new(HashMap::new()),
+            cqs: RwLock::new(Vec::new()),
+            regions: Mutex::new(HashMap::new()),
+            recent_errors: Mutex::new(VecDeque::new()),
+            pd: c.pd,
+            ctx: c.ctx,
+        })
+    }
+
+    /// The port in use.
+    pub fn port(&self) -> &PortInfo {
+        &self.port
+    }
+
+    /// The raw status and vendor syndrome of the most recent error completions (at most
+    /// 32, oldest first), for diagnosing what a [`WcStatus`] summarises.
+    pub fn recent_errors(&self) -> Vec<RawCompletionError> {
+        self.recent_errors.lock().iter().cloned().collect()
+    }
+
+    fn qp(&self, qpn: u32) -> Result<Arc<QueuePairEntry>> {
+        self.qps
+            .read()
+            .get(&qpn)
+            .cloned()
+            .ok_or_else(|| Error::InvalidArgument(format!("no queue pair {qpn} on this NIC")))
+    }
+
+    fn cq(&self, id: u32) -> Result<Arc<ffi::CompletionQueue>> {
+        self.cqs
+            .read()
+            .get(id as usize)
+            .cloned()
+            .ok_or_else(|| Error::InvalidArgument(format!("no completion queue {id} on this NIC")))
+    }
+
+    fn register_raw(
+        &self,
+        addr: u64,
+        len: u64,
+        access: Access,
+        implicit: bool,
+    ) -> Result<RegionInfo> {
+        let odp = access.contains(Access::ON_DEMAND);
+        let what = if implicit {
+            "implicit ODP registration".to_string()
+        } else {
+            format!("ibv_reg_mr(addr={addr:#x}, len={len}, access={access:?})")
+        };
+        let pd_len = if implicit {
+            usize::MAX
+        } else {
+            usize::try_from(len).map_err(|_| Error::InvalidArgument(format!("{what}: too long")))?
+        };
+        let mut mr = match self.pd.reg_mr(addr, pd_len, wr::access_bits(access)) {
+            Ok(mr) => mr,
+            Err(e) => return Err(self.registration_error(what, addr, len, odp, e)),
+        };
+        let pinned = if odp {
+            0
+        } else {
+            crate::sys::page_span(addr, len).1
+        };
+        let info = RegionInfo {
+            addr,
+            len,
+            lkey: mr.lkey(),
+            rkey: mr.rkey(),
+            access,
+        };
+        let mut regions = self.regions.lock();
+        if regions.contains_key(&info.lkey) {
+            // Cannot happen (the kernel hands out unique keys); refuse rather than lose a handle.
+            let _ = mr.dereg();
+            return Err(Error::InvalidArgument(format!(
+                "the device returned key {:#010x}, which is already registered",
+                info.lkey
+            )));
+        }
+        regions.insert(info.lkey, Region { mr, info, pinned });
+        self.counters.registrations.fetch_add(1, Relaxed);
+        self.counters.add_pinned(pinned);
+        Ok(info)
+    }
+
+    fn registration_error(
+        &self,
+        call: String,
+        addr: u64,
+        len: u64,
+        odp: bool,
+        e: io::Error,
+    ) -> Error {
+        match e.raw_os_error() {
+            Some(libc::EFAULT) => Error::UnmappedRange { addr, len },
+            Some(libc::ENOMEM) if !odp => {
+                let requested = crate::sys::page_span(addr, len).1;
+                let pinned = self.counters.pinned_now.load(Relaxed);
+                match crate::sys::memlock_rlimit() {
+                    Some(limit) if pinned.saturating_add(requested) > limit => {
+                        Error::MemlockLimit {
+                            requested,
+                            pinned,
+                            limit,
+                            source_of_limit: "RLIMIT_MEMLOCK",
+                        }
+                    }
+                    _ => os(call, e),
+                }
+            }
+            Some(libc::EOPNOTSUPP) if odp => Error::Unsupported {
+                device: self.caps.device.clone(),
+                what: format!("this on-demand-paging registration ({call}: {e})"),
+                hint:
+                    "check the device's ODP capabilities (ibv_devinfo -v), or use a pinned region",
+            },
+            _ => os(call, e),
+        }
+    }
+
+    fn record_error(&self, wc: &ibv_wc, wr_id: u64) {
+        self.counters.error_completions.fetch_add(1, Relaxed);
+        let mut recent = self.recent_errors.lock();
+        if recent.len() == RECENT_ERRORS {
+            recent.pop_front();
+        }
+        recent.push_back(RawCompletionError {
+            wr_id,
+            qp_num: wc.qp_num,
+            status: wc.status,
+            status_str: ffi::wc_status_str(wc.status),
+            vendor_err: wc.vendor_err,
+        });
+    }
+
+    /// One `ibv_wc` as the trait's completion.
+    fn completion(&self, wc: &ibv_wc, qps: &HashMap<u32, Arc<QueuePairEntry>>) -> Completion {
+        let status = wr::status(wc.status);
+        let recv = wc.wr_id & RECV_BIT != 0;
+        let seq = wc.wr_id & !RECV_BIT;
+        let looked_up = qps.get(&wc.qp_num).and_then(|q| {
+            if recv {
+                q.rq.lock().complete(seq)
+            } else {
+                q.sq.lock().complete(seq)
+            }
+        });
+        let (wr_id, posted_as) =
+            looked_up.unwrap_or((u64::MAX, if recv { WcOpcode::Recv } else { WcOpcode::Send }));
+        if status != WcStatus::Success {
+            self.record_error(wc, wr_id);
+            if let Some(q) = qps.get(&wc.qp_num) {
+                *q.state.lock() = QpState::Error;
+            }
+            return Completion {
+                wr_id,
+                status,
+                opcode: posted_as,
+                byte_len: 0,
+                imm: None,
+                qp_num: wc.qp_num,
+            };
+        }
+        let with_imm = wc.wc_flags & rdma_sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+        Completion {
+            wr_id,
+            status,
+            opcode: wr::wc_opcode(wc.opcode).unwrap_or(posted_as),
+            byte_len: wc.byte_len,
+            imm: with_imm.then(|| u32::from_be(ffi::wc_imm_raw(wc))),
+            qp_num: wc.qp_num,
+        }
+    }
+}
+
+/// Opens device `i` and checks it can serve: device and port queries, a port (active, or
+/// `PAGEWIRE_PORT`), a GID where one is needed, a protection domain, an RC queue pair.
+/// `Err` says why not, for the no-device message.
+fn probe(
+    list: &ffi::DeviceList,
+    i: usize,
+    name: &str,
+    config: &VerbsConfig,
+) -> std::result::Result<Chosen, String> {
+    let ctx = list
+        .open(i)
+        .map_err(|e| format!("cannot be opened (ibv_open_device: {e})"))?;
+    let attr = ctx
+        .query_device_ex()
+        .map_err(|e| format!("cannot be queried (ibv_query_device_ex: {e})"))?;
+    let mut ports = Vec::new();
+    let mut attrs = HashMap::new();
+    for p in 1..=attr.orig_attr.phys_port_cnt {
+        let a = ctx
+            .query_port(p)
+            .map_err(|e| format!("port {p} cannot be queried (ibv_query_port: {e})"))?;
+        ports.push(PortProbe {
+            num: p,
+            state: a.state,
+        });
+        attrs.insert(p, a);
+    }
+    let port = config::pick_port(&ports, config.port)?;
+    let pa = attrs[&port];
+    let link = LinkLayer::from_raw(pa.link_layer)
+        .ok_or_else(|| format!("port {port} has an unknown link layer {}", pa.link_layer))?;
+    let grh_required = pa.flags & PORT_FLAG_GRH_REQUIRED != 0;
+    let mut table = Vec::new();
+    if config::needs_gid(link, grh_required, config.gid_index) {
+        let len = u32::try_from(pa.gid_tbl_len).unwrap_or(0);
+        for index in 0..len {
+            match ctx.query_gid_ex(port, index) {
+                Ok(Some(e)) => table.push(GidProbe {
+                    index,
+                    kind: GidKind::from_raw(e.gid_type),
+                    gid: ffi::gid_bytes(&e.gid),
+                }),
+                Ok(None) => {}
+                Err(e) => return Err(format!("port {port}: ibv_query_gid_ex({index}): {e}")),
+            }
+        }
+    }
+    let gid_index = config::pick_gid(link, grh_required, config.gid_index, &table)
+        .map_err(|why| format!("port {port} {why}"))?;
+    let gid = gid_index.and_then(|i| table.iter().find(|g| g.index == i).map(|g| g.gid));
+    let pd = ctx
+        .alloc_pd()
+        .map_err(|e| format!("gives no protection domain (ibv_alloc_pd: {e})"))?;
+    let max_inline = probe_inline(&ctx, &pd)?;
+    Ok(Chosen {
+        port: PortInfo {
+            device: name.to_string(),
+            port,
+            link,
+            lid: pa.lid,
+            gid_index,
+            gid,
+            active_mtu: qp_state::mtu_bytes(pa.active_mtu),
+            active_mtu_code: pa.active_mtu,
+        },
+        ctx,
+        pd,
+        attr,
+        max_inline,
+    })
+}
+
+/// The inline size the device grants an RC queue pair: the first size of
+/// [`caps::INLINE_PROBES`] for which `ibv_create_qp` succeeds, as `cap.max_inline_data`
+/// reads after the call. The probe's CQ and queue pairs are destroyed at once.
+fn probe_inline(
+    ctx: &Arc<ffi::Context>,
+    pd: &Arc<ffi::ProtectionDomain>,
+) -> std::result::Result<u32, String> {
+    let cq = ctx
+        .create_cq(1)
+        .map_err(|e| format!("gives no completion queue (ibv_create_cq: {e})"))?;
+    let mut last = None;
+    for want in caps::INLINE_PROBES {
+        let cap = ibv_qp_cap {
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: want,
+        };
+        match pd.create_rc_qp(&cq, &cq, cap) {
+            Ok((_qp, got)) => return Ok(got.max_inline_data),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(format!(
+        "cannot create an RC queue pair (ibv_create_qp: {})",
+        last.map_or_else(|| "no attempt".into(), |e| e.to_string())
+    ))
+}
+
+impl Nic for VerbsNic {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    fn register(&self, addr: u64, len: u64, access: Access) -> Result<RegionInfo> {
+        if len == 0 {
+            return Err(Error::InvalidArgument(
+                "cannot register a zero-length region".into(),
+            ));
+        }
+        if addr.checked_add(len).is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "region {addr:#x}+{len} wraps around the address space"
+            )));
+        }
+        if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
+            return Err(Error::InvalidArgument(
+                "REMOTE_WRITE requires LOCAL_WRITE (ibv_reg_mr(3))".into(),
+            ));
+        }
+        let c = &self.caps;
+        let any_rc_odp = c.odp_rc_send || c.odp_rc_recv || c.odp_rc_write || c.odp_rc_read;
+        if access.contains(Access::ON_DEMAND) && !any_rc_odp {
+            return Err(Error::Unsupported {
+                device: self.caps.device.clone(),
+                what: "on-demand paging (no RC ODP capability reported)".into(),
+                hint:
+                    "register without ON_DEMAND, or use the soft provider (PAGEWIRE_TRANSPORT=soft)",
+            });
+        }
+        self.register_raw(addr, len, access, false)
+    }
+
+    fn register_implicit_odp(&self, access: Access) -> Result<RegionInfo> {
+        self.caps.require_implicit_odp()?;
+        let access = access | Access::ON_DEMAND;
+        if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
+            return Err(Error::InvalidArgument(
+                "REMOTE_WRITE requires LOCAL_WRITE (ibv_reg_mr(3))".into(),
+            ));
+        }
+        // ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND | ...): the region's length
+        // is SIZE_MAX, so RegionInfo says u64::MAX.
+        self.register_raw(0, u64::MAX, access, true)
+    }
+
+    fn deregister(&self, lkey: u32) -> Result<()> {
+        let mut regions = self.regions.lock();
+        let mut r = regions
+            .remove(&lkey)
+            .ok_or(Error::UnknownKey { key: lkey })?;
+        if let Err(e) = r.mr.dereg() {
+            let call = format!("ibv_dereg_mr(lkey={lkey:#010x})");
+            regions.insert(lkey, r);
+            return Err(os(call, e));
+        }
+        self.counters.sub_pinned(r.pinned);
+        self.counters.deregistrations.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    fn advise(&self, lkey: u32, addr: u64, len: u64, advice: Advice) -> Result<()> {
+        let info = self
+            .regions
+            .lock()
+            .get(&lkey)
+            .map(|r| r.info)
+            .ok_or(Error::UnknownKey { key: lkey })?;
+        if !info.access.contains(Access::ON_DEMAND) {
+            return Err(Error::InvalidArgument(format!(
+                "advise needs an ODP region; key {lkey:#010x} is pinned"
+            )));
+        }
+        let end = addr.checked_add(len);
+        if addr < info.addr || end.is_none_or(|e| e - info.addr > info.len) {
+            return Err(Error::InvalidArgument(format!(
+                "advise range {addr:#x}+{len} is outside region {:#x}+{}",
+                info.addr, info.len
+            )));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        if advice == Advice::PrefetchWrite && !info.access.contains(Access::LOCAL_WRITE) {
+            return Err(Error::InvalidArgument(format!(
+                "PrefetchWrite needs a writable region; key {lkey:#010x} lacks LOCAL_WRITE"
+            )));
+        }
+        let code = match advice {
+            Advice::Prefetch => {
+                rdma_sys::ib_uverbs_advise_mr_advice::IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH
+            }
+            Advice::PrefetchWrite => {
+                rdma_sys::ib_uverbs_advise_mr_advice::IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE
+            }
+        };
+        let mut sges = wr::advise_sges(lkey, addr, len);
+        self.pd
+            .advise_mr(code, ffi::ADVISE_MR_FLAG_FLUSH, &mut sges)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Error::Unsupported {
+                    device: self.caps.device.clone(),
+                    what: "prefetch (ibv_advise_mr)".into(),
+                    hint: "run without prefetch",
+                },
+                Some(libc::EFAULT) => Error::UnmappedRange { addr, len },
+                _ => os(
+                    format!("ibv_advise_mr(lkey={lkey:#010x}, {addr:#x}+{len}, {advice:?})"),
+                    e,
+                ),
+            })?;
+        let pages = crate::sys::page_span(addr, len).1 / PAGE_SIZE;
+        self.counters.prefetch_pages.fetch_add(pages, Relaxed);
+        Ok(())
+    }
+
+    fn create_cq(&self, depth: u32) -> Result<u32> {
+        if depth == 0 || depth > self.limits.max_cqe {
+            return Err(Error::InvalidArgument(format!(
+                "completion queue depth {depth}: the device allows 1..={}",
+                self.limits.max_cqe
+            )));
+        }
+        let cqe = i32::try_from(depth).unwrap_or(i32::MAX);
+        let cq = self
+            .ctx
+            .create_cq(cqe)
+            .map_err(|e| os(format!("ibv_create_cq(cqe={depth})"), e))?;
+        let mut cqs = self.cqs.write();
+        cqs.push(cq);
+        Ok((cqs.len() - 1) as u32)
+    }
+
+    fn create_qp(&self, peer: usize, send_cq: u32, recv_cq: u32, caps: QpCaps) -> Result<u32> {
+        let (scq, rcq) = (self.cq(send_cq)?, self.cq(recv_cq)?);
+        let c = &self.caps;
+        if caps.max_sge > c.max_sge.min(MAX_SGE as u32)
+            || caps.max_inline > c.max_inline
+            || caps.max_send_wr > c.max_qp_wr
+            || caps.max_recv_wr > c.max_qp_wr
+        {
+            return Err(Error::InvalidArgument(format!(
+                "queue pair asks for {} SGEs, {} inline bytes, {}/{} send/receive requests; \
+                 the device allows {}, {}, {}",
+                caps.max_sge,
+                caps.max_inline,
+                caps.max_send_wr,
+                caps.max_recv_wr,
+                c.max_sge.min(MAX_SGE as u32),
+                c.max_inline,
+                c.max_qp_wr
+            )));
+        }
+        if caps.rnr_retry > 7 {
+            return Err(Error::InvalidArgument(format!(
+                "rnr_retry {} does not fit its 3 bits (7 means retry forever)",
+                caps.rnr_retry
+            )));
+        }
+        let want = ibv_qp_cap {
+            max_send_wr: caps.max_send_wr,
+            max_recv_wr: caps.max_recv_wr,
+            max_send_sge: caps.max_sge,
+            max_recv_sge: caps.max_sge,
+            max_inline_data: caps.max_inline,
+        };
+        let (qp, got) = self
+            .pd
+            .create_rc_qp(&scq, &rcq, want)
+            .map_err(|e| os(format!("ibv_create_qp(RC, {caps:?})"), e))?;
+        let (mut attr, mask) = qp_state::init_attr(
+            self.port.port,
+            wr::access_bits(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ),
+        );
+        // On failure `qp` drops here and is destroyed.
+        qp.modify(&mut attr, mask)
+            .map_err(|e| os(format!("ibv_modify_qp(qp {}, RESET->INIT)", qp.qp_num()), e))?;
+        let qpn = qp.qp_num();
+        let entry = QueuePairEntry {
+            psn: rand::random::<u32>() & 0xff_ffff,
+            peer,
+            caps,
+            limits: QueueLimits {
+                max_send_sge: got.max_send_sge,
+                max_recv_sge: got.max_recv_sge,
+                max_inline: got.max_inline_data,
+            },
+            state: Mutex::new(QpState::Init),
+            sq: Mutex::new(WrRing::new(got.max_send_wr)),
+            rq: Mutex::new(WrRing::new(got.max_recv_wr)),
+            qp,
+        };
+        self.qps.write().insert(qpn, Arc::new(entry));
+        Ok(qpn)
+    }
+
+    fn endpoint(&self, qpn: u32) -> Result<Endpoint> {
+        let q = self.qp(qpn)?;
+        Ok(QpAddress {
+            rank: self.rank as u32,
+            qpn,
+            psn: q.psn,
+            lid: self.port.lid,
+            gid: self.port.gid,
+            mtu: self.port.active_mtu_code,
+            link: self.port.link,
+        }
+        .encode())
+    }
+
+    fn connect(&self, qpn: u32, remote: &Endpoint) -> Result<()> {
+        let q = self.qp(qpn)?;
+        let r = QpAddress::decode(remote)?;
+        if r.rank as usize != q.peer {
+            return Err(Error::InvalidArgument(format!(
+                "queue pair {qpn} was created towards rank {}, but the endpoint is rank {}'s",
+                q.peer, r.rank
+            )));
+        }
+        if r.link != self.port.link {
+            return Err(Error::InvalidArgument(format!(
+                "rank {}'s port is {:?}, this one is {:?}: they cannot be connected",
+                r.rank, r.link, self.port.link
+            )));
+        }
+        let mut state = q.state.lock();
+        if !state.may_go_to(QpState::Rtr) {
+            return Err(Error::InvalidArgument(format!(
+                "queue pair {qpn} is {:?}; only a new queue pair can be connected",
+                *state
+            )));
+        }
+        let fail = |why: String| Error::QueuePairError {
+            qpn,
+            peer: q.peer,
+            why,
+        };
+        let params = RtrParams {
+            port: self.port.port,
+            local_mtu: self.port.active_mtu_code,
+            local_gid_index: self.port.gid_index,
+            max_dest_rd_atomic: self.limits.max_qp_rd_atom.min(qp_state::MAX_RD_ATOMIC),
+            rnr_timer_us: q.caps.rnr_timer_us,
+        };
+        let (mut rtr, mask) = qp_state::rtr_attr(&params, &r).map_err(fail)?;
+        q.qp.modify(&mut rtr, mask)
+            .map_err(|e| fail(format!("ibv_modify_qp INIT->RTR: {e}")))?;
+        *state = QpState::Rtr;
+        let (mut rts, mask) = qp_state::rts_attr(
+            q.psn,
+            q.caps.rnr_retry,
+            self.limits.max_qp_init_rd_atom.min(qp_state::MAX_RD_ATOMIC),
+        );
+        q.qp.modify(&mut rts, mask)
+            .map_err(|e| fail(format!("ibv_modify_qp RTR->RTS: {e}")))?;
+        *state = QpState::Rts;
+        Ok(())
+    }
+
+    #[allow(unsafe_code)]
+    unsafe fn post_send(&self, qpn: u32, wr: &SendWr<'_>) -> Result<()> {
+        let q = self.qp(qpn)?;
+        let mut ring = q.sq.lock();
+        let seq = ring
+            .push(wr.wr_id, wr::completes_as(&wr.opcode))
+            .ok_or(Error::Exhausted {
+                what: "send queue",
+                limit: ring.outstanding(),
+                hint: "poll completions (unsignaled sends are retired by a later signaled one)",
+            })?;
+        let mut sges = [EMPTY_SGE; MAX_SGE];
+        let mut w = match wr::send_wr(wr, seq, &mut sges, q.limits) {
+            Ok(w) => w,
+            Err(e) => {
+                ring.unpush(seq);
+                return Err(e);
+            }
+        };
+        // SAFETY: `w` and `sges` live across the call; the memory `wr.sgl` names is covered
+        // by this trait method's own contract (valid and not accessed in conflict with the
+        // NIC until the completion is polled), which is what `ffi::QueuePair::post_send`
+        // requires.
+        let posted = unsafe { q.qp.post_send(&mut w) };
+        if let Err(e) = posted {
+            ring.unpush(seq);
+            return Err(match e.raw_os_error() {
+                Some(libc::ENOMEM) => Error::Exhausted {
+                    what: "send queue",
+                    limit: u64::from(q.caps.max_send_wr),
+                    hint: "poll completions before posting more",
+                },
+                _ => os(format!("ibv_post_send(qp {qpn}, {:?})", wr.opcode), e),
+            });
+        }
+        if wr.inline {
+            let bytes: u64 = wr.sgl.iter().map(|s| u64::from(s.len)).sum();
+            self.counters.bytes_inline.fetch_add(bytes, Relaxed);
+        }
+        Ok(())
+    }
+
+    #[allow(unsafe_code)]
+    unsafe fn post_recv(&self, qpn: u32, wr: &RecvWr<'_>) -> Result<()> {
+        let q = self.qp(qpn)?;
+        let mut ring = q.rq.lock();
+        let seq = ring
+            .push(wr.wr_id, WcOpcode::Recv)
+            .ok_or(Error::Exhausted {
+                what: "receive queue",
+                limit: ring.outstanding(),
+                hint: "poll completions before posting more receives",
+            })?;
+        let mut sges = [EMPTY_SGE; MAX_SGE];
+        let mut w = match wr::recv_wr(wr, seq, &mut sges, q.limits) {
+            Ok(w) => w,
+            Err(e) => {
+                ring.unpush(seq);
+                return Err(e);
+            }
+        };
+        // SAFETY: `w` and `sges` live across the call; the receive buffers are covered by
+        // this trait method's own contract (not accessed until the receive completes), which
+        // is what `ffi::QueuePair::post_recv` requires.
+        let posted = unsafe { q.qp.post_recv(&mut w) };
+        if let Err(e) = posted {
+            ring.unpush(seq);
+            return Err(match e.raw_os_error() {
+                Some(libc::ENOMEM) => Error::Exhausted {
+                    what: "receive queue",
+                    limit: u64::from(q.caps.max_recv_wr),
+                    hint: "poll completions before posting more receives",
+                },
+                _ => os(format!("ibv_post_recv(qp {qpn})"), e),
+            });
+        }
+        Ok(())
+    }
+
+    fn poll_cq(&self, cq: u32, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
+        let cq = self.cq(cq)?;
+        let mut wcs: [ibv_wc; POLL_BATCH] = std::array::from_fn(|_| ffi::zeroed());
+        let mut got = 0;
+        while got < max {
+            let want = (max - got).min(POLL_BATCH);
+            let n = cq
+                .poll(&mut wcs[..want])
+                .map_err(|e| os("ibv_poll_cq".into(), e))?;
+            if n > 0 {
+                let qps = self.qps.read();
+                out.extend(wcs[..n].iter().map(|wc| self.completion(wc, &qps)));
+            }
+            got += n;
+            if n < want {
+                break;
+            }
+        }
+        Ok(got)
+    }
+
+    /// The counters the provider can know (see the module docs): NPF, RNR-retry and
+    /// invalidation counters stay 0 because on hardware they live in the driver's
+    /// sysfs/debugfs, which is not read yet.
+    fn counters(&self) -> CountersSnapshot {
+        self.counters.snapshot()
+    }
+}
