@@ -5,4 +5,5 @@
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod msgperf;
 pub mod perftest;

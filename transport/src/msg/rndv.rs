@@ -90,8 +90,11 @@ impl PointToPoint {
         let (buf, tag, context, sync) = (s.buf, s.tag, s.context, s.sync);
         let (chunk, depth) = self.chunking();
         let get = match self.cfg.rndv {
-            RndvProtocol::Get | RndvProtocol::Auto => true,
+            RndvProtocol::Get => true,
             RndvProtocol::Put => false,
+            // Zero-copy modes: RGET, one control message fewer. Copying modes: RPUT, which
+            // streamed faster at every size measured (README, "Choosing the defaults").
+            RndvProtocol::Auto => self.mode.is_zero_copy(),
         };
         let n = chunk_count(buf.len(), chunk);
         let mut leases = Vec::new();

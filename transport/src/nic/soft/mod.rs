@@ -56,6 +56,10 @@ use ring::RING_BYTES;
 use shm::SharedSegment;
 use tpt::{Tpt, Translation, ADDRESS_SPACE_END, MAX_MRS, TPT_BYTES};
 
+/// How long the application must have left the engine alone before the driver thread
+/// drives it.
+const DRIVER_IDLE_NS: u64 = 1_000_000;
+
 /// Queue pairs per NIC.
 pub(crate) const MAX_QPS: usize = 256;
 const MAGIC: u64 = u64::from_le_bytes(*b"pagewire");
@@ -268,6 +272,9 @@ pub(crate) struct Inner {
     pub engine: Mutex<Engine>,
     /// Faults filed on this rank's memory that have been served (held while serving).
     faults_served: Mutex<u64>,
+    /// When the application last drove the engine (`CLOCK_MONOTONIC` ns): the driver thread
+    /// stays out of the engine while the application is polling.
+    last_app_progress: AtomicU64,
     shutdown: AtomicBool,
 }
 
@@ -369,6 +376,7 @@ impl SoftNic {
             }),
             engine: Mutex::new(Engine::new(size)),
             faults_served: Mutex::new(0),
+            last_app_progress: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
         });
         let d = inner.clone();
@@ -454,12 +462,20 @@ impl Inner {
                 return;
             }
             self.serve_faults();
-            let busy = match self.engine.try_lock() {
-                Some(mut eng) => {
-                    self.progress(&mut eng);
-                    eng.has_responder_work()
+            // Run the engine only for an application that is not polling: if it is, it does
+            // the work itself, and a driver preempted while holding the engine lock on a busy
+            // machine would stall it for a scheduler time slice.
+            let idle_ns = sys::monotonic_ns().saturating_sub(self.last_app_progress.load(Relaxed));
+            let busy = if idle_ns < DRIVER_IDLE_NS {
+                true
+            } else {
+                match self.engine.try_lock() {
+                    Some(mut eng) => {
+                        self.progress(&mut eng);
+                        eng.has_responder_work()
+                    }
+                    None => true,
                 }
-                None => true,
             };
             if bell.load(Acquire) == seen {
                 let wait = if busy {
@@ -702,6 +718,9 @@ impl Nic for SoftNic {
     }
 
     fn poll_cq(&self, cq: u32, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
+        self.inner
+            .last_app_progress
+            .store(sys::monotonic_ns(), Relaxed);
         let mut eng = self.inner.engine.lock();
         self.inner.progress(&mut eng);
         eng.drain_cq(cq, out, max)

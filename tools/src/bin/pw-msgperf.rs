@@ -1,0 +1,104 @@
+//! `pw-msgperf`: ping-pong and streaming bandwidth of pagewire's message layer in IMB
+//! PingPong's format. Started without a launcher it starts itself on two ranks.
+
+use clap::Parser;
+use pagewire::traits::*;
+use pagewire_tools::msgperf::{self, Kernel};
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "Message-layer ping-pong and streaming bandwidth (IMB PingPong columns)"
+)]
+struct Args {
+    /// Kernels to run (default: both).
+    #[arg(value_enum)]
+    kernels: Vec<Kernel>,
+    /// Sizes 0 and 2^MIN..2^MAX bytes.
+    #[arg(long, default_value = "0:22")]
+    msglog: String,
+    /// Repetitions per size (default: IMB's min(1000, 40 MiB / size)).
+    #[arg(long)]
+    iters: Option<usize>,
+    /// Messages in flight per window in the streaming test.
+    #[arg(long, default_value_t = 64)]
+    window: usize,
+    /// Ranks to start when not under a launcher.
+    #[arg(long, default_value_t = 2)]
+    np: usize,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let (min, max) = args
+        .msglog
+        .split_once(':')
+        .and_then(|(a, b)| Some((a.parse::<u32>().ok()?, b.parse::<u32>().ok()?)))
+        .filter(|(a, b)| a <= b && *b <= 30)
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "--msglog {}: expected MIN:MAX with MIN <= MAX <= 30",
+                args.msglog
+            )
+        })?;
+    if let Some(code) = pagewire::boot::self_launch(args.np)? {
+        std::process::exit(code);
+    }
+    let universe = pagewire::try_initialize()?.expect("first initialisation");
+    let world = universe.world();
+    anyhow::ensure!(
+        world.size() >= 2,
+        "pw-msgperf needs at least 2 ranks, got {}",
+        world.size()
+    );
+    let kernels = if args.kernels.is_empty() {
+        vec![Kernel::Pingpong, Kernel::Stream]
+    } else {
+        args.kernels.clone()
+    };
+    let sizes = msgperf::msglog_sizes(min, max);
+    let mut all = Vec::new();
+    for k in kernels {
+        let rows = msgperf::run(&world, k, &sizes, args.iters, args.window.max(1));
+        if world.rank() == 0 {
+            let name = match k {
+                Kernel::Pingpong => "PingPong",
+                Kernel::Stream => "Stream (window of nonblocking sends)",
+            };
+            if !args.json {
+                msgperf::print(name, world.size(), &rows);
+            }
+            all.push((k, rows));
+        }
+    }
+    if world.rank() == 0 {
+        let (mode, eager, counters, mode_counters, nic) = universe.with_p2p(|p| {
+            (
+                p.mode_name(),
+                p.eager_limit(),
+                p.counters(),
+                p.mode_counters(),
+                p.nic_counters(),
+            )
+        });
+        if args.json {
+            let v = serde_json::json!({
+                "mode": mode,
+                "eager_limit": eager,
+                "results": all.iter().map(|(k, r)| serde_json::json!({"kernel": k, "rows": r})).collect::<Vec<_>>(),
+            });
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        } else {
+            println!("# mode {mode}, eager limit {eager} B; rank 0: {counters:?}");
+            println!("# mode counters: {mode_counters:?}");
+            println!(
+                "# NIC (rank 0): RNR NACKs sent {}, RNR retries {}, bytes by CMA {}, staged {}, pinned peak {}",
+                nic.rnr_nacks_sent, nic.rnr_retries, nic.bytes_cma, nic.bytes_staged, nic.pinned_peak
+            );
+        }
+    }
+    Ok(())
+}
