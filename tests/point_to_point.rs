@@ -447,3 +447,85 @@ fn a_peer_dying_mid_rendezvous_is_an_error_not_a_hang_rput() {
         peer_dies,
     );
 }
+
+/// Every size arrives before its receive is posted (eager payloads and rendezvous RTS both
+/// take the unexpected path), and is received in reverse order of tags.
+fn unexpected_all_sizes(u: &pagewire::Universe) {
+    let world = u.world();
+    let peer = world.process_at_rank(1 - world.rank());
+    if world.rank() == 0 {
+        let bufs: Vec<Vec<u8>> = SIZES
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| pattern(100 + i as u64, n))
+            .collect();
+        request::scope(|scope| {
+            let reqs: Vec<_> = bufs
+                .iter()
+                .enumerate()
+                .map(|(i, b)| peer.immediate_send_with_tag(scope, &b[..], i as i32))
+                .collect();
+            request::wait_all(reqs);
+        });
+    } else {
+        // Wait until every message has announced itself, then receive newest tag first.
+        for (i, &n) in SIZES.iter().enumerate() {
+            let s = peer.probe_with_tag(i as i32);
+            assert_eq!(s.count_bytes(), n);
+        }
+        assert!(u.with_p2p(|p| p.counters().unexpected) >= SIZES.len() as u64);
+        for (i, &n) in SIZES.iter().enumerate().rev() {
+            let (v, s) = peer.receive_vec_with_tag::<u8>(i as i32);
+            assert_eq!(s.count_bytes(), n);
+            assert!(v == pattern(100 + i as u64, n), "{n} B differ");
+        }
+    }
+}
+
+#[test]
+fn messages_sent_before_their_receive_arrive_at_all_sizes() {
+    ranks(
+        "messages_sent_before_their_receive_arrive_at_all_sizes",
+        2,
+        &[],
+        unexpected_all_sizes,
+    );
+}
+
+/// Dropping unfinished requests: a receive that has not matched is cancelled (the message
+/// stays for a later receive); a send is completed before the drop returns.
+fn dropped_requests(u: &pagewire::Universe) {
+    let world = u.world();
+    let peer = world.process_at_rank(1 - world.rank());
+    if world.rank() == 1 {
+        let mut early = vec![0u8; 64];
+        request::scope(|scope| {
+            let r = peer.immediate_receive_into_with_tag(scope, &mut early[..], 3);
+            drop(r); // nothing sent yet: cancelled
+        });
+        peer.send_with_tag(&1u8, 9); // go
+        let (v, _) = peer.receive_vec_with_tag::<u8>(3);
+        assert!(v == pattern(3, 5000));
+        assert!(
+            early.iter().all(|&b| b == 0),
+            "a cancelled receive was written"
+        );
+    } else {
+        let (_go, _) = peer.receive_with_tag::<u8>(9);
+        let data = pattern(3, 5000);
+        request::scope(|scope| {
+            let s = peer.immediate_send_with_tag(scope, &data[..], 3);
+            drop(s); // waits for completion; the buffer outlives it
+        });
+    }
+}
+
+#[test]
+fn dropping_an_unfinished_request_cancels_or_completes_it() {
+    ranks(
+        "dropping_an_unfinished_request_cancels_or_completes_it",
+        2,
+        &[],
+        dropped_requests,
+    );
+}

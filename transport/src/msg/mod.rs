@@ -337,6 +337,10 @@ impl PointToPoint {
             max_send_wr,
             max_recv_wr: per_peer as u32,
             max_sge: 2,
+            // A device may grant less inline data than the default asks for.
+            max_inline: QpCaps::default()
+                .max_inline
+                .min(nic.capabilities().max_inline),
             ..QpCaps::default()
         };
         let mut qps = Vec::with_capacity(size);
