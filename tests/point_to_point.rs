@@ -498,7 +498,7 @@ fn dropped_requests(u: &pagewire::Universe) {
     let world = u.world();
     let peer = world.process_at_rank(1 - world.rank());
     if world.rank() == 1 {
-        let mut early = vec![0u8; 64];
+        let mut early = [0u8; 64];
         request::scope(|scope| {
             let r = peer.immediate_receive_into_with_tag(scope, &mut early[..], 3);
             drop(r); // nothing sent yet: cancelled
