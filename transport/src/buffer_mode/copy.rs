@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use super::{BufferMode, Direction, Lease, ModeCounters, Pipeline};
+use super::{BufferMode, Direction, Lease, ModeCounters, Pipeline, Transfer};
 use crate::error::{Error, Result};
 use crate::msg::raw::{UserBuf, UserBufMut};
 use crate::nic::{Access, Nic};
@@ -115,6 +115,18 @@ impl CopyMode {
         }
     }
 
+    /// The plan of every copy-mode transfer: chunks of the pool's slot size.
+    pub fn transfer(&self) -> Transfer {
+        Transfer {
+            pipeline: Pipeline {
+                chunk: self.config.chunk,
+                depth: self.config.depth,
+            },
+            zero_copy: false,
+            token: 0,
+        }
+    }
+
     fn slot_addr(&self, slot: usize) -> u64 {
         self.pool.as_ref().expect("started").addr() + (slot * self.config.chunk) as u64
     }
@@ -129,13 +141,6 @@ impl BufferMode for CopyMode {
         false
     }
 
-    fn pipeline(&self) -> Pipeline {
-        Pipeline {
-            chunk: self.config.chunk,
-            depth: self.config.depth,
-        }
-    }
-
     fn start(&mut self, nic: &dyn Nic) -> Result<()> {
         let bytes = self.config.chunk * self.config.slots;
         let mut pool = AnonMapping::new(bytes)
@@ -147,9 +152,22 @@ impl BufferMode for CopyMode {
         Ok(())
     }
 
+    fn begin(
+        &mut self,
+        _nic: &dyn Nic,
+        _user_addr: u64,
+        _len: usize,
+        _dir: Direction,
+    ) -> Result<Transfer> {
+        Ok(self.transfer())
+    }
+
+    fn end(&mut self, _nic: &dyn Nic, _t: Transfer) {}
+
     fn lease(
         &mut self,
         _nic: &dyn Nic,
+        _t: &Transfer,
         _user_addr: u64,
         _offset: usize,
         len: usize,

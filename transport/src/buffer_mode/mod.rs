@@ -1,10 +1,15 @@
 //! The buffer-mode boundary (DESIGN.md "Buffer modes"): how a user buffer reaches the NIC.
 //!
-//! The rendezvous protocols move a message as a pipeline of chunks. For each chunk they ask
-//! the mode for a [`Lease`]: a range the NIC can address, with keys. Before the NIC reads a
-//! lease the protocol calls [`BufferMode::stage_out`]; after the NIC wrote one, it calls
-//! [`BufferMode::stage_in`]; when done, [`BufferMode::release`]. The protocols never ask which
-//! mode they run on; they ask only its [`Pipeline`].
+//! The rendezvous protocols move a message as a pipeline of chunks. Each side of a transfer
+//! starts with [`BufferMode::begin`], which returns a [`Transfer`]: how that side chunks the
+//! buffer (its [`Pipeline`]) and whether it is zero-copy — a mode may decide per transfer,
+//! as `pindown` does when a registration cannot be made and it falls back to copying. For
+//! each chunk the protocol asks the mode for a [`Lease`]: a range the NIC can address, with
+//! keys. Before the NIC reads a lease the protocol calls [`BufferMode::stage_out`]; after the
+//! NIC wrote one, [`BufferMode::stage_in`]; when done, [`BufferMode::release`]; at the end of
+//! the transfer, [`BufferMode::end`]. The two sides need not chunk alike: the side that posts
+//! the RDMA operations splits the peer's chunks into its own. The protocols never ask which
+//! mode they run on.
 //!
 //! - `copy` ([`copy::CopyMode`], this crate): leases are slots of a pinned bounce pool, and
 //!   staging copies between the user buffer and the slot (MVAPICH's R3 pipelining; seed 000
@@ -52,6 +57,17 @@ pub struct Pipeline {
     pub depth: usize,
 }
 
+/// One side of one transfer, as the mode planned it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transfer {
+    /// How this side chunks the buffer.
+    pub pipeline: Pipeline,
+    /// Whether leases expose the user's own memory.
+    pub zero_copy: bool,
+    /// The mode's own handle (a held registration, ...).
+    pub token: u64,
+}
+
 /// Counters a mode reports, each mode filling what applies to it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ModeCounters {
@@ -80,20 +96,31 @@ pub trait BufferMode: Send {
     /// The mode's name, for reports (`copy`, `pindown`, `odp`).
     fn name(&self) -> &'static str;
 
-    /// Whether leases expose the user's own memory to the NIC (no copy).
+    /// Whether this mode normally exposes user memory itself (it may still fall back per
+    /// transfer; see [`Transfer::zero_copy`]).
     fn is_zero_copy(&self) -> bool;
-
-    /// How large transfers are chunked.
-    fn pipeline(&self) -> Pipeline;
 
     /// Start-up, once the NIC is up (e.g. register a bounce pool).
     fn start(&mut self, nic: &dyn Nic) -> Result<()>;
 
-    /// A lease for `len` bytes at `offset` of a user buffer at `user_addr`, used as `dir`.
-    /// `Ok(None)` means "no resources now": the protocol retries after releasing others.
+    /// Starts one side of a transfer of the `len`-byte user buffer at `user_addr`: plans
+    /// its chunking and takes what it holds for the whole transfer (a registration, a
+    /// prefetch).
+    fn begin(
+        &mut self,
+        nic: &dyn Nic,
+        user_addr: u64,
+        len: usize,
+        dir: Direction,
+    ) -> Result<Transfer>;
+
+    /// A lease for `len` bytes (at most one chunk of the transfer's plan) at `offset` of the
+    /// transfer's buffer at `user_addr`. `Ok(None)` means "no resources now": the protocol
+    /// retries later.
     fn lease(
         &mut self,
         nic: &dyn Nic,
+        t: &Transfer,
         user_addr: u64,
         offset: usize,
         len: usize,
@@ -110,6 +137,9 @@ pub trait BufferMode: Send {
 
     /// The NIC is done with `lease`.
     fn release(&mut self, nic: &dyn Nic, lease: Lease);
+
+    /// The transfer is over (or failed): give back what `begin` took.
+    fn end(&mut self, nic: &dyn Nic, t: Transfer);
 
     /// The mode's counters.
     fn counters(&self) -> ModeCounters;

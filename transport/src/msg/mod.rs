@@ -184,6 +184,8 @@ pub(crate) enum Unexpected {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ChunkDesc {
     pub chunk: u32,
+    /// Where the chunk starts in the message.
+    pub offset: u64,
     pub addr: u64,
     pub rkey: u32,
     pub len: u64,
@@ -244,7 +246,13 @@ pub(crate) enum RecvState {
 /// An RDMA operation in flight for a rendezvous chunk.
 pub(crate) struct RdmaOp {
     pub req: RequestId,
+    /// The lease's key in the request's state.
+    pub key: u64,
+    /// The announced chunk (RGET) or CTS region (RPUT) the piece belongs to.
     pub chunk: u32,
+    /// The piece's offset in the message and length.
+    pub offset: usize,
+    pub len: usize,
 }
 
 pub(crate) struct Peer {
@@ -622,7 +630,8 @@ impl PointToPoint {
 
     pub(crate) fn complete(&mut self, id: RequestId, result: Result<Status>) {
         if let Some(r) = self.reqs.get_mut(id) {
-            *r = Req::Done(result);
+            let mut old = std::mem::replace(r, Req::Done(result));
+            self.end_rndv(&mut old);
         }
         self.active.retain(|a| *a != id);
     }
@@ -699,7 +708,6 @@ impl PointToPoint {
                         self.matcher.cancel(|x| *x == id);
                     }
                 }
-                self.release_leases_of(id);
                 self.complete(id, Err(err()));
             }
         }
@@ -853,15 +861,13 @@ impl PointToPoint {
     pub(crate) fn post_rdma(
         &mut self,
         peer: usize,
-        req: RequestId,
-        chunk: u32,
+        op: RdmaOp,
         lease: Lease,
         opcode: Opcode,
     ) -> Result<bool> {
         if self.peers[peer].in_flight + 2 >= self.max_send_wr {
             return Ok(false);
         }
-        let op = RdmaOp { req, chunk };
         let index = match self.rdma_free.pop() {
             Some(i) => {
                 self.rdma[i] = Some(op);

@@ -1,10 +1,14 @@
 //! Rendezvous, the part shared by RGET and RPUT: the RTS, the per-request state, and the
-//! chunk pipeline that both protocols drive.
+//! chunk pipeline both protocols drive.
 //!
-//! A message of `size` bytes moves as chunks of the buffer mode's `Pipeline::chunk` (one
-//! chunk in zero-copy modes), at most `depth` leases per side at once. The receiver decides
-//! how much it takes (`eff`, less than `size` when its buffer is shorter: the message is
-//! truncated and nothing past the buffer is written) and says when it is done (`ALL_DONE`).
+//! Each side of a transfer has its own plan from its buffer mode ([`Transfer`]): a chunk size
+//! and how many leases it may hold at once. The side that announces regions (the sender in
+//! RGET, the receiver in RPUT) cuts the buffer in its own chunks; the side that posts the
+//! RDMA operations splits each announced chunk into pieces of its own. So a zero-copy side
+//! (one chunk) and a copying side (bounce-slot chunks) work together, as when `pindown` falls
+//! back to copying for one transfer. The receiver decides how much it takes (`eff`, less than
+//! `size` when its buffer is shorter: the message is truncated and nothing past the buffer is
+//! written) and says when it is done (`ALL_DONE`).
 
 use std::collections::VecDeque;
 
@@ -12,37 +16,52 @@ use super::wire::{self, Header, MsgKind};
 use super::{
     ChunkDesc, Payload, PointToPoint, RdmaOp, RecvState, Req, RequestId, SendState, Status,
 };
-use crate::buffer_mode::{Direction, Lease};
+use crate::buffer_mode::{Direction, Lease, Transfer};
 use crate::error::{Error, Result};
 use crate::msg::RndvProtocol;
 
 /// The chunk number of a ChunkDone that names no chunk (the receiver introducing itself).
 pub(crate) const NO_CHUNK: u32 = u32::MAX;
 
+/// A region the receiver made writable (RPUT), as the sender works through it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Cts {
+    pub chunk: u32,
+    pub offset: u64,
+    pub len: u64,
+    pub addr: u64,
+    pub rkey: u32,
+    pub rreq: u64,
+    pub last: bool,
+}
+
 /// The sending side of a rendezvous.
 pub(crate) struct RndvSend {
+    pub t: Transfer,
     pub size: usize,
     pub get: bool,
-    pub chunk: usize,
-    pub depth: usize,
-    /// Chunks of the whole message.
+    /// RGET: chunks of the whole message in this side's granularity.
     pub n: u32,
     /// RGET: the next chunk to announce.
     pub next: u32,
-    /// Source leases held, by chunk.
-    pub leases: Vec<(u32, Lease)>,
-    /// RPUT: CTS received and not yet served.
-    pub pending_cts: VecDeque<Header>,
+    /// Leases held: RGET by chunk, RPUT by piece key.
+    pub leases: Vec<(u64, Lease)>,
+    /// RPUT: regions received and not yet written in full.
+    pub pending_cts: VecDeque<Cts>,
+    /// RPUT: bytes of the front region already written.
+    pub issued: u64,
     /// The receiver said it wants nothing more.
     pub all_done: bool,
     /// RPUT: writes posted and not yet completed.
     pub writes_out: u32,
     /// The receiver's request id, once known.
     pub rreq: Option<u64>,
+    pub next_key: u64,
 }
 
 /// The receiving side of a rendezvous.
 pub(crate) struct RndvRecv {
+    pub t: Transfer,
     pub peer: usize,
     pub sreq: u64,
     pub tag: i32,
@@ -50,21 +69,26 @@ pub(crate) struct RndvRecv {
     /// Bytes taken: `min(size, buffer length)`.
     pub eff: usize,
     pub get: bool,
-    pub chunk: usize,
-    pub depth: usize,
-    /// Chunks needed to take `eff` bytes.
+    /// RPUT: chunks needed to take `eff` bytes, in this side's granularity.
     pub n: u32,
     /// RPUT: the next chunk to ask for.
     pub next: u32,
-    /// Chunks landed.
+    /// RPUT: chunks landed.
     pub done: u32,
-    /// Landing leases held, by chunk.
-    pub leases: Vec<(u32, Lease)>,
-    /// RGET: chunks the sender made readable and we have not read yet.
+    /// Leases held: RPUT by chunk, RGET by piece key.
+    pub leases: Vec<(u64, Lease)>,
+    /// RGET: chunks the sender made readable and not yet read in full.
     pub announced: VecDeque<ChunkDesc>,
+    /// RGET: bytes of the front announced chunk already read.
+    pub issued: u64,
+    /// RGET: per announced chunk, pieces in flight and whether all were posted.
+    pub pieces: Vec<(u32, u32, bool)>,
+    /// Bytes landed.
+    pub landed: usize,
+    pub next_key: u64,
 }
 
-/// Chunk `k` of a message of `total` bytes cut in `chunk`-byte pieces: (offset, length).
+/// Chunk `k` of `total` bytes cut in `chunk`-byte pieces: (offset, length).
 pub(crate) fn chunk_range(k: u32, chunk: usize, total: usize) -> (usize, usize) {
     let off = k as usize * chunk;
     (off, chunk.min(total.saturating_sub(off)))
@@ -74,13 +98,16 @@ pub(crate) fn chunk_count(total: usize, chunk: usize) -> u32 {
     total.div_ceil(chunk) as u32
 }
 
-impl PointToPoint {
-    fn chunking(&self) -> (usize, usize) {
-        let p = self.mode.pipeline();
-        // One SGE carries at most 4 GiB; zero-copy modes get 1 GiB chunks at most.
-        (p.chunk.min(1 << 30), p.depth.max(1))
-    }
+/// This side's chunk size and lease depth (one SGE carries at most 4 GiB; zero-copy
+/// transfers get 1 GiB chunks at most).
+pub(crate) fn chunking(t: &Transfer) -> (usize, usize) {
+    (
+        t.pipeline.chunk.clamp(4096, 1 << 30),
+        t.pipeline.depth.max(1),
+    )
+}
 
+impl PointToPoint {
     /// Sends the RTS of request `id` (a data message: the caller holds a credit). False if
     /// there was no room to send it now.
     pub(crate) fn start_rndv_send(&mut self, peer: usize, id: RequestId) -> Result<bool> {
@@ -88,13 +115,16 @@ impl PointToPoint {
             return Ok(true);
         };
         let (buf, tag, context, sync) = (s.buf, s.tag, s.context, s.sync);
-        let (chunk, depth) = self.chunking();
+        let t = self
+            .mode
+            .begin(&*self.nic, buf.addr(), buf.len(), Direction::Source)?;
+        let (chunk, depth) = chunking(&t);
         let get = match self.cfg.rndv {
             RndvProtocol::Get => true,
             RndvProtocol::Put => false,
-            // Zero-copy modes: RGET, one control message fewer. Copying modes: RPUT, which
-            // streamed faster at every size measured (README, "Choosing the defaults").
-            RndvProtocol::Auto => self.mode.is_zero_copy(),
+            // Zero-copy: RGET, one control message fewer. Copying: RPUT, which streamed
+            // faster at every size measured (README, "Choosing the defaults").
+            RndvProtocol::Auto => t.zero_copy,
         };
         let n = chunk_count(buf.len(), chunk);
         let mut leases = Vec::new();
@@ -105,14 +135,15 @@ impl PointToPoint {
                 let (off, len) = chunk_range(k, chunk, buf.len());
                 let Some(lease) =
                     self.mode
-                        .lease(&*self.nic, buf.addr(), off, len, Direction::Source)?
+                        .lease(&*self.nic, &t, buf.addr(), off, len, Direction::Source)?
                 else {
                     break;
                 };
                 self.mode.stage_out(&lease, &buf, off);
-                leases.push((k, lease));
+                leases.push((k as u64, lease));
                 descs.push(ChunkDesc {
                     chunk: k,
+                    offset: off as u64,
                     addr: lease.addr,
                     rkey: lease.rkey,
                     len: lease.len,
@@ -135,23 +166,25 @@ impl PointToPoint {
             for (_, l) in leases {
                 self.mode.release(&*self.nic, l);
             }
+            self.mode.end(&*self.nic, t);
             return Ok(false);
         }
         self.counters.rndv_sent += 1;
         let next = leases.len() as u32;
         if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
             s.state = SendState::Rndv(RndvSend {
+                t,
                 size: buf.len(),
                 get,
-                chunk,
-                depth,
                 n,
                 next,
                 leases,
                 pending_cts: VecDeque::new(),
+                issued: 0,
                 all_done: false,
                 writes_out: 0,
                 rreq: None,
+                next_key: 0,
             });
         }
         self.active.push(id);
@@ -159,23 +192,25 @@ impl PointToPoint {
     }
 
     pub(crate) fn encode_chunks(descs: &[ChunkDesc]) -> Vec<u8> {
-        let mut v = Vec::with_capacity(descs.len() * 24);
+        let mut v = Vec::with_capacity(descs.len() * 32);
         for d in descs {
             v.extend_from_slice(&d.chunk.to_le_bytes());
             v.extend_from_slice(&d.rkey.to_le_bytes());
             v.extend_from_slice(&d.addr.to_le_bytes());
             v.extend_from_slice(&d.len.to_le_bytes());
+            v.extend_from_slice(&d.offset.to_le_bytes());
         }
         v
     }
 
     pub(crate) fn decode_chunks(b: &[u8]) -> Vec<ChunkDesc> {
-        b.chunks_exact(24)
+        b.chunks_exact(32)
             .map(|c| ChunkDesc {
                 chunk: u32::from_le_bytes(c[0..4].try_into().expect("4")),
                 rkey: u32::from_le_bytes(c[4..8].try_into().expect("4")),
                 addr: u64::from_le_bytes(c[8..16].try_into().expect("8")),
                 len: u64::from_le_bytes(c[16..24].try_into().expect("8")),
+                offset: u64::from_le_bytes(c[24..32].try_into().expect("8")),
             })
             .collect()
     }
@@ -191,40 +226,38 @@ impl PointToPoint {
         let Some(Req::Recv(r)) = self.reqs.get(rid) else {
             return Ok(());
         };
+        let buf = r.buf;
         let size = h.size as usize;
-        let eff = size.min(r.buf.len());
-        let (chunk, depth) = self.chunking();
+        let eff = size.min(buf.len());
+        let t = self
+            .mode
+            .begin(&*self.nic, buf.addr(), eff, Direction::Sink)?;
+        let (chunk, _) = chunking(&t);
         let get = h.flags & wire::GET != 0;
         let n = chunk_count(eff, chunk);
+        let nothing_announced = chunks.is_empty();
         let state = RndvRecv {
+            t,
             peer,
             sreq: h.sreq,
             tag: h.tag,
             size,
             eff,
             get,
-            chunk,
-            depth,
             n,
             next: 0,
             done: 0,
             leases: Vec::new(),
             announced: chunks.into_iter().collect(),
+            issued: 0,
+            pieces: Vec::new(),
+            landed: 0,
+            next_key: 0,
         };
-        let nothing_announced = state.announced.is_empty();
         if let Some(Req::Recv(r)) = self.reqs.get_mut(rid) {
             r.state = RecvState::Rndv(state);
         }
-        if get && n > 0 && nothing_announced {
-            // The sender had no lease free when it sent the RTS: tell it who we are, so it
-            // can announce chunks as leases free up (a ChunkDone for no chunk).
-            let mut m = Header::new(MsgKind::ChunkDone);
-            m.chunk = NO_CHUNK;
-            m.sreq = h.sreq;
-            m.rreq = rid.0;
-            self.send_control(peer, m)?;
-        }
-        if n == 0 {
+        if eff == 0 {
             // Nothing to take (an empty receive buffer): tell the sender to stop.
             let mut m = Header::new(if get {
                 MsgKind::ChunkDone
@@ -232,11 +265,21 @@ impl PointToPoint {
                 MsgKind::Cts
             });
             m.flags = wire::ALL_DONE;
+            m.chunk = if get { NO_CHUNK } else { 0 };
             m.sreq = h.sreq;
             m.rreq = rid.0;
             self.send_control(peer, m)?;
             self.finish_recv(rid);
             return Ok(());
+        }
+        if get && nothing_announced {
+            // The sender had no lease free when it sent the RTS: tell it who we are, so it
+            // can announce chunks as leases free up (a ChunkDone for no chunk).
+            let mut m = Header::new(MsgKind::ChunkDone);
+            m.chunk = NO_CHUNK;
+            m.sreq = h.sreq;
+            m.rreq = rid.0;
+            self.send_control(peer, m)?;
         }
         self.active.push(rid);
         Ok(())
@@ -285,26 +328,30 @@ impl PointToPoint {
         }
     }
 
-    /// Releases every lease a request holds (after a failure).
-    pub(crate) fn release_leases_of(&mut self, id: RequestId) {
-        let leases = match self.reqs.get_mut(id) {
-            Some(Req::Send(s)) => match &mut s.state {
-                SendState::Rndv(rs) => std::mem::take(&mut rs.leases),
-                _ => Vec::new(),
+    /// Gives back what a rendezvous request holds (leases, the mode's transfer); called when
+    /// it completes, normally or not.
+    pub(crate) fn end_rndv(&mut self, req: &mut Req) {
+        let (leases, t) = match req {
+            Req::Send(s) => match &mut s.state {
+                SendState::Rndv(rs) => (std::mem::take(&mut rs.leases), Some(rs.t)),
+                _ => (Vec::new(), None),
             },
-            Some(Req::Recv(r)) => match &mut r.state {
-                RecvState::Rndv(rv) => std::mem::take(&mut rv.leases),
-                _ => Vec::new(),
+            Req::Recv(r) => match &mut r.state {
+                RecvState::Rndv(rv) => (std::mem::take(&mut rv.leases), Some(rv.t)),
+                _ => (Vec::new(), None),
             },
-            _ => Vec::new(),
+            Req::Done(_) => (Vec::new(), None),
         };
         for (_, l) in leases {
             self.mode.release(&*self.nic, l);
         }
+        if let Some(t) = t {
+            self.mode.end(&*self.nic, t);
+        }
     }
 
-    /// Removes and returns the lease of chunk `k` held by request `id`.
-    pub(crate) fn take_lease(&mut self, id: RequestId, k: u32) -> Option<Lease> {
+    /// Removes and returns the lease with `key` held by request `id`.
+    pub(crate) fn take_lease(&mut self, id: RequestId, key: u64) -> Option<Lease> {
         let leases = match self.reqs.get_mut(id)? {
             Req::Send(s) => match &mut s.state {
                 SendState::Rndv(rs) => &mut rs.leases,
@@ -316,7 +363,7 @@ impl PointToPoint {
             },
             Req::Done(_) => return None,
         };
-        let i = leases.iter().position(|(c, _)| *c == k)?;
+        let i = leases.iter().position(|(c, _)| *c == key)?;
         Some(leases.swap_remove(i).1)
     }
 
@@ -365,7 +412,7 @@ impl PointToPoint {
         match self.reqs.get(op.req) {
             Some(Req::Send(_)) => self.on_write_done(op),
             Some(Req::Recv(_)) => self.on_read_done(op),
-            // The request failed meanwhile; `fail_peer` released its leases.
+            // The request failed meanwhile and gave its leases back.
             _ => Ok(()),
         }
     }
@@ -382,7 +429,7 @@ mod tests {
         assert_eq!(chunk_count(8192, 4096), 2);
         assert_eq!(chunk_count(8193, 4096), 3);
         assert_eq!(chunk_range(2, 4096, 8193), (8192, 1));
-        assert_eq!(chunk_range(0, usize::MAX >> 1, 100), (0, 100));
+        assert_eq!(chunk_range(0, 1 << 30, 100), (0, 100));
     }
 
     #[test]
@@ -390,12 +437,14 @@ mod tests {
         let d = vec![
             ChunkDesc {
                 chunk: 0,
+                offset: 0,
                 addr: 0x1000,
                 rkey: 7,
                 len: 4096,
             },
             ChunkDesc {
                 chunk: 1,
+                offset: 4096,
                 addr: 0x2000,
                 rkey: 7,
                 len: 1,

@@ -1,12 +1,14 @@
 //! RGET: the receiver RDMA-READs the message from the sender.
 //!
-//! The RTS describes the first `depth` chunks the sender made readable (its buffer itself
-//! in zero-copy modes, bounce slots filled with the chunk in `copy`). The receiver reads
-//! each into a landing lease, stages it in, and answers ChunkDone; the sender then reuses
-//! that lease for the next chunk and announces it with ChunkReady. The last ChunkDone
-//! carries ALL_DONE, which ends the send. Seed 001 calls this the Read-Read design.
+//! The RTS describes the first chunks the sender made readable (its buffer itself in
+//! zero-copy modes, bounce slots filled with the chunk in `copy`), each with its offset. The
+//! receiver reads each chunk in pieces of its own granularity into landing leases, stages
+//! them in, and answers ChunkDone once a chunk is read in full; the sender then reuses that
+//! lease for its next chunk and announces it with ChunkReady. The ChunkDone that completes
+//! the receive carries ALL_DONE, which ends the send. Seed 001 calls this the Read-Read
+//! design.
 
-use super::rndv::chunk_range;
+use super::rndv::{chunk_range, chunking, NO_CHUNK};
 use super::wire::{self, Header, MsgKind};
 use super::{ChunkDesc, PointToPoint, RdmaOp, RecvState, Req, RequestId, SendState};
 use crate::buffer_mode::Direction;
@@ -27,26 +29,28 @@ impl PointToPoint {
             let Some(rreq) = rs.rreq else {
                 return Ok(events);
             };
-            if rs.all_done || rs.next >= rs.n || rs.leases.len() >= rs.depth {
+            let (chunk, depth) = chunking(&rs.t);
+            if rs.all_done || rs.next >= rs.n || rs.leases.len() >= depth {
                 return Ok(events);
             }
-            let (k, buf, peer) = (rs.next, s.buf, s.peer);
-            let (off, len) = chunk_range(k, rs.chunk, rs.size);
+            let (k, buf, peer, t) = (rs.next, s.buf, s.peer, rs.t);
+            let (off, len) = chunk_range(k, chunk, rs.size);
             let Some(lease) =
                 self.mode
-                    .lease(&*self.nic, buf.addr(), off, len, Direction::Source)?
+                    .lease(&*self.nic, &t, buf.addr(), off, len, Direction::Source)?
             else {
                 return Ok(events);
             };
             self.mode.stage_out(&lease, &buf, off);
             if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
                 if let SendState::Rndv(rs) = &mut s.state {
-                    rs.leases.push((k, lease));
+                    rs.leases.push((k as u64, lease));
                     rs.next += 1;
                 }
             }
             let mut h = Header::new(MsgKind::ChunkReady);
             h.chunk = k;
+            h.size = off as u64; // the chunk's offset in the message
             h.addr = lease.addr;
             h.rkey = lease.rkey;
             h.len = lease.len;
@@ -57,7 +61,7 @@ impl PointToPoint {
         }
     }
 
-    /// Receiver: reads announced chunks into landing leases.
+    /// Receiver: reads announced chunks, in pieces of its own granularity.
     pub(crate) fn advance_get_recv(&mut self, rid: RequestId) -> Result<usize> {
         let mut events = 0;
         loop {
@@ -67,55 +71,98 @@ impl PointToPoint {
             let RecvState::Rndv(rv) = &r.state else {
                 return Ok(events);
             };
-            if rv.leases.len() >= rv.depth {
+            let (chunk, depth) = chunking(&rv.t);
+            if rv.leases.len() >= depth {
                 return Ok(events);
             }
             let Some(desc) = rv.announced.front().copied() else {
                 return Ok(events);
             };
-            let (peer, buf) = (rv.peer, r.buf);
-            if desc.chunk >= rv.n {
-                // Past what a short receive buffer takes.
-                self.pop_announced(rid);
+            let (peer, buf, t, eff, issued) = (rv.peer, r.buf, rv.t, rv.eff as u64, rv.issued);
+            let end = (desc.offset + desc.len).min(eff);
+            let piece_off = desc.offset + issued;
+            if piece_off >= end {
+                // Past what a short receive buffer takes, or fully posted.
+                self.next_announced(rid, desc.chunk, issued > 0);
                 continue;
             }
-            let (off, len) = chunk_range(desc.chunk, rv.chunk, rv.eff);
-            let Some(lease) = self
-                .mode
-                .lease(&*self.nic, buf.addr(), off, len, Direction::Sink)?
+            let piece_len = (chunk as u64).min(end - piece_off);
+            let Some(lease) = self.mode.lease(
+                &*self.nic,
+                &t,
+                buf.addr(),
+                piece_off as usize,
+                piece_len as usize,
+                Direction::Sink,
+            )?
             else {
                 return Ok(events);
             };
             let read = Opcode::RdmaRead {
-                remote_addr: desc.addr,
+                remote_addr: desc.addr + (piece_off - desc.offset),
                 rkey: desc.rkey,
             };
-            if !self.post_rdma(peer, rid, desc.chunk, lease, read)? {
+            let key = self.next_key_recv(rid);
+            let op = RdmaOp {
+                req: rid,
+                key,
+                chunk: desc.chunk,
+                offset: piece_off as usize,
+                len: piece_len as usize,
+            };
+            if !self.post_rdma(peer, op, lease, read)? {
                 self.mode.release(&*self.nic, lease);
                 return Ok(events);
             }
-            self.pop_announced(rid);
             if let Some(Req::Recv(r)) = self.reqs.get_mut(rid) {
                 if let RecvState::Rndv(rv) = &mut r.state {
-                    rv.leases.push((desc.chunk, lease));
+                    rv.leases.push((key, lease));
+                    rv.issued += piece_len;
+                    match rv.pieces.iter_mut().find(|p| p.0 == desc.chunk) {
+                        Some(p) => p.1 += 1,
+                        None => rv.pieces.push((desc.chunk, 1, false)),
+                    }
                 }
+            }
+            if piece_off + piece_len == end {
+                self.next_announced(rid, desc.chunk, true);
             }
             events += 1;
         }
     }
 
-    fn pop_announced(&mut self, rid: RequestId) {
+    fn next_key_recv(&mut self, rid: RequestId) -> u64 {
+        match self.reqs.get_mut(rid) {
+            Some(Req::Recv(r)) => match &mut r.state {
+                RecvState::Rndv(rv) => {
+                    rv.next_key += 1;
+                    rv.next_key
+                }
+                _ => 0,
+            },
+            _ => 0,
+        }
+    }
+
+    /// The front announced chunk is fully posted (or not needed): move to the next.
+    fn next_announced(&mut self, rid: RequestId, chunk: u32, posted_some: bool) {
         if let Some(Req::Recv(r)) = self.reqs.get_mut(rid) {
             if let RecvState::Rndv(rv) = &mut r.state {
                 rv.announced.pop_front();
+                rv.issued = 0;
+                if posted_some {
+                    if let Some(p) = rv.pieces.iter_mut().find(|p| p.0 == chunk) {
+                        p.2 = true;
+                    }
+                }
             }
         }
     }
 
-    /// Receiver: a chunk was read.
+    /// Receiver: a piece was read.
     pub(crate) fn on_read_done(&mut self, op: RdmaOp) -> Result<()> {
         let rid = op.req;
-        let Some(lease) = self.take_lease(rid, op.chunk) else {
+        let Some(lease) = self.take_lease(rid, op.key) else {
             return Ok(());
         };
         let Some(Req::Recv(r)) = self.reqs.get_mut(rid) else {
@@ -124,19 +171,29 @@ impl PointToPoint {
         let RecvState::Rndv(rv) = &mut r.state else {
             return Ok(());
         };
-        let (off, len) = chunk_range(op.chunk, rv.chunk, rv.eff);
-        rv.done += 1;
-        let (finished, peer, sreq, buf) = (rv.done == rv.n, rv.peer, rv.sreq, r.buf);
-        self.mode.stage_in(&lease, &buf, off, len);
-        self.mode.release(&*self.nic, lease);
-        let mut h = Header::new(MsgKind::ChunkDone);
-        h.chunk = op.chunk;
-        h.sreq = sreq;
-        h.rreq = rid.0;
-        if finished {
-            h.flags |= wire::ALL_DONE;
+        rv.landed += op.len;
+        let mut chunk_done = false;
+        if let Some(i) = rv.pieces.iter().position(|p| p.0 == op.chunk) {
+            rv.pieces[i].1 -= 1;
+            if rv.pieces[i].1 == 0 && rv.pieces[i].2 {
+                rv.pieces.swap_remove(i);
+                chunk_done = true;
+            }
         }
-        self.send_control(peer, h)?;
+        let finished = rv.landed == rv.eff;
+        let (peer, sreq, buf) = (rv.peer, rv.sreq, r.buf);
+        self.mode.stage_in(&lease, &buf, op.offset, op.len);
+        self.mode.release(&*self.nic, lease);
+        if chunk_done || finished {
+            let mut h = Header::new(MsgKind::ChunkDone);
+            h.chunk = if chunk_done { op.chunk } else { NO_CHUNK };
+            h.sreq = sreq;
+            h.rreq = rid.0;
+            if finished {
+                h.flags |= wire::ALL_DONE;
+            }
+            self.send_control(peer, h)?;
+        }
         if finished {
             self.finish_recv(rid);
         }
@@ -149,6 +206,7 @@ impl PointToPoint {
             if let RecvState::Rndv(rv) = &mut r.state {
                 rv.announced.push_back(ChunkDesc {
                     chunk: h.chunk,
+                    offset: h.size,
                     addr: h.addr,
                     rkey: h.rkey,
                     len: h.len,
@@ -161,8 +219,10 @@ impl PointToPoint {
     /// Sender: the receiver read a chunk (or wants nothing more).
     pub(crate) fn on_chunk_done(&mut self, _peer: usize, h: Header) -> Result<()> {
         let id = RequestId(h.sreq);
-        if let Some(lease) = self.take_lease(id, h.chunk) {
-            self.mode.release(&*self.nic, lease);
+        if h.chunk != NO_CHUNK {
+            if let Some(lease) = self.take_lease(id, h.chunk as u64) {
+                self.mode.release(&*self.nic, lease);
+            }
         }
         let mut rest = Vec::new();
         if let Some(Req::Send(s)) = self.reqs.get_mut(id) {

@@ -1,12 +1,13 @@
 //! RPUT: the receiver returns CTS and the sender RDMA-WRITEs.
 //!
-//! For each chunk the receiver leases a landing area (its buffer itself in zero-copy modes,
-//! a bounce slot in `copy`) and sends CTS with its key; the sender stages the chunk into a
-//! source lease, RDMA-WRITEs it and sends FIN on the same queue pair, so FIN arrives after
-//! the data. The receiver stages the chunk in and asks for the next. The last CTS carries
-//! ALL_DONE. Seed 001 calls this the Read-Write design's write half.
+//! For each chunk of its own granularity the receiver leases a landing area (its buffer
+//! itself in zero-copy modes, a bounce slot in `copy`) and sends CTS with its offset and key;
+//! the sender writes it in pieces of its own granularity and, once the region is written in
+//! full, sends FIN on the same queue pair, so FIN arrives after the data. The receiver stages
+//! the chunk in and asks for the next. The last CTS carries ALL_DONE. Seed 001 calls this
+//! the Read-Write design's write half.
 
-use super::rndv::chunk_range;
+use super::rndv::{chunk_range, chunking, Cts};
 use super::wire::{self, Header, MsgKind};
 use super::{PointToPoint, RdmaOp, RecvState, Req, RequestId, SendState};
 use crate::buffer_mode::Direction;
@@ -24,26 +25,28 @@ impl PointToPoint {
             let RecvState::Rndv(rv) = &r.state else {
                 return Ok(events);
             };
-            if rv.next >= rv.n || rv.leases.len() >= rv.depth {
+            let (chunk, depth) = chunking(&rv.t);
+            if rv.next >= rv.n || rv.leases.len() >= depth {
                 return Ok(events);
             }
-            let (k, peer, sreq, buf, last) =
-                (rv.next, rv.peer, rv.sreq, r.buf, rv.next + 1 == rv.n);
-            let (off, len) = chunk_range(k, rv.chunk, rv.eff);
-            let Some(lease) = self
-                .mode
-                .lease(&*self.nic, buf.addr(), off, len, Direction::Sink)?
+            let (k, peer, sreq, buf, last, t) =
+                (rv.next, rv.peer, rv.sreq, r.buf, rv.next + 1 == rv.n, rv.t);
+            let (off, len) = chunk_range(k, chunk, rv.eff);
+            let Some(lease) =
+                self.mode
+                    .lease(&*self.nic, &t, buf.addr(), off, len, Direction::Sink)?
             else {
                 return Ok(events);
             };
             if let Some(Req::Recv(r)) = self.reqs.get_mut(rid) {
                 if let RecvState::Rndv(rv) = &mut r.state {
-                    rv.leases.push((k, lease));
+                    rv.leases.push((k as u64, lease));
                     rv.next += 1;
                 }
             }
             let mut h = Header::new(MsgKind::Cts);
             h.chunk = k;
+            h.size = off as u64; // the region's offset in the message
             h.addr = lease.addr;
             h.rkey = lease.rkey;
             h.len = len as u64;
@@ -57,10 +60,10 @@ impl PointToPoint {
         }
     }
 
-    /// Receiver: a chunk was written.
+    /// Receiver: a region was written.
     pub(crate) fn on_fin(&mut self, h: Header) -> Result<()> {
         let rid = RequestId(h.rreq);
-        let Some(lease) = self.take_lease(rid, h.chunk) else {
+        let Some(lease) = self.take_lease(rid, h.chunk as u64) else {
             return Ok(());
         };
         let Some(Req::Recv(r)) = self.reqs.get_mut(rid) else {
@@ -69,8 +72,10 @@ impl PointToPoint {
         let RecvState::Rndv(rv) = &mut r.state else {
             return Ok(());
         };
-        let (off, len) = chunk_range(h.chunk, rv.chunk, rv.eff);
+        let (chunk, _) = chunking(&rv.t);
+        let (off, len) = chunk_range(h.chunk, chunk, rv.eff);
         rv.done += 1;
+        rv.landed += len;
         let (finished, buf) = (rv.done == rv.n, r.buf);
         self.mode.stage_in(&lease, &buf, off, len);
         self.mode.release(&*self.nic, lease);
@@ -82,19 +87,27 @@ impl PointToPoint {
         Ok(())
     }
 
-    /// Sender: the receiver is ready for a chunk.
+    /// Sender: the receiver is ready for a region.
     pub(crate) fn on_cts(&mut self, _peer: usize, h: Header) -> Result<()> {
         let id = RequestId(h.sreq);
         if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
             if let SendState::Rndv(rs) = &mut s.state {
                 rs.rreq = Some(h.rreq);
-                rs.pending_cts.push_back(h);
+                rs.pending_cts.push_back(Cts {
+                    chunk: h.chunk,
+                    offset: h.size,
+                    len: h.len,
+                    addr: h.addr,
+                    rkey: h.rkey,
+                    rreq: h.rreq,
+                    last: h.flags & wire::ALL_DONE != 0,
+                });
             }
         }
         self.advance_put_send(id).map(|_| ())
     }
 
-    /// Sender: writes the chunks asked for while source leases are available.
+    /// Sender: writes the regions asked for, in pieces of its own granularity.
     pub(crate) fn advance_put_send(&mut self, id: RequestId) -> Result<usize> {
         let mut events = 0;
         loop {
@@ -107,53 +120,84 @@ impl PointToPoint {
             let Some(cts) = rs.pending_cts.front().copied() else {
                 break;
             };
-            let (buf, peer, chunk, size) = (s.buf, s.peer, rs.chunk, rs.size);
-            let last = cts.flags & wire::ALL_DONE != 0;
+            let (buf, peer, t, issued) = (s.buf, s.peer, rs.t, rs.issued);
+            let (chunk, depth) = chunking(&t);
+            let end = cts.offset + cts.len;
+            let piece_off = cts.offset + issued;
             if cts.len > 0 {
-                let (off, _) = chunk_range(cts.chunk, chunk, size);
-                let len = cts.len as usize;
-                let Some(lease) =
-                    self.mode
-                        .lease(&*self.nic, buf.addr(), off, len, Direction::Source)?
+                if rs.leases.len() >= depth {
+                    break;
+                }
+                let piece_len = (chunk as u64).min(end - piece_off);
+                let Some(lease) = self.mode.lease(
+                    &*self.nic,
+                    &t,
+                    buf.addr(),
+                    piece_off as usize,
+                    piece_len as usize,
+                    Direction::Source,
+                )?
                 else {
                     break;
                 };
-                self.mode.stage_out(&lease, &buf, off);
+                self.mode.stage_out(&lease, &buf, piece_off as usize);
+                let key = match self.reqs.get_mut(id) {
+                    Some(Req::Send(s)) => match &mut s.state {
+                        SendState::Rndv(rs) => {
+                            rs.next_key += 1;
+                            rs.next_key
+                        }
+                        _ => 0,
+                    },
+                    _ => 0,
+                };
                 let write = Opcode::RdmaWrite {
-                    remote_addr: cts.addr,
+                    remote_addr: cts.addr + (piece_off - cts.offset),
                     rkey: cts.rkey,
                 };
-                if !self.post_rdma(peer, id, cts.chunk, lease, write)? {
+                let op = RdmaOp {
+                    req: id,
+                    key,
+                    chunk: cts.chunk,
+                    offset: piece_off as usize,
+                    len: piece_len as usize,
+                };
+                if !self.post_rdma(peer, op, lease, write)? {
                     self.mode.release(&*self.nic, lease);
                     break;
+                }
+                if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
+                    if let SendState::Rndv(rs) = &mut s.state {
+                        rs.leases.push((key, lease));
+                        rs.writes_out += 1;
+                        rs.issued += piece_len;
+                    }
+                }
+                events += 1;
+                if piece_off + piece_len < end {
+                    continue;
                 }
                 let mut fin = Header::new(MsgKind::Fin);
                 fin.chunk = cts.chunk;
                 fin.sreq = id.0;
                 fin.rreq = cts.rreq;
                 self.send_control(peer, fin)?;
-                if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
-                    if let SendState::Rndv(rs) = &mut s.state {
-                        rs.leases.push((cts.chunk, lease));
-                        rs.writes_out += 1;
-                    }
-                }
             }
             if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
                 if let SendState::Rndv(rs) = &mut s.state {
                     rs.pending_cts.pop_front();
-                    rs.all_done |= last;
+                    rs.issued = 0;
+                    rs.all_done |= cts.last;
                 }
             }
-            events += 1;
         }
         self.maybe_finish_send(id);
         Ok(events)
     }
 
-    /// Sender: a chunk's write completed; its lease is free.
+    /// Sender: a piece's write completed; its lease is free.
     pub(crate) fn on_write_done(&mut self, op: RdmaOp) -> Result<()> {
-        if let Some(lease) = self.take_lease(op.req, op.chunk) {
+        if let Some(lease) = self.take_lease(op.req, op.key) {
             self.mode.release(&*self.nic, lease);
         }
         if let Some(Req::Send(s)) = self.reqs.get_mut(op.req) {

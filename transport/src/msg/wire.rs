@@ -70,7 +70,8 @@ pub struct Header {
     pub context: u32,
     /// Chunk index (rendezvous).
     pub chunk: u32,
-    /// Message size in bytes.
+    /// Message size in bytes (Eager, RTS), or a chunk's offset in the message (CTS,
+    /// ChunkReady).
     pub size: u64,
     /// Sender's request id.
     pub sreq: u64,
