@@ -3,6 +3,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
+use pagewire_odp::{OdpConfig, OdpMode};
 use pagewire_transport::boot::{self, Bootstrap};
 use pagewire_transport::buffer_mode::copy::{CopyConfig, CopyMode};
 use pagewire_transport::buffer_mode::BufferMode;
@@ -22,6 +23,8 @@ pub type Tag = i32;
 pub enum ModeKind {
     /// Pinned bounce buffers, pipelined.
     Copy,
+    /// On-demand paging: unpinned user buffers, network page faults, prefetch.
+    Odp,
 }
 
 /// Everything [`Universe::from_config`] needs; [`UniverseConfig::from_env`] reads it from
@@ -32,28 +35,33 @@ pub struct UniverseConfig {
     pub mode: ModeKind,
     /// The copy mode's pool.
     pub copy: CopyConfig,
+    /// The ODP mode's regions and prefetch policy.
+    pub odp: OdpConfig,
     /// The message layer.
     pub msg: MsgConfig,
 }
 
 impl UniverseConfig {
-    /// Reads `PAGEWIRE_MODE` (`copy`; `pindown` and `odp` arrive with their crates), the copy
-    /// pool and message-layer settings.
+    /// Reads `PAGEWIRE_MODE` (`copy` or `odp`; `pindown` is not built yet), the modes' and
+    /// the message layer's settings.
     pub fn from_env() -> Result<UniverseConfig> {
         let mode = match std::env::var("PAGEWIRE_MODE").as_deref() {
             Err(_) | Ok("") | Ok("copy") => ModeKind::Copy,
-            Ok(m @ ("pindown" | "odp")) => {
-                return Err(Error::InvalidArgument(format!(
-                    "PAGEWIRE_MODE={m}: this build has only the copy mode; the {m} mode is not built yet"
-                )))
-            }
+            Ok("odp") => ModeKind::Odp,
+            Ok("pindown") => return Err(Error::InvalidArgument(
+                "PAGEWIRE_MODE=pindown: the pin-down cache mode is not built yet; use copy or odp"
+                    .into(),
+            )),
             Ok(other) => {
-                return Err(Error::InvalidArgument(format!("PAGEWIRE_MODE={other}: expected copy, pindown or odp")))
+                return Err(Error::InvalidArgument(format!(
+                    "PAGEWIRE_MODE={other}: expected copy, pindown or odp"
+                )))
             }
         };
         Ok(UniverseConfig {
             mode,
             copy: CopyConfig::from_env()?,
+            odp: OdpConfig::from_env()?,
             msg: MsgConfig::from_env()?,
         })
     }
@@ -93,6 +101,7 @@ impl Universe {
             let nic = nic::open(&*boot)?;
             let mode: Box<dyn BufferMode> = match cfg.mode {
                 ModeKind::Copy => Box::new(CopyMode::new(cfg.copy)),
+                ModeKind::Odp => Box::new(OdpMode::new(cfg.odp)),
             };
             let p2p = PointToPoint::new(nic, &*boot, mode, cfg.msg.clone())?;
             if std::env::var("PAGEWIRE_VERBOSE").as_deref() == Ok("1") && boot.rank() == 0 {

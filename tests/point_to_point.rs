@@ -529,3 +529,51 @@ fn dropping_an_unfinished_request_cancels_or_completes_it() {
         dropped_requests,
     );
 }
+
+#[test]
+fn odp_mode_bytes_arrive_exactly_with_rget() {
+    ranks(
+        "odp_mode_bytes_arrive_exactly_with_rget",
+        2,
+        &[("PAGEWIRE_MODE", "odp"), ("PAGEWIRE_RNDV", "get")],
+        byte_exact,
+    );
+}
+
+#[test]
+fn odp_mode_bytes_arrive_exactly_with_rput_explicit_regions_no_prefetch() {
+    ranks(
+        "odp_mode_bytes_arrive_exactly_with_rput_explicit_regions_no_prefetch",
+        2,
+        &[
+            ("PAGEWIRE_MODE", "odp"),
+            ("PAGEWIRE_RNDV", "put"),
+            ("PAGEWIRE_ODP", "explicit"),
+            ("PAGEWIRE_ODP_PREFETCH", "off"),
+        ],
+        byte_exact,
+    );
+}
+
+#[test]
+fn odp_mode_all_pairs_on_3_ranks_prefetch_always() {
+    ranks(
+        "odp_mode_all_pairs_on_3_ranks_prefetch_always",
+        3,
+        &[
+            ("PAGEWIRE_MODE", "odp"),
+            ("PAGEWIRE_ODP_PREFETCH", "always"),
+        ],
+        all_pairs,
+    );
+}
+
+#[test]
+fn odp_mode_peer_dying_mid_rendezvous_is_an_error() {
+    ranks(
+        "odp_mode_peer_dying_mid_rendezvous_is_an_error",
+        2,
+        &[("PAGEWIRE_MODE", "odp")],
+        peer_dies,
+    );
+}

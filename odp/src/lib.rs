@@ -1,0 +1,228 @@
+//! The `odp` buffer mode: user buffers go to the NIC as they are, unpinned, through
+//! on-demand paging (seed 003; seed 000 sections 4 and 6). Pages reach the NIC's tables by
+//! network page faults on first use, or ahead of use by prefetch; memory changes clear them.
+//!
+//! - `PAGEWIRE_ODP=implicit` (default): one ODP region covers the whole address space,
+//!   registered once at start-up, so the data path makes no registration call at all
+//!   (implicit ODP, seed 003 "Huge MR support").
+//! - `PAGEWIRE_ODP=explicit`: an ODP region per transfer, registered when it begins and
+//!   deregistered when it ends (cheap: nothing is pinned).
+//! - `PAGEWIRE_ODP_PREFETCH=off|rendezvous|always`: `rendezvous` (default) prefetches the
+//!   receive buffer when the RTS matches, before any data arrives — seed 003's "MPI
+//!   rendezvous optimization": the receiver's faults would otherwise be responder faults,
+//!   each costing a receiver-not-ready round trip; the sender's pages still fault on first
+//!   use. `always` also prefetches the send buffer when the transfer begins (at the RTS).
+//!   `off` lets every first touch fault.
+//!
+//! The mode refuses to start, with the device's name, on a NIC without RC ODP.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+use pagewire_transport::buffer_mode::{
+    BufferMode, Direction, Lease, ModeCounters, Pipeline, Transfer,
+};
+use pagewire_transport::msg::raw::{UserBuf, UserBufMut};
+use pagewire_transport::nic::{Access, Advice, Nic};
+use pagewire_transport::{Error, Result};
+
+/// Implicit or explicit ODP regions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Regions {
+    /// One region for the whole address space.
+    Implicit,
+    /// One region per transfer.
+    Explicit,
+}
+
+/// When buffers are prefetched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prefetch {
+    /// Never: first touches fault.
+    Off,
+    /// The receive buffer, when the RTS matches.
+    Rendezvous,
+    /// Both buffers, as soon as each side of a transfer begins.
+    Always,
+}
+
+/// Settings of the mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OdpConfig {
+    /// `PAGEWIRE_ODP`.
+    pub regions: Regions,
+    /// `PAGEWIRE_ODP_PREFETCH`.
+    pub prefetch: Prefetch,
+}
+
+impl Default for OdpConfig {
+    fn default() -> Self {
+        OdpConfig {
+            regions: Regions::Implicit,
+            prefetch: Prefetch::Rendezvous,
+        }
+    }
+}
+
+impl OdpConfig {
+    /// Reads `PAGEWIRE_ODP` and `PAGEWIRE_ODP_PREFETCH`.
+    pub fn from_env() -> Result<OdpConfig> {
+        let regions = match std::env::var("PAGEWIRE_ODP").as_deref() {
+            Err(_) | Ok("") | Ok("implicit") => Regions::Implicit,
+            Ok("explicit") => Regions::Explicit,
+            Ok(o) => {
+                return Err(Error::InvalidArgument(format!(
+                    "PAGEWIRE_ODP={o}: expected implicit or explicit"
+                )))
+            }
+        };
+        let prefetch = match std::env::var("PAGEWIRE_ODP_PREFETCH").as_deref() {
+            Err(_) | Ok("") | Ok("rendezvous") => Prefetch::Rendezvous,
+            Ok("off") => Prefetch::Off,
+            Ok("always") => Prefetch::Always,
+            Ok(o) => {
+                return Err(Error::InvalidArgument(format!(
+                    "PAGEWIRE_ODP_PREFETCH={o}: expected off, rendezvous or always"
+                )))
+            }
+        };
+        Ok(OdpConfig { regions, prefetch })
+    }
+}
+
+fn access() -> Access {
+    Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::ON_DEMAND
+}
+
+/// The ODP mode.
+#[derive(Debug)]
+pub struct OdpMode {
+    config: OdpConfig,
+    implicit_key: Option<u32>,
+    counters: ModeCounters,
+    prefetched_bytes: u64,
+}
+
+impl OdpMode {
+    /// A mode with `config`; the implicit region is registered at `start`.
+    pub fn new(config: OdpConfig) -> OdpMode {
+        OdpMode {
+            config,
+            implicit_key: None,
+            counters: ModeCounters::default(),
+            prefetched_bytes: 0,
+        }
+    }
+
+    /// Bytes prefetched so far.
+    pub fn prefetched_bytes(&self) -> u64 {
+        self.prefetched_bytes
+    }
+
+    fn prefetch(&mut self, nic: &dyn Nic, key: u32, addr: u64, len: usize, dir: Direction) {
+        if len == 0 {
+            return;
+        }
+        let advice = match dir {
+            Direction::Sink => Advice::PrefetchWrite,
+            Direction::Source => Advice::Prefetch,
+        };
+        // A failed prefetch is only a missed optimisation: the access will fault instead,
+        // and a fault on unmapped memory is reported by the transfer itself.
+        if nic.advise(key, addr, len as u64, advice).is_ok() {
+            self.prefetched_bytes += len as u64;
+        }
+    }
+}
+
+impl BufferMode for OdpMode {
+    fn name(&self) -> &'static str {
+        "odp"
+    }
+
+    fn is_zero_copy(&self) -> bool {
+        true
+    }
+
+    fn start(&mut self, nic: &dyn Nic) -> Result<()> {
+        nic.capabilities().require_rc_odp()?;
+        if self.config.regions == Regions::Implicit {
+            nic.capabilities().require_implicit_odp()?;
+            self.implicit_key = Some(nic.register_implicit_odp(access())?.lkey);
+        }
+        Ok(())
+    }
+
+    fn begin(
+        &mut self,
+        nic: &dyn Nic,
+        user_addr: u64,
+        len: usize,
+        dir: Direction,
+    ) -> Result<Transfer> {
+        let key = match self.implicit_key {
+            Some(k) => k,
+            None if len == 0 => 0,
+            None => nic.register(user_addr, len as u64, access())?.lkey,
+        };
+        let prefetch_now = match (self.config.prefetch, dir) {
+            (Prefetch::Off, _) => false,
+            (Prefetch::Always, _) => true,
+            // The receiver begins when the RTS matches: the moment to prefetch.
+            (Prefetch::Rendezvous, Direction::Sink) => true,
+            (Prefetch::Rendezvous, Direction::Source) => false,
+        };
+        if prefetch_now {
+            self.prefetch(nic, key, user_addr, len, dir);
+        }
+        Ok(Transfer {
+            pipeline: Pipeline {
+                chunk: len.max(1),
+                depth: 1,
+            },
+            zero_copy: true,
+            token: key as u64 | (self.implicit_key.is_none() as u64) << 32,
+        })
+    }
+
+    fn lease(
+        &mut self,
+        _nic: &dyn Nic,
+        t: &Transfer,
+        user_addr: u64,
+        offset: usize,
+        len: usize,
+        _dir: Direction,
+    ) -> Result<Option<Lease>> {
+        self.counters.leases += 1;
+        let key = t.token as u32;
+        Ok(Some(Lease {
+            addr: user_addr + offset as u64,
+            len: len as u64,
+            lkey: key,
+            rkey: key,
+            token: 0,
+        }))
+    }
+
+    fn stage_out(&mut self, _lease: &Lease, _user: &UserBuf, _offset: usize) {}
+
+    fn stage_in(&mut self, _lease: &Lease, _user: &UserBufMut, _offset: usize, _len: usize) {}
+
+    fn release(&mut self, _nic: &dyn Nic, _lease: Lease) {}
+
+    fn end(&mut self, nic: &dyn Nic, t: Transfer) {
+        if t.token >> 32 == 1 && t.token as u32 != 0 {
+            let _ = nic.deregister(t.token as u32);
+        }
+    }
+
+    fn counters(&self) -> ModeCounters {
+        self.counters.clone()
+    }
+
+    fn stop(&mut self, nic: &dyn Nic) {
+        if let Some(k) = self.implicit_key.take() {
+            let _ = nic.deregister(k);
+        }
+    }
+}
