@@ -131,3 +131,93 @@ pub(crate) fn post_recv(nic: &dyn Nic, qpn: u32, wr: &RecvWr<'_>) -> Result<()> 
     // until the receive completes.
     unsafe { nic.post_recv(qpn, wr) }
 }
+
+impl super::PointToPoint {
+    /// Sends `buf` to `dest` and returns once it may be reused (`MPI_Send`); safe because
+    /// the operation completes before the borrow ends.
+    pub fn send(&mut self, dest: usize, tag: i32, context: u32, buf: &[u8]) -> Result<super::Status> {
+        // SAFETY: waited for below, while `buf` is borrowed.
+        let b = unsafe { UserBuf::new(buf.as_ptr(), buf.len()) };
+        let id = self.isend(dest, tag, context, b, false)?;
+        self.wait(id)
+    }
+
+    /// Receives into `buf` (`MPI_Recv`); `source`/`tag` `None` are wildcards.
+    pub fn recv(&mut self, source: Option<usize>, tag: Option<i32>, context: u32, buf: &mut [u8]) -> Result<super::Status> {
+        // SAFETY: waited for below, while `buf` is exclusively borrowed.
+        let b = unsafe { UserBufMut::new(buf.as_mut_ptr(), buf.len()) };
+        let id = self.irecv(source, tag, context, b)?;
+        self.wait(id)
+    }
+
+    /// Sends `send` to `dest` and receives into `recv` from `source` at the same time
+    /// (`MPI_Sendrecv`); returns the receive's status.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sendrecv(
+        &mut self,
+        dest: usize,
+        send_tag: i32,
+        send: &[u8],
+        source: Option<usize>,
+        recv_tag: Option<i32>,
+        recv: &mut [u8],
+        context: u32,
+    ) -> Result<super::Status> {
+        // SAFETY: both operations are waited for below, while the buffers are borrowed.
+        let r = unsafe { UserBufMut::new(recv.as_mut_ptr(), recv.len()) };
+        let rid = self.irecv(source, recv_tag, context, r)?;
+        // SAFETY: as above.
+        let s = unsafe { UserBuf::new(send.as_ptr(), send.len()) };
+        let sid = self.isend(dest, send_tag, context, s, false);
+        let rstatus = self.wait(rid);
+        if let Ok(sid) = sid {
+            self.wait(sid)?;
+        } else {
+            sid?;
+        }
+        rstatus
+    }
+
+    /// Posts every receive and every send, then waits for all (the building block of
+    /// alltoall-like exchanges). Returns the receives' statuses in order; the first error
+    /// wins, after every operation has completed.
+    pub fn exchange(
+        &mut self,
+        context: u32,
+        tag: i32,
+        sends: &[(usize, &[u8])],
+        recvs: &mut [(usize, &mut [u8])],
+    ) -> Result<Vec<super::Status>> {
+        let mut rids = Vec::with_capacity(recvs.len());
+        for (src, buf) in recvs.iter_mut() {
+            // SAFETY: every receive is waited for below, while `recvs` is borrowed.
+            let b = unsafe { UserBufMut::new(buf.as_mut_ptr(), buf.len()) };
+            rids.push(self.irecv(Some(*src), Some(tag), context, b));
+        }
+        let mut sids = Vec::with_capacity(sends.len());
+        for (dest, buf) in sends {
+            // SAFETY: every send is waited for below, while `sends` is borrowed.
+            let b = unsafe { UserBuf::new(buf.as_ptr(), buf.len()) };
+            sids.push(self.isend(*dest, tag, context, b, false));
+        }
+        let mut first_err = None;
+        let mut statuses = Vec::with_capacity(rids.len());
+        for r in rids {
+            match r.and_then(|id| self.wait(id)) {
+                Ok(s) => statuses.push(s),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        for s in sids {
+            if let Err(e) = s.and_then(|id| self.wait(id)) {
+                first_err.get_or_insert(e);
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(statuses),
+        }
+    }
+}
