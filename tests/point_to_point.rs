@@ -577,3 +577,45 @@ fn odp_mode_peer_dying_mid_rendezvous_is_an_error() {
         peer_dies,
     );
 }
+
+/// Under a 64 KiB locked-memory limit every mode still completes a 64 MiB transfer: the
+/// eager slots go on demand, the copy pool shrinks to fit, ODP pins nothing.
+fn tiny_memlock(u: &pagewire::Universe) {
+    let world = u.world();
+    let peer = world.process_at_rank(1 - world.rank());
+    let n = 64 << 20;
+    if world.rank() == 0 {
+        peer.send(&pattern(64, n)[..]);
+    } else {
+        let mut got = vec![0u8; n];
+        peer.receive_into(&mut got[..]);
+        assert!(got == pattern(64, n));
+    }
+    let nic = u.with_p2p(|p| p.nic_counters());
+    assert!(
+        nic.pinned_peak <= 64 << 10,
+        "pinned {} bytes under a 64 KiB limit",
+        nic.pinned_peak
+    );
+    if u.mode_name() == "odp" {
+        assert_eq!(nic.pinned_peak, 0, "odp pinned memory");
+    }
+}
+
+#[test]
+fn a_64_mib_transfer_completes_under_a_64_kib_memlock_limit_in_every_mode() {
+    let name = "a_64_mib_transfer_completes_under_a_64_kib_memlock_limit_in_every_mode";
+    if std::env::var(util::ROLE).is_ok() {
+        ranks(name, 2, &[], tiny_memlock);
+        return;
+    }
+    for mode in ["copy", "odp"] {
+        let o = util::launch_wrapped(
+            name,
+            2,
+            &[("PAGEWIRE_MODE", mode)],
+            Some(&["prlimit", "--memlock=65536:65536"]),
+        );
+        assert!(o.success(), "{mode}: {o:?}");
+    }
+}

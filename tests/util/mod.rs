@@ -25,17 +25,36 @@ pub fn ranks(name: &str, n: usize, env: &[(&str, &str)], body: fn(&pagewire::Uni
 
 /// Launches `n` ranks of test `name` and returns the outcome.
 pub fn launch(name: &str, n: usize, env: &[(&str, &str)]) -> JobOutcome {
+    launch_wrapped(name, n, env, None)
+}
+
+/// Like [`launch`], each rank started through `wrapper` (e.g. `["prlimit", "--memlock=65536"]`).
+pub fn launch_wrapped(
+    name: &str,
+    n: usize,
+    env: &[(&str, &str)],
+    wrapper: Option<&[&str]>,
+) -> JobOutcome {
     let mut envs: Vec<(OsString, OsString)> = vec![(ROLE.into(), name.into())];
     envs.extend(
         env.iter()
             .map(|(k, v)| (OsString::from(k), OsString::from(v))),
     );
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut args: Vec<OsString> = Vec::new();
+    let program = match wrapper {
+        Some(w) => {
+            args.extend(w[1..].iter().map(OsString::from));
+            args.push(exe.into_os_string());
+            w[0].into()
+        }
+        None => exe,
+    };
+    args.extend([name, "--exact", "--nocapture", "--test-threads=1", "-q"].map(OsString::from));
     boot::launch(&LaunchConfig {
         ranks: n,
-        program: std::env::current_exe().expect("current_exe"),
-        args: [name, "--exact", "--nocapture", "--test-threads=1", "-q"]
-            .map(OsString::from)
-            .to_vec(),
+        program,
+        args,
         timeout: Some(Duration::from_secs(180)),
         env: envs,
     })

@@ -95,6 +95,7 @@ pub struct CopyMode {
     free: [Vec<usize>; 2],
     leases: u64,
     waits: u64,
+    on_demand: bool,
     copied: AtomicU64,
 }
 
@@ -111,6 +112,7 @@ impl CopyMode {
             ],
             leases: 0,
             waits: 0,
+            on_demand: false,
             copied: AtomicU64::new(0),
         }
     }
@@ -141,14 +143,63 @@ impl BufferMode for CopyMode {
         false
     }
 
+    /// Registers the pool pinned. If it does not fit the locked-memory limit, the pool
+    /// shrinks (fewer slots, down to 2, then smaller chunks, down to 16 KiB) until it does;
+    /// if even that fails and the NIC has on-demand paging, the smallest pool is registered
+    /// ODP and prefetched. Either way a line on stderr says what the pool became.
     fn start(&mut self, nic: &dyn Nic) -> Result<()> {
-        let bytes = self.config.chunk * self.config.slots;
-        let mut pool = AnonMapping::new(bytes)
-            .map_err(|e| Error::os(format!("mmap of the {bytes}-byte bounce pool"), e))?;
-        pool.as_mut_slice().fill(0);
         let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-        self.key = nic.register(pool.addr(), pool.len() as u64, access)?.lkey;
-        self.pool = Some(pool);
+        let wanted = self.config;
+        loop {
+            let bytes = self.config.chunk * self.config.slots;
+            let mut pool = AnonMapping::new(bytes)
+                .map_err(|e| Error::os(format!("mmap of the {bytes}-byte bounce pool"), e))?;
+            pool.as_mut_slice().fill(0);
+            match nic.register(pool.addr(), pool.len() as u64, access) {
+                Ok(r) => {
+                    self.key = r.lkey;
+                    self.pool = Some(pool);
+                    break;
+                }
+                Err(Error::MemlockLimit { .. })
+                    if self.config.slots > 2 || self.config.chunk > 16 << 10 =>
+                {
+                    if self.config.slots > 2 {
+                        self.config.slots /= 2;
+                    } else {
+                        self.config.chunk /= 2;
+                    }
+                }
+                Err(Error::MemlockLimit { .. }) if nic.capabilities().odp_rc => {
+                    let r =
+                        nic.register(pool.addr(), pool.len() as u64, access | Access::ON_DEMAND)?;
+                    nic.advise(
+                        r.lkey,
+                        pool.addr(),
+                        pool.len() as u64,
+                        crate::nic::Advice::PrefetchWrite,
+                    )?;
+                    self.key = r.lkey;
+                    self.pool = Some(pool);
+                    self.on_demand = true;
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if self.config != wanted || self.on_demand {
+            eprintln!(
+                "pagewire: copy mode: the {}-byte bounce pool does not fit the locked-memory limit; using {} slots of {} bytes{}",
+                wanted.chunk * wanted.slots,
+                self.config.slots,
+                self.config.chunk,
+                if self.on_demand { ", registered on demand (not pinned)" } else { "" }
+            );
+            self.free = [
+                (0..self.config.slots / 2).rev().collect(),
+                (self.config.slots / 2..self.config.slots).rev().collect(),
+            ];
+        }
         Ok(())
     }
 
@@ -222,7 +273,11 @@ impl BufferMode for CopyMode {
             leases: self.leases,
             bytes_copied: self.copied.load(Relaxed),
             lease_waits: self.waits,
-            pinned_footprint: (self.config.chunk * self.config.slots) as u64,
+            pinned_footprint: if self.on_demand {
+                0
+            } else {
+                (self.config.chunk * self.config.slots) as u64
+            },
             ..ModeCounters::default()
         }
     }

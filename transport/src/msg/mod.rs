@@ -136,6 +136,32 @@ impl MsgConfig {
     }
 }
 
+/// Registers a slot pool pinned; if that exceeds the locked-memory limit and the NIC has
+/// on-demand paging, registers it ODP and prefetches it instead (so small `ulimit -l`
+/// settings still run), and says so through `on_demand`.
+pub(crate) fn register_slots(
+    nic: &dyn Nic,
+    pool: &AnonMapping,
+    access: Access,
+    on_demand: &mut bool,
+) -> Result<u32> {
+    match nic.register(pool.addr(), pool.len() as u64, access) {
+        Ok(r) => Ok(r.lkey),
+        Err(Error::MemlockLimit { .. }) if nic.capabilities().odp_rc => {
+            let r = nic.register(pool.addr(), pool.len() as u64, access | Access::ON_DEMAND)?;
+            nic.advise(
+                r.lkey,
+                pool.addr(),
+                pool.len() as u64,
+                crate::nic::Advice::PrefetchWrite,
+            )?;
+            *on_demand = true;
+            Ok(r.lkey)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 fn fill_payload(src: &Payload<'_>, dst: &mut [u8]) {
     match src {
         Payload::None => {}
@@ -375,14 +401,17 @@ impl PointToPoint {
         let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
         let recv_pool = AnonMapping::new(size * per_peer * slot_bytes)
             .map_err(|e| Error::os("mmap of the eager receive slots", e))?;
-        let recv_key = nic
-            .register(recv_pool.addr(), recv_pool.len() as u64, access)?
-            .lkey;
+        let mut slots_on_demand = false;
+        let recv_key = register_slots(&*nic, &recv_pool, access, &mut slots_on_demand)?;
         let send_pool = AnonMapping::new(cfg.send_slots as usize * slot_bytes)
             .map_err(|e| Error::os("mmap of the eager send slots", e))?;
-        let send_key = nic
-            .register(send_pool.addr(), send_pool.len() as u64, access)?
-            .lkey;
+        let send_key = register_slots(&*nic, &send_pool, access, &mut slots_on_demand)?;
+        if slots_on_demand && rank == 0 {
+            eprintln!(
+                "pagewire: the eager slots do not fit the locked-memory limit; they are registered \
+                 on demand (ODP) and prefetched instead of pinned"
+            );
+        }
         mode.start(&*nic)?;
         let max_inline = nic.capabilities().max_inline.min(caps.max_inline) as usize;
         let peers = qps

@@ -135,7 +135,13 @@ pub(crate) fn post_recv(nic: &dyn Nic, qpn: u32, wr: &RecvWr<'_>) -> Result<()> 
 impl super::PointToPoint {
     /// Sends `buf` to `dest` and returns once it may be reused (`MPI_Send`); safe because
     /// the operation completes before the borrow ends.
-    pub fn send(&mut self, dest: usize, tag: i32, context: u32, buf: &[u8]) -> Result<super::Status> {
+    pub fn send(
+        &mut self,
+        dest: usize,
+        tag: i32,
+        context: u32,
+        buf: &[u8],
+    ) -> Result<super::Status> {
         // SAFETY: waited for below, while `buf` is borrowed.
         let b = unsafe { UserBuf::new(buf.as_ptr(), buf.len()) };
         let id = self.isend(dest, tag, context, b, false)?;
@@ -143,7 +149,13 @@ impl super::PointToPoint {
     }
 
     /// Receives into `buf` (`MPI_Recv`); `source`/`tag` `None` are wildcards.
-    pub fn recv(&mut self, source: Option<usize>, tag: Option<i32>, context: u32, buf: &mut [u8]) -> Result<super::Status> {
+    pub fn recv(
+        &mut self,
+        source: Option<usize>,
+        tag: Option<i32>,
+        context: u32,
+        buf: &mut [u8],
+    ) -> Result<super::Status> {
         // SAFETY: waited for below, while `buf` is exclusively borrowed.
         let b = unsafe { UserBufMut::new(buf.as_mut_ptr(), buf.len()) };
         let id = self.irecv(source, tag, context, b)?;
