@@ -16,6 +16,8 @@ pub enum Kernel {
     Pingpong,
     /// Windowed streaming bandwidth.
     Stream,
+    /// Resident and pinned memory after using 64 MiB of a 1 GiB buffer (seed 000 §6.1).
+    Footprint,
 }
 
 /// One row.
@@ -48,17 +50,23 @@ pub fn msglog_sizes(min: u32, max: u32) -> Vec<usize> {
 
 /// Runs `kernel` for every size on ranks 0 and 1 of `world` (others wait in a barrier-like
 /// receive, as IMB's PingPong does). Returns the rows on rank 0.
+///
+/// `off_cache`: when set, every repetition uses the next buffer of a span of that many bytes
+/// (IMB's `-off_cache`), so buffers are cold in the CPU caches and, what matters for
+/// `pindown`, new to the registration cache until the span has been cycled through.
 pub fn run(
     world: &SimpleCommunicator,
     kernel: Kernel,
     sizes: &[usize],
     iters: Option<usize>,
     window: usize,
+    off_cache: Option<usize>,
 ) -> Vec<Row> {
     let me = world.rank();
     let mut rows = Vec::new();
     let max = sizes.iter().copied().max().unwrap_or(0);
-    let mut buf = vec![0u8; max.max(1)];
+    let span = off_cache.map_or(max.max(1), |s| s.max(max).max(1) + max);
+    let mut buf = vec![0u8; span];
     let mut bufs: Vec<Vec<u8>> = if kernel == Kernel::Stream {
         (0..window).map(|_| vec![0u8; max.max(1)]).collect()
     } else {
@@ -70,16 +78,23 @@ pub fn run(
             continue;
         }
         let peer = world.process_at_rank(1 - me);
+        // Buffer `i` of the rotation (page-aligned steps), or always the first.
+        let step = size.div_ceil(4096).max(1) * 4096;
+        let nbuf = off_cache.map_or(1, |s| (s / step).max(1));
+        let at = |i: usize| (i % nbuf) * step;
         // Warm-up, as IMB does before each size.
-        for _ in 0..reps.min(10) {
-            pingpong_once(&peer, me, &mut buf[..size]);
+        for i in 0..reps.min(10) {
+            let o = at(i);
+            pingpong_once(&peer, me, &mut buf[o..o + size]);
         }
         sync_pair(&peer, me);
         let row = match kernel {
+            Kernel::Footprint => continue,
             Kernel::Pingpong => {
                 let t0 = pagewire::time();
-                for _ in 0..reps {
-                    pingpong_once(&peer, me, &mut buf[..size]);
+                for i in 0..reps {
+                    let o = at(i + 10);
+                    pingpong_once(&peer, me, &mut buf[o..o + size]);
                 }
                 let t = (pagewire::time() - t0) / reps as f64 / 2.0 * 1e6;
                 Row {
@@ -90,6 +105,7 @@ pub fn run(
                 }
             }
             Kernel::Stream => {
+                let _ = at;
                 let rounds = reps.div_ceil(window).max(1);
                 let t0 = pagewire::time();
                 for _ in 0..rounds {
@@ -110,6 +126,34 @@ pub fn run(
         }
     }
     rows
+}
+
+/// Resident and pinned bytes (VmRSS, VmLck) of ranks 0 and 1 after moving 64 MiB back and
+/// forth through the first 64 MiB of a 1 GiB anonymous buffer (mapped, never touched
+/// otherwise), as seed 000 section 6.1 compares them.
+pub fn footprint(world: &SimpleCommunicator) -> Option<[(u64, u64); 2]> {
+    const BIG: usize = 1 << 30;
+    const USED: usize = 64 << 20;
+    let me = world.rank();
+    if me > 1 {
+        return None;
+    }
+    let peer = world.process_at_rank(1 - me);
+    let mut big = pagewire::sys::AnonMapping::new(BIG).expect("mmap of 1 GiB");
+    let mem = big.as_mut_slice();
+    for _ in 0..3 {
+        pingpong_once(&peer, me, &mut mem[..USED]);
+    }
+    let (lck, rss) = pagewire::sys::vm_locked_and_resident().expect("/proc/self/status");
+    let mine = [rss, lck];
+    let mut theirs = [0u64; 2];
+    if me == 0 {
+        peer.receive_into(&mut theirs[..]);
+        Some([(mine[0], mine[1]), (theirs[0], theirs[1])])
+    } else {
+        peer.send(&mine[..]);
+        None
+    }
 }
 
 fn pingpong_once(peer: &pagewire::Process<'_>, me: i32, buf: &mut [u8]) {

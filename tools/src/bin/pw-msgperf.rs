@@ -23,12 +23,22 @@ struct Args {
     /// Messages in flight per window in the streaming test.
     #[arg(long, default_value_t = 64)]
     window: usize,
+    /// Rotate through buffers spanning this many bytes (IMB `-off_cache`; e.g. 32M).
+    #[arg(long, value_parser = parse_size)]
+    off_cache: Option<usize>,
     /// Ranks to start when not under a launcher.
     #[arg(long, default_value_t = 2)]
     np: usize,
     /// Print JSON instead of tables.
     #[arg(long)]
     json: bool,
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    match pagewire::nic::soft::parse_bytes(s) {
+        Some(Some(n)) => Ok(n as usize),
+        _ => Err(format!("{s}: expected bytes like 33554432 or 32M")),
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -62,14 +72,44 @@ fn main() -> anyhow::Result<()> {
     let sizes = msgperf::msglog_sizes(min, max);
     let mut all = Vec::new();
     for k in kernels {
-        let rows = msgperf::run(&world, k, &sizes, args.iters, args.window.max(1));
+        if k == Kernel::Footprint {
+            if let Some([(rss0, lck0), (rss1, lck1)]) = msgperf::footprint(&world) {
+                let mib = |b: u64| b as f64 / (1 << 20) as f64;
+                println!(
+                    "# Footprint after using 64 MiB of a 1 GiB buffer (mode {})",
+                    universe.mode_name()
+                );
+                println!(
+                    "#   rank 0: resident {:.1} MiB, pinned {:.1} MiB",
+                    mib(rss0),
+                    mib(lck0)
+                );
+                println!(
+                    "#   rank 1: resident {:.1} MiB, pinned {:.1} MiB",
+                    mib(rss1),
+                    mib(lck1)
+                );
+            }
+            continue;
+        }
+        let rows = msgperf::run(
+            &world,
+            k,
+            &sizes,
+            args.iters,
+            args.window.max(1),
+            args.off_cache,
+        );
         if world.rank() == 0 {
-            let name = match k {
-                Kernel::Pingpong => "PingPong",
-                Kernel::Stream => "Stream (window of nonblocking sends)",
+            let name = match (k, args.off_cache) {
+                (Kernel::Pingpong, None) => "PingPong".to_string(),
+                (Kernel::Pingpong, Some(s)) => {
+                    format!("PingPong (off_cache: rotating over {s} bytes)")
+                }
+                (_, _) => "Stream (window of nonblocking sends)".to_string(),
             };
             if !args.json {
-                msgperf::print(name, world.size(), &rows);
+                msgperf::print(&name, world.size(), &rows);
             }
             all.push((k, rows));
         }
