@@ -4,6 +4,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use pagewire_odp::{OdpConfig, OdpMode};
+use pagewire_pindown::PindownMode;
 use pagewire_transport::boot::{self, Bootstrap};
 use pagewire_transport::buffer_mode::copy::{CopyConfig, CopyMode};
 use pagewire_transport::buffer_mode::BufferMode;
@@ -25,6 +26,8 @@ pub enum ModeKind {
     Copy,
     /// On-demand paging: unpinned user buffers, network page faults, prefetch.
     Odp,
+    /// Registration in place, kept in a pin-down cache.
+    Pindown,
 }
 
 /// Everything [`Universe::from_config`] needs; [`UniverseConfig::from_env`] reads it from
@@ -42,16 +45,13 @@ pub struct UniverseConfig {
 }
 
 impl UniverseConfig {
-    /// Reads `PAGEWIRE_MODE` (`copy` or `odp`; `pindown` is not built yet), the modes' and
+    /// Reads `PAGEWIRE_MODE` (`copy`, `pindown` or `odp`), the modes' and
     /// the message layer's settings.
     pub fn from_env() -> Result<UniverseConfig> {
         let mode = match std::env::var("PAGEWIRE_MODE").as_deref() {
             Err(_) | Ok("") | Ok("copy") => ModeKind::Copy,
             Ok("odp") => ModeKind::Odp,
-            Ok("pindown") => return Err(Error::InvalidArgument(
-                "PAGEWIRE_MODE=pindown: the pin-down cache mode is not built yet; use copy or odp"
-                    .into(),
-            )),
+            Ok("pindown") => ModeKind::Pindown,
             Ok(other) => {
                 return Err(Error::InvalidArgument(format!(
                     "PAGEWIRE_MODE={other}: expected copy, pindown or odp"
@@ -102,6 +102,7 @@ impl Universe {
             let mode: Box<dyn BufferMode> = match cfg.mode {
                 ModeKind::Copy => Box::new(CopyMode::new(cfg.copy)),
                 ModeKind::Odp => Box::new(OdpMode::new(cfg.odp)),
+                ModeKind::Pindown => Box::new(PindownMode::new()),
             };
             let p2p = PointToPoint::new(nic, &*boot, mode, cfg.msg.clone())?;
             if std::env::var("PAGEWIRE_VERBOSE").as_deref() == Ok("1") && boot.rank() == 0 {

@@ -609,7 +609,7 @@ fn a_64_mib_transfer_completes_under_a_64_kib_memlock_limit_in_every_mode() {
         ranks(name, 2, &[], tiny_memlock);
         return;
     }
-    for mode in ["copy", "odp"] {
+    for mode in ["copy", "pindown", "odp"] {
         let o = util::launch_wrapped(
             name,
             2,
@@ -618,4 +618,55 @@ fn a_64_mib_transfer_completes_under_a_64_kib_memlock_limit_in_every_mode() {
         );
         assert!(o.success(), "{mode}: {o:?}");
     }
+}
+
+#[test]
+fn pindown_mode_bytes_arrive_exactly_with_rget() {
+    ranks(
+        "pindown_mode_bytes_arrive_exactly_with_rget",
+        2,
+        &[("PAGEWIRE_MODE", "pindown"), ("PAGEWIRE_RNDV", "get")],
+        byte_exact,
+    );
+}
+
+#[test]
+fn pindown_mode_bytes_arrive_exactly_with_rput() {
+    ranks(
+        "pindown_mode_bytes_arrive_exactly_with_rput",
+        2,
+        &[("PAGEWIRE_MODE", "pindown"), ("PAGEWIRE_RNDV", "put")],
+        byte_exact,
+    );
+}
+
+#[test]
+fn pindown_mode_all_pairs_on_4_ranks() {
+    ranks(
+        "pindown_mode_all_pairs_on_4_ranks",
+        4,
+        &[("PAGEWIRE_MODE", "pindown")],
+        all_pairs,
+    );
+}
+
+/// A pin-down cache limit far below the working set: transfers fall back to copying
+/// (counted) and still deliver every byte.
+fn pindown_fallback(u: &pagewire::Universe) {
+    byte_exact(u);
+    let c = u.with_p2p(|p| p.mode_counters());
+    assert!(c.fallbacks > 0, "no transfer fell back: {c:?}");
+}
+
+#[test]
+fn pindown_mode_falls_back_to_copying_when_nothing_fits() {
+    ranks(
+        "pindown_mode_falls_back_to_copying_when_nothing_fits",
+        2,
+        &[
+            ("PAGEWIRE_MODE", "pindown"),
+            ("PAGEWIRE_PINDOWN_MAX_BYTES", "64K"),
+        ],
+        pindown_fallback,
+    );
 }

@@ -103,6 +103,11 @@ pub trait BufferMode: Send {
     /// Start-up, once the NIC is up (e.g. register a bounce pool).
     fn start(&mut self, nic: &dyn Nic) -> Result<()>;
 
+    /// Hands the mode a shared handle on the NIC before `start`, for modes that must reach it
+    /// outside the protocol's calls (a registration cache invalidated from a monitor thread).
+    /// Default: not needed.
+    fn attach(&mut self, _nic: &std::sync::Arc<dyn Nic>) {}
+
     /// Starts one side of a transfer of the `len`-byte user buffer at `user_addr`: plans
     /// its chunking and takes what it holds for the whole transfer (a registration, a
     /// prefetch).

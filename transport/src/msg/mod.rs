@@ -316,7 +316,7 @@ pub struct MsgCounters {
 
 /// The message layer of one rank.
 pub struct PointToPoint {
-    pub(crate) nic: Box<dyn Nic>,
+    pub(crate) nic: std::sync::Arc<dyn Nic>,
     pub(crate) mode: Box<dyn BufferMode>,
     pub(crate) cfg: MsgConfig,
     rank: usize,
@@ -412,6 +412,8 @@ impl PointToPoint {
                  on demand (ODP) and prefetched instead of pinned"
             );
         }
+        let nic: std::sync::Arc<dyn Nic> = std::sync::Arc::from(nic);
+        mode.attach(&nic);
         mode.start(&*nic)?;
         let max_inline = nic.capabilities().max_inline.min(caps.max_inline) as usize;
         let peers = qps

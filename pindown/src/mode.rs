@@ -1,0 +1,255 @@
+//! The `pindown` buffer mode: user buffers registered in place and kept in a
+//! [`PinDownCache`] (DESIGN.md "Buffer modes"; seed 002; seed 000 "pinning").
+//!
+//! A transfer leases the registration covering its whole buffer (one chunk, zero-copy).
+//! When the cache cannot register the buffer even after evicting everything unused, the
+//! transfer falls back to copying through a small pinned bounce pool (counted in
+//! `fallbacks`); a send never fails for lack of pinnable memory.
+//!
+//! Correctness needs invalidations: a cached registration over memory that was unmapped or
+//! remapped must never be used again (seed 002). Until a memory monitor is subscribed
+//! ([`PindownMode::with_monitor`]), the mode therefore does not keep registrations between
+//! transfers: each transfer's registration is dropped when it ends, which is correct and
+//! shows the cost of registering per message.
+
+use std::sync::Arc;
+
+use pagewire_transport::buffer_mode::copy::{CopyConfig, CopyMode};
+use pagewire_transport::buffer_mode::{
+    BufferMode, Direction, Lease, ModeCounters, Pipeline, Transfer,
+};
+use pagewire_transport::msg::raw::{UserBuf, UserBufMut};
+use pagewire_transport::nic::Nic;
+use pagewire_transport::{Error as TransportError, Result};
+
+use crate::{Acquire, CacheConfig, LeaseHandle, NicRegistrar, SharedPinDownCache};
+
+/// The cache as the mode keeps it: registrations through a shared handle on the NIC.
+pub type NicCache = SharedPinDownCache<NicRegistrar<Arc<dyn Nic>>>;
+
+/// Marks transfers served by the fallback pool (a transfer's token is otherwise its cache
+/// lease handle).
+const FALLBACK: u64 = 1 << 63;
+/// Marks leases of a registered user buffer (a lease's token is otherwise a bounce slot).
+const IN_PLACE: u64 = 1 << 62;
+
+/// The `pindown` mode.
+pub struct PindownMode {
+    config: Option<CacheConfig>,
+    cache: Option<NicCache>,
+    fallback: CopyMode,
+    /// Registrations are kept between transfers only when invalidations are delivered.
+    caching: bool,
+}
+
+impl std::fmt::Debug for PindownMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PindownMode")
+            .field("caching", &self.caching)
+            .finish()
+    }
+}
+
+impl PindownMode {
+    /// A mode whose cache settings come from the environment at start-up
+    /// (`PAGEWIRE_PINDOWN_POLICY`, `PAGEWIRE_PINDOWN_MAX_BYTES`, `..._MAX_ENTRIES`; the byte
+    /// limit defaults to RLIMIT_MEMLOCK minus what is pinned when the mode starts). Without
+    /// a memory monitor it does not cache between transfers.
+    pub fn new() -> PindownMode {
+        PindownMode {
+            config: None,
+            cache: None,
+            fallback: CopyMode::new(CopyConfig {
+                chunk: 256 << 10,
+                depth: 2,
+                slots: 4,
+            }),
+            caching: false,
+        }
+    }
+
+    /// Uses `config` instead of the environment.
+    pub fn with_config(mut self, config: CacheConfig) -> PindownMode {
+        self.config = Some(config);
+        self
+    }
+
+    /// The cache, once started (to subscribe it to a memory monitor, or for reports).
+    pub fn cache(&self) -> Option<&NicCache> {
+        self.cache.as_ref()
+    }
+
+    /// Keeps registrations between transfers: only call this once a memory monitor delivers
+    /// invalidations to [`PindownMode::cache`].
+    pub fn enable_caching(&mut self) {
+        self.caching = true;
+    }
+}
+
+impl Default for PindownMode {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn cache_err(e: crate::Error) -> TransportError {
+    TransportError::InvalidArgument(format!("pin-down cache: {e}"))
+}
+
+impl BufferMode for PindownMode {
+    fn name(&self) -> &'static str {
+        "pindown"
+    }
+
+    fn is_zero_copy(&self) -> bool {
+        true
+    }
+
+    fn attach(&mut self, nic: &Arc<dyn Nic>) {
+        // The registrar keeps its own handle on the NIC: deregistrations may come from a
+        // monitor thread.
+        let registrar = NicRegistrar::new(nic.clone());
+        let reserve = nic.counters().pinned_now + (256 << 10) * 4;
+        let config = self.config.clone().unwrap_or_else(|| {
+            CacheConfig::from_env(pagewire_transport::sys::memlock_rlimit(), reserve)
+                .unwrap_or_else(|e| panic!("pagewire: pindown mode settings: {e}"))
+        });
+        self.cache = Some(SharedPinDownCache::new(crate::PinDownCache::with_config(
+            registrar, config,
+        )));
+    }
+
+    fn start(&mut self, nic: &dyn Nic) -> Result<()> {
+        if self.cache.is_none() {
+            return Err(TransportError::InvalidArgument(
+                "pindown mode started without attach".into(),
+            ));
+        }
+        self.fallback.start(nic)
+    }
+
+    fn begin(
+        &mut self,
+        nic: &dyn Nic,
+        user_addr: u64,
+        len: usize,
+        dir: Direction,
+    ) -> Result<Transfer> {
+        let cache = self.cache.as_ref().expect("started");
+        if len == 0 {
+            return Ok(Transfer {
+                token: FALLBACK,
+                ..self.fallback.transfer()
+            });
+        }
+        match cache.acquire(user_addr, len as u64).map_err(cache_err)? {
+            Acquire::Hit(l) | Acquire::Miss(l) => Ok(Transfer {
+                pipeline: Pipeline {
+                    chunk: len,
+                    depth: 1,
+                },
+                zero_copy: true,
+                token: l.handle.token(),
+            }),
+            Acquire::Fallback => {
+                let t = self.fallback.begin(nic, user_addr, len, dir)?;
+                Ok(Transfer {
+                    token: FALLBACK,
+                    ..t
+                })
+            }
+        }
+    }
+
+    fn lease(
+        &mut self,
+        nic: &dyn Nic,
+        t: &Transfer,
+        user_addr: u64,
+        offset: usize,
+        len: usize,
+        dir: Direction,
+    ) -> Result<Option<Lease>> {
+        if t.token == FALLBACK {
+            return self.fallback.lease(nic, t, user_addr, offset, len, dir);
+        }
+        let cache = self.cache.as_ref().expect("started");
+        let (lkey, rkey, _) = cache
+            .lock()
+            .keys(LeaseHandle::from_token(t.token))
+            .ok_or_else(|| {
+                TransportError::InvalidArgument(
+                    "pin-down lease vanished during its transfer".into(),
+                )
+            })?;
+        Ok(Some(Lease {
+            addr: user_addr + offset as u64,
+            len: len as u64,
+            lkey,
+            rkey,
+            token: IN_PLACE,
+        }))
+    }
+
+    fn stage_out(&mut self, lease: &Lease, user: &UserBuf, offset: usize) {
+        if lease.token != IN_PLACE {
+            self.fallback.stage_out(lease, user, offset);
+        }
+    }
+
+    fn stage_in(&mut self, lease: &Lease, user: &UserBufMut, offset: usize, len: usize) {
+        if lease.token != IN_PLACE {
+            self.fallback.stage_in(lease, user, offset, len);
+        }
+    }
+
+    fn release(&mut self, nic: &dyn Nic, lease: Lease) {
+        if lease.token != IN_PLACE {
+            self.fallback.release(nic, lease);
+        }
+    }
+
+    fn end(&mut self, nic: &dyn Nic, t: Transfer) {
+        if t.token == FALLBACK {
+            self.fallback.end(nic, t);
+            return;
+        }
+        let cache = self.cache.as_ref().expect("started");
+        let mut c = cache.lock();
+        let h = LeaseHandle::from_token(t.token);
+        let span = c.lease(h).map(|l| (l.base, l.len));
+        let _ = c.release(h);
+        if !self.caching {
+            if let Some((base, len)) = span {
+                // No invalidations are delivered: do not keep the registration.
+                c.invalidate(base, len);
+            }
+        }
+    }
+
+    fn counters(&self) -> ModeCounters {
+        let f = self.fallback.counters();
+        let Some(cache) = self.cache.as_ref() else {
+            return f;
+        };
+        let c = cache.counters();
+        ModeCounters {
+            leases: c.hits + c.misses,
+            bytes_copied: f.bytes_copied,
+            lease_waits: f.lease_waits,
+            pinned_footprint: f.pinned_footprint,
+            hits: c.hits,
+            misses: c.misses,
+            evictions: c.evictions,
+            invalidations: c.invalidations,
+            fallbacks: c.fallbacks,
+        }
+    }
+
+    fn stop(&mut self, nic: &dyn Nic) {
+        if let Some(c) = self.cache.take() {
+            c.lock().flush();
+        }
+        self.fallback.stop(nic);
+    }
+}
