@@ -110,7 +110,7 @@ impl BufferMode for PindownMode {
         // monitor thread.
         let registrar = NicRegistrar::new(nic.clone());
         let reserve = nic.counters().pinned_now + (256 << 10) * 4;
-        let config = self.config.clone().unwrap_or_else(|| {
+        let config = self.config.unwrap_or_else(|| {
             CacheConfig::from_env(pagewire_transport::sys::memlock_rlimit(), reserve)
                 .unwrap_or_else(|e| panic!("pagewire: pindown mode settings: {e}"))
         });
