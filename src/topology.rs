@@ -159,7 +159,11 @@ impl Drop for Universe {
     fn drop(&mut self) {
         // MPI_Finalize is collective: no rank tears its NIC down while others may still
         // need it. A failed barrier (a peer already gone) is not an error worth more here.
-        let _ = self.inner.boot.barrier();
+        // A rank unwinding from a panic skips it: its peers may be waiting for it in a
+        // receive, and the launcher must see the failure and stop the job.
+        if !std::thread::panicking() {
+            let _ = self.inner.boot.barrier();
+        }
         INITIALIZED.with(|i| i.set(false));
     }
 }

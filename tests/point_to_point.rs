@@ -670,3 +670,58 @@ fn pindown_mode_falls_back_to_copying_when_nothing_fits() {
         pindown_fallback,
     );
 }
+
+/// Seed 002's staleness scenarios in the pin-down mode: a cached registration whose memory
+/// is unmapped (and new memory mapped, usually at the same address), or discarded with
+/// MADV_DONTNEED, is invalidated before it could be used again, and the receiver gets the
+/// new bytes.
+fn pindown_stale(u: &pagewire::Universe) {
+    use pagewire::sys::AnonMapping;
+    let world = u.world();
+    let peer = world.process_at_rank(1 - world.rank());
+    const N: usize = 1 << 20;
+    if world.rank() == 0 {
+        let inval = || u.with_p2p(|p| p.mode_counters().invalidations);
+        let mut a = AnonMapping::new(N).unwrap();
+        a.as_mut_slice().fill(1);
+        peer.send(&a.as_slice()[..N]);
+        peer.send(&a.as_slice()[..N]); // a cache hit
+        let first = a.addr();
+        let before = inval();
+        drop(a); // munmap: the monitor invalidates (at the latest when the next send flushes it)
+        let mut b = AnonMapping::new(N).unwrap();
+        b.as_mut_slice().fill(2);
+        peer.send(&b.as_slice()[..N]);
+        assert!(
+            inval() > before,
+            "the unmapped registration was not invalidated (same address: {})",
+            b.addr() == first
+        );
+        let before = inval();
+        b.discard(0, N).unwrap(); // MADV_DONTNEED
+        b.as_mut_slice().fill(3);
+        peer.send(&b.as_slice()[..N]);
+        assert!(
+            inval() > before,
+            "MADV_DONTNEED did not invalidate the registration"
+        );
+        let c = u.with_p2p(|p| p.mode_counters());
+        assert!(c.hits >= 1, "{c:?}");
+    } else {
+        let mut got = vec![0u8; N];
+        for expect in [1u8, 1, 2, 3] {
+            peer.receive_into(&mut got[..]);
+            assert!(got.iter().all(|&b| b == expect), "expected bytes {expect}");
+        }
+    }
+}
+
+#[test]
+fn pindown_mode_never_uses_a_registration_after_its_memory_changed() {
+    ranks(
+        "pindown_mode_never_uses_a_registration_after_its_memory_changed",
+        2,
+        &[("PAGEWIRE_MODE", "pindown"), ("PAGEWIRE_MEMMON", "uffd")],
+        pindown_stale,
+    );
+}

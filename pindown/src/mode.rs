@@ -7,10 +7,13 @@
 //! `fallbacks`); a send never fails for lack of pinnable memory.
 //!
 //! Correctness needs invalidations: a cached registration over memory that was unmapped or
-//! remapped must never be used again (seed 002). Until a memory monitor is subscribed
-//! ([`PindownMode::with_monitor`]), the mode therefore does not keep registrations between
-//! transfers: each transfer's registration is dropped when it ends, which is correct and
-//! shows the cost of registering per message.
+//! remapped must never be used again (seed 002). Every registration is watched by the
+//! memory monitor (`transport::memmon`, chosen by `PAGEWIRE_MEMMON`), whose sink invalidates
+//! the cache; before each lookup the mode flushes the monitor, so every change that
+//! returned to the application before the transfer began has reached the cache (the
+//! monitor's contract). When no monitor works (`PAGEWIRE_MEMMON=none`, or userfaultfd is
+//! not permitted) or a range cannot be watched (System V shared memory), registrations are
+//! not kept between transfers: slower, never stale.
 
 use std::sync::Arc;
 
@@ -22,10 +25,17 @@ use pagewire_transport::msg::raw::{UserBuf, UserBufMut};
 use pagewire_transport::nic::Nic;
 use pagewire_transport::{Error as TransportError, Result};
 
-use crate::{Acquire, CacheConfig, LeaseHandle, NicRegistrar, SharedPinDownCache};
+use pagewire_transport::memmon::{self, Cause, MemoryMonitor};
 
-/// The cache as the mode keeps it: registrations through a shared handle on the NIC.
-pub type NicCache = SharedPinDownCache<NicRegistrar<Arc<dyn Nic>>>;
+use crate::{
+    Acquire, CacheConfig, LeaseHandle, MonitoredRegistrar, NicRegistrar, SharedPinDownCache,
+};
+
+/// The cache as the mode keeps it: watched registrations through a shared handle on the NIC.
+pub type NicCache = SharedPinDownCache<MonitoredRegistrar<Arc<dyn Nic>>>;
+
+/// Where the monitor's sink finds the cache (filled in once the cache exists).
+type WeakCache = crate::WeakPinDownCache<MonitoredRegistrar<Arc<dyn Nic>>>;
 
 /// Marks transfers served by the fallback pool (a transfer's token is otherwise its cache
 /// lease handle).
@@ -38,6 +48,7 @@ pub struct PindownMode {
     config: Option<CacheConfig>,
     cache: Option<NicCache>,
     fallback: CopyMode,
+    monitor: Option<Arc<dyn MemoryMonitor>>,
     /// Registrations are kept between transfers only when invalidations are delivered.
     caching: bool,
 }
@@ -64,8 +75,19 @@ impl PindownMode {
                 depth: 2,
                 slots: 4,
             }),
+            monitor: None,
             caching: false,
         }
+    }
+
+    /// The memory monitor, once attached (for reports).
+    pub fn monitor(&self) -> Option<&Arc<dyn MemoryMonitor>> {
+        self.monitor.as_ref()
+    }
+
+    /// Whether registrations are kept between transfers.
+    pub fn is_caching(&self) -> bool {
+        self.caching
     }
 
     /// Uses `config` instead of the environment.
@@ -77,12 +99,6 @@ impl PindownMode {
     /// The cache, once started (to subscribe it to a memory monitor, or for reports).
     pub fn cache(&self) -> Option<&NicCache> {
         self.cache.as_ref()
-    }
-
-    /// Keeps registrations between transfers: only call this once a memory monitor delivers
-    /// invalidations to [`PindownMode::cache`].
-    pub fn enable_caching(&mut self) {
-        self.caching = true;
     }
 }
 
@@ -106,17 +122,36 @@ impl BufferMode for PindownMode {
     }
 
     fn attach(&mut self, nic: &Arc<dyn Nic>) {
-        // The registrar keeps its own handle on the NIC: deregistrations may come from a
-        // monitor thread.
-        let registrar = NicRegistrar::new(nic.clone());
+        // The sink reaches the cache through a weak handle: the cache's registrar keeps the
+        // monitor (and so the sink) alive, and a strong handle would be a cycle.
+        let slot: Arc<parking_lot::Mutex<Option<WeakCache>>> =
+            Arc::new(parking_lot::Mutex::new(None));
+        let sink_slot = slot.clone();
+        let sink = move |addr: u64, len: u64, cause: Cause| {
+            let weak = sink_slot.lock();
+            if let Some(cache) = weak.as_ref().and_then(|w| w.upgrade()) {
+                match cause {
+                    // Everything may have moved.
+                    Cause::Fork | Cause::Lost => cache.invalidate(0, u64::MAX),
+                    _ => cache.invalidate(addr, len),
+                };
+            }
+        };
+        let monitor: Arc<dyn MemoryMonitor> = Arc::from(
+            memmon::monitor_from_env(Arc::new(sink))
+                .unwrap_or_else(|e| panic!("pagewire: pindown mode: {e}")),
+        );
+        self.caching = monitor.is_reliable();
+        let registrar = MonitoredRegistrar::new(NicRegistrar::new(nic.clone()), monitor.clone());
         let reserve = nic.counters().pinned_now + (256 << 10) * 4;
         let config = self.config.unwrap_or_else(|| {
             CacheConfig::from_env(pagewire_transport::sys::memlock_rlimit(), reserve)
                 .unwrap_or_else(|e| panic!("pagewire: pindown mode settings: {e}"))
         });
-        self.cache = Some(SharedPinDownCache::new(crate::PinDownCache::with_config(
-            registrar, config,
-        )));
+        let cache = SharedPinDownCache::new(crate::PinDownCache::with_config(registrar, config));
+        *slot.lock() = Some(cache.downgrade());
+        self.cache = Some(cache);
+        self.monitor = Some(monitor);
     }
 
     fn start(&mut self, nic: &dyn Nic) -> Result<()> {
@@ -217,12 +252,12 @@ impl BufferMode for PindownMode {
         let cache = self.cache.as_ref().expect("started");
         let mut c = cache.lock();
         let h = LeaseHandle::from_token(t.token);
-        let span = c.lease(h).map(|l| (l.base, l.len));
+        let lease = c.lease(h);
         let _ = c.release(h);
-        if !self.caching {
-            if let Some((base, len)) = span {
-                // No invalidations are delivered: do not keep the registration.
-                c.invalidate(base, len);
+        if let Some(l) = lease {
+            if !self.caching || !c.registrar().is_watched(l.lkey) {
+                // Nobody would tell us if this memory changed: do not keep it registered.
+                c.invalidate(l.base, l.len);
             }
         }
     }

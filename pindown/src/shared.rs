@@ -66,8 +66,31 @@ impl<R: Registrar> SharedPinDownCache<R> {
         self.inner.lock().invalidate(addr, len)
     }
 
+    /// A handle that does not keep the cache alive (for a monitor's sink, which the cache's
+    /// registrar in turn keeps alive: a strong handle there would be a cycle).
+    pub fn downgrade(&self) -> WeakPinDownCache<R> {
+        WeakPinDownCache {
+            inner: Arc::downgrade(&self.inner),
+        }
+    }
+
     /// [`PinDownCache::counters`] under the lock.
     pub fn counters(&self) -> CacheCounters {
         self.inner.lock().counters()
+    }
+}
+
+/// A [`SharedPinDownCache`] handle that does not keep the cache alive.
+#[derive(Debug)]
+pub struct WeakPinDownCache<R: Registrar> {
+    inner: std::sync::Weak<Mutex<PinDownCache<R>>>,
+}
+
+impl<R: Registrar> WeakPinDownCache<R> {
+    /// The cache, if it still exists.
+    pub fn upgrade(&self) -> Option<SharedPinDownCache<R>> {
+        self.inner
+            .upgrade()
+            .map(|inner| SharedPinDownCache { inner })
     }
 }

@@ -172,6 +172,26 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+
+    /// The memory monitor cannot run in this process (userfaultfd not permitted or not
+    /// supported); registrations must not be cached.
+    #[error("memory monitor unavailable: {reason}")]
+    MonitorUnavailable {
+        /// What failed, in one line.
+        reason: String,
+    },
+
+    /// The memory monitor cannot see changes to this range, so a registration over it must
+    /// not be cached (it is registered for one transfer instead).
+    #[error("cannot watch {len} bytes at {addr:#x} for address-space changes: {reason}")]
+    UnwatchableRange {
+        /// Start of the range (page-aligned).
+        addr: u64,
+        /// Length of the range (whole pages).
+        len: u64,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl Error {

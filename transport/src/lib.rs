@@ -6,6 +6,7 @@
 pub mod boot;
 pub mod buffer_mode;
 pub mod error;
+pub mod memmon;
 pub mod msg;
 pub mod nic;
 pub mod sys;

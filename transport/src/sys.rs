@@ -381,19 +381,25 @@ impl AnonMapping {
     }
 
     /// Drops the pages of `[offset, offset+len)` (`MADV_DONTNEED`): the next access sees
-    /// zero-filled fresh pages, and the NIC must fault them in again.
+    /// zero-filled fresh pages, and the NIC must fault them in again. Pages locked by a
+    /// pinned registration refuse `MADV_DONTNEED` (EINVAL); they are discarded with
+    /// `MADV_DONTNEED_LOCKED` (Linux 5.18) instead, as an application would have to.
     pub fn discard(&mut self, offset: usize, len: usize) -> io::Result<()> {
-        assert!(
-            offset + len <= self.len,
-            "discard range outside the mapping"
-        );
+        const MADV_DONTNEED_LOCKED: libc::c_int = 24;
+        assert!(offset + len <= self.len, "discard range outside the mapping");
         let (a, l) = page_span(self.addr() + offset as u64, len as u64);
-        // SAFETY: the range lies inside our own mapping; DONTNEED on private anonymous memory
-        // only replaces pages with zero-fill-on-demand.
-        if unsafe { libc::madvise(a as *mut libc::c_void, l as usize, libc::MADV_DONTNEED) } != 0 {
-            return Err(io::Error::last_os_error());
+        for advice in [libc::MADV_DONTNEED, MADV_DONTNEED_LOCKED] {
+            // SAFETY: the range lies inside our own mapping; discarding private anonymous
+            // memory only replaces pages with zero-fill-on-demand.
+            if unsafe { libc::madvise(a as *mut libc::c_void, l as usize, advice) } == 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINVAL) {
+                return Err(e);
+            }
         }
-        Ok(())
+        Err(io::Error::last_os_error())
     }
 
     /// Unmaps `[offset, offset+len)` (page-aligned) of the mapping, leaving a hole; the
