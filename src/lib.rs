@@ -30,11 +30,13 @@
 // `unsafe` only in `request.rs`, where requests hand borrowed buffers to the message layer.
 #![deny(unsafe_code)]
 
+pub mod collective;
 mod datatype;
 mod point_to_point;
 pub mod request;
 mod topology;
 
+pub use collective::{CommunicatorCollectives, Root, SystemOperation, UserOperation};
 pub use datatype::{Buffer, BufferMut, Equivalence};
 pub use pagewire_transport::{boot, buffer_mode, msg, nic, sys, Error, Result};
 pub use point_to_point::{AnyProcess, Destination, Process, Source, Status};
@@ -42,6 +44,7 @@ pub use topology::{Communicator, Rank, SimpleCommunicator, Tag, Universe, Univer
 
 /// The traits a program imports with `use pagewire::traits::*` (as `mpi::traits::*`).
 pub mod traits {
+    pub use crate::collective::{CommunicatorCollectives, Root};
     pub use crate::datatype::{Buffer, BufferMut, Equivalence};
     pub use crate::point_to_point::{Destination, Source};
     pub use crate::topology::Communicator;

@@ -386,7 +386,10 @@ impl AnonMapping {
     /// `MADV_DONTNEED_LOCKED` (Linux 5.18) instead, as an application would have to.
     pub fn discard(&mut self, offset: usize, len: usize) -> io::Result<()> {
         const MADV_DONTNEED_LOCKED: libc::c_int = 24;
-        assert!(offset + len <= self.len, "discard range outside the mapping");
+        assert!(
+            offset + len <= self.len,
+            "discard range outside the mapping"
+        );
         let (a, l) = page_span(self.addr() + offset as u64, len as u64);
         for advice in [libc::MADV_DONTNEED, MADV_DONTNEED_LOCKED] {
             // SAFETY: the range lies inside our own mapping; discarding private anonymous

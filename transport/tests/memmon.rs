@@ -466,6 +466,41 @@ fn file_mappings_and_holes_are_refused() {
     assert_eq!(m.counters().subscriptions, 0);
 }
 
+#[test]
+fn system_v_hugetlb_shared_memory_is_refused() {
+    let _s = serial();
+    let (m, _r) = monitor();
+    const LEN: u64 = 2 << 20;
+    // SAFETY: a private huge-page segment, attached where the kernel chooses and marked
+    // for removal at once.
+    let a = unsafe {
+        let id = libc::shmget(
+            libc::IPC_PRIVATE,
+            LEN as usize,
+            libc::IPC_CREAT | libc::SHM_HUGETLB | 0o600,
+        );
+        if id < 0 {
+            println!(
+                "skipped: no huge pages for SHM_HUGETLB ({}); vm.nr_hugepages=4 runs it",
+                std::io::Error::last_os_error()
+            );
+            return;
+        }
+        let a = libc::shmat(id, std::ptr::null(), 0);
+        libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut());
+        assert_ne!(a as isize, -1, "shmat");
+        a as u64
+    };
+    touch(a, PG);
+    // hugetlbfs memory can be registered, but shmdt of it is not reported either: the
+    // monitor recognises the segment and refuses.
+    let r = m.subscribe(a, LEN);
+    assert!(matches!(r, Err(Error::UnwatchableRange { .. })), "{r:?}");
+    println!("SHM_HUGETLB segment refused: {}", r.unwrap_err());
+    // SAFETY: detaches the test's own segment.
+    assert_eq!(unsafe { libc::shmdt(a as *const libc::c_void) }, 0);
+}
+
 /// Forks a child that reports through its exit status whether the monitor is inactive in
 /// it, and waits for it.
 fn fork_and_wait(m: &UffdMonitor) {
@@ -823,4 +858,116 @@ fn null_monitor_and_the_environment_setting() {
         MonitorChoice::Uffd
     );
     assert!(MonitorChoice::parse(Some("yes")).is_err());
+}
+
+/// The alternative this monitor avoids, measured: registering in `MODE_MISSING` routes
+/// every first touch to a resolving thread (here with `UFFDIO_COPY` of a zero page, one
+/// round trip per fault). Run with `-- --ignored --nocapture missing_mode`.
+#[test]
+#[ignore = "measurement for docs/memmon.md"]
+fn missing_mode_first_touch_for_comparison() {
+    let _s = serial();
+    #[repr(C)]
+    struct Api {
+        api: u64,
+        features: u64,
+        ioctls: u64,
+    }
+    #[repr(C)]
+    struct Register {
+        start: u64,
+        len: u64,
+        mode: u64,
+        ioctls: u64,
+    }
+    #[repr(C)]
+    struct Copy {
+        dst: u64,
+        src: u64,
+        len: u64,
+        mode: u64,
+        copy: i64,
+    }
+    const UFFDIO_API: u64 = 0xC018_AA3F;
+    const UFFDIO_REGISTER: u64 = 0xC020_AA00;
+    const UFFDIO_COPY: u64 = 0xC028_AA03;
+    const LEN: u64 = 64 << 20;
+    // SAFETY: creates a descriptor; UFFDIO_API reads and writes one struct we own.
+    let fd = unsafe {
+        let fd = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | 1) as i32;
+        assert!(fd >= 0, "userfaultfd: {}", std::io::Error::last_os_error());
+        let mut api = Api {
+            api: 0xAA,
+            features: 0,
+            ioctls: 0,
+        };
+        assert_eq!(libc::ioctl(fd, UFFDIO_API as _, &mut api), 0);
+        fd
+    };
+    let resolver = std::thread::spawn(move || {
+        let zero = vec![0u8; PG as usize];
+        let mut faults = 0u64;
+        loop {
+            let mut msg = [0u64; 4];
+            // SAFETY: reads one 32-byte message into a buffer we own (blocking).
+            let n = unsafe { libc::read(fd, msg.as_mut_ptr() as *mut libc::c_void, 32) };
+            if n != 32 {
+                return faults;
+            }
+            let event = msg[0] as u8;
+            if event != 0x12 {
+                continue;
+            }
+            let addr = msg[2] & !(PG - 1);
+            if addr == 0 {
+                return faults; // the test's stop signal (a fault at the end marker)
+            }
+            let mut c = Copy {
+                dst: addr,
+                src: zero.as_ptr() as u64,
+                len: PG,
+                mode: 0,
+                copy: 0,
+            };
+            // SAFETY: fills the faulting page of the registered test mapping from our zero
+            // page and wakes the faulting thread.
+            unsafe { libc::ioctl(fd, UFFDIO_COPY as _, &mut c) };
+            faults += 1;
+        }
+    });
+    let time = |missing: bool| {
+        let a = mmap(LEN, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
+        if missing {
+            let mut r = Register {
+                start: a,
+                len: LEN,
+                mode: 1,
+                ioctls: 0,
+            };
+            // SAFETY: registers the test's own fresh mapping for missing faults.
+            assert_eq!(unsafe { libc::ioctl(fd, UFFDIO_REGISTER as _, &mut r) }, 0);
+        }
+        let t = monotonic_ns();
+        touch(a, LEN);
+        let ns = monotonic_ns() - t;
+        munmap(a, LEN);
+        ns
+    };
+    let (mut plain, mut missing) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        plain.push(time(false));
+        missing.push(time(true));
+    }
+    let (p, m) = (median(&mut plain), median(&mut missing));
+    println!(
+        "first touch of 64 MiB: unregistered {:.1} ms, MODE_MISSING with a resolving thread \
+         {:.1} ms (x{:.1})",
+        p as f64 / 1e6,
+        m as f64 / 1e6,
+        m as f64 / p as f64
+    );
+    // SAFETY: closing the descriptor makes the resolver's blocking read fail and return.
+    unsafe { libc::close(fd) };
+    let faults = resolver.join().unwrap();
+    assert_eq!(faults, 3 * LEN / PG);
 }
