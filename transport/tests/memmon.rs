@@ -467,6 +467,40 @@ fn file_mappings_and_holes_are_refused() {
 }
 
 #[test]
+fn hugetlb_memory_is_watched_in_whole_huge_pages() {
+    let _s = serial();
+    let (m, r) = monitor();
+    const LEN: u64 = 2 << 20;
+    // SAFETY: a new huge-page mapping at an address of the kernel's choosing.
+    let a = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            LEN as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
+            -1,
+            0,
+        )
+    };
+    if a == libc::MAP_FAILED {
+        println!(
+            "skipped: no huge pages for MAP_HUGETLB ({}); vm.nr_hugepages=4 runs it",
+            std::io::Error::last_os_error()
+        );
+        return;
+    }
+    let a = a as u64;
+    touch(a, PG);
+    // A buffer inside the huge page: registered as the whole huge page.
+    let id = m.subscribe(a + PG, 2 * PG).unwrap();
+    munmap(a, LEN);
+    m.flush();
+    assert!(!m.is_valid(id));
+    assert_eq!(r.of(Cause::Unmap), vec![(a + PG, a + 3 * PG)]);
+    m.unsubscribe(id);
+}
+
+#[test]
 fn system_v_hugetlb_shared_memory_is_refused() {
     let _s = serial();
     let (m, _r) = monitor();
@@ -894,7 +928,10 @@ fn missing_mode_first_touch_for_comparison() {
     const LEN: u64 = 64 << 20;
     // SAFETY: creates a descriptor; UFFDIO_API reads and writes one struct we own.
     let fd = unsafe {
-        let fd = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | 1) as i32;
+        let fd = libc::syscall(
+            libc::SYS_userfaultfd,
+            libc::O_CLOEXEC | libc::O_NONBLOCK | 1,
+        ) as i32;
         assert!(fd >= 0, "userfaultfd: {}", std::io::Error::last_os_error());
         let mut api = Api {
             api: 0xAA,
@@ -904,24 +941,32 @@ fn missing_mode_first_touch_for_comparison() {
         assert_eq!(libc::ioctl(fd, UFFDIO_API as _, &mut api), 0);
         fd
     };
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
     let resolver = std::thread::spawn(move || {
         let zero = vec![0u8; PG as usize];
         let mut faults = 0u64;
-        loop {
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd we own, 50 ms timeout.
+            if unsafe { libc::poll(&mut p, 1, 50) } <= 0 {
+                continue;
+            }
             let mut msg = [0u64; 4];
-            // SAFETY: reads one 32-byte message into a buffer we own (blocking).
+            // SAFETY: reads one 32-byte message into a buffer we own.
             let n = unsafe { libc::read(fd, msg.as_mut_ptr() as *mut libc::c_void, 32) };
             if n != 32 {
-                return faults;
+                continue;
             }
             let event = msg[0] as u8;
             if event != 0x12 {
                 continue;
             }
             let addr = msg[2] & !(PG - 1);
-            if addr == 0 {
-                return faults; // the test's stop signal (a fault at the end marker)
-            }
             let mut c = Copy {
                 dst: addr,
                 src: zero.as_ptr() as u64,
@@ -934,6 +979,7 @@ fn missing_mode_first_touch_for_comparison() {
             unsafe { libc::ioctl(fd, UFFDIO_COPY as _, &mut c) };
             faults += 1;
         }
+        faults
     });
     let time = |missing: bool| {
         let a = mmap(LEN, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
@@ -966,8 +1012,9 @@ fn missing_mode_first_touch_for_comparison() {
         m as f64 / 1e6,
         m as f64 / p as f64
     );
-    // SAFETY: closing the descriptor makes the resolver's blocking read fail and return.
-    unsafe { libc::close(fd) };
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let faults = resolver.join().unwrap();
+    // SAFETY: closes the descriptor this test opened, after its last user stopped.
+    unsafe { libc::close(fd) };
     assert_eq!(faults, 3 * LEN / PG);
 }

@@ -30,7 +30,12 @@
 //! | events lost (the monitor's queue overflowed) | [`Cause::Lost`], for every subscription |
 //!
 //! Callbacks cover only the pages that are both subscribed (by this monitor) and changed,
-//! page-aligned, one call per maximal run.
+//! page-aligned, one call per maximal run, for every event (a subscription's
+//! [`MemoryMonitor::is_valid`] turns false at the first and stays false; an ODP table that
+//! keeps its subscription gets every later change too). Invalidations err on the safe side:
+//! the kernel reports the range given to `munmap`/`madvise` even where a call failed or
+//! left a hole, and an event read while a range is being subscribed may hit the new
+//! subscription.
 //!
 //! # What is not caught
 //!
@@ -67,9 +72,11 @@
 //!    for it), and treats `false` as a miss;
 //! 4. unsubscribes when it drops the entry.
 //!
-//! The sink may drop and deregister entries, free memory, even unmap subscribed memory:
-//! events it causes are read by the other monitor thread, so it cannot deadlock on itself
-//! (the trap of libfabric issue 5554). It should be quick: threads in `flush` wait for it.
+//! The sink may take locks, allocate, drop and deregister entries, even unmap subscribed
+//! memory: events are read by a second thread that takes no lock and never allocates, so
+//! neither the sink nor a `fork()` in progress can stop them being read (the hang of
+//! libfabric issue 5554). Events a sink causes are covered by the next `flush`. The sink
+//! should be quick: threads in `flush` wait for it.
 //!
 //! # When userfaultfd is not permitted
 //!

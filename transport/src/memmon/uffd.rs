@@ -403,9 +403,12 @@ impl UffdMonitor {
         // finds it; `born` before it too (module docs).
         let born = self.core.shared.read_seq.load(SeqCst);
         self.handle.subs.lock().insert(id, start, end, born);
-        if let Err(e) = self.core.shared.acquire(start, end) {
-            self.handle.subs.lock().remove(id);
-            return Err(e);
+        match self.core.shared.acquire(start, end) {
+            Ok((rs, re)) => self.handle.subs.lock().set_registered(id, rs, re),
+            Err(e) => {
+                self.handle.subs.lock().remove(id);
+                return Err(e);
+            }
         }
         Ok(SubscriptionId(id))
     }
@@ -415,7 +418,7 @@ impl Drop for UffdMonitor {
     fn drop(&mut self) {
         let subs = std::mem::take(&mut *self.handle.subs.lock());
         if self.in_owner_process() {
-            for (start, end) in subs.by_id.values().map(|s| (s.start, s.end)) {
+            for (start, end) in subs.by_id.values().map(|s| s.registered) {
                 self.core.shared.release(start, end);
             }
         }
@@ -598,14 +601,29 @@ extern "C" fn atfork_parent() {
 impl Shared {
     /// Registers `[start, end)` with the kernel (idempotent for pages this descriptor
     /// already watches) and counts a reference on its pages.
-    fn acquire(&self, start: u64, end: u64) -> Result<()> {
+    ///
+    /// hugetlbfs memory must be registered in whole huge pages: when the page-aligned
+    /// range is refused with `EINVAL`, the range rounded out to 2 MiB and then to 1 GiB is
+    /// tried. Returns the range registered.
+    fn acquire(&self, start: u64, end: u64) -> Result<(u64, u64)> {
         let unwatchable = |reason: String| Error::UnwatchableRange {
             addr: start,
             len: end - start,
             reason,
         };
         let mut reg = self.registry.lock();
-        let ioctls = self.uffd.register_wp(start, end - start).map_err(|e| {
+        let mut attempt = self
+            .uffd
+            .register_wp(start, end - start)
+            .map(|i| (i, start, end));
+        for huge in [2u64 << 20, 1 << 30] {
+            if !matches!(&attempt, Err(e) if e.raw_os_error() == Some(libc::EINVAL)) {
+                break;
+            }
+            let (hs, he) = (start & !(huge - 1), end.div_ceil(huge) * huge);
+            attempt = self.uffd.register_wp(hs, he - hs).map(|i| (i, hs, he));
+        }
+        let (ioctls, start, end) = attempt.map_err(|e| {
             let why = match e.raw_os_error() {
                 Some(libc::EINVAL) => {
                     "it is not anonymous, shmem or hugetlbfs memory (a file mapping or a System \
@@ -638,7 +656,7 @@ impl Shared {
             return Err(unwatchable("it is not entirely mapped".into()));
         }
         reg.add(start, end);
-        Ok(())
+        Ok((start, end))
     }
 
     /// Drops a reference on the pages of `[start, end)`; unregisters those left with none.
@@ -908,6 +926,8 @@ struct Sub {
     valid: bool,
     /// `read_seq` before the registration: batches tagged below it do not apply.
     born: u64,
+    /// The range registered for it (whole huge pages on hugetlbfs).
+    registered: (u64, u64),
 }
 
 /// One monitor's subscriptions, indexed by start for overlap queries.
@@ -928,6 +948,7 @@ impl Subs {
                 end,
                 valid: true,
                 born,
+                registered: (start, end),
             },
         );
         self.by_start.insert((start, id));
@@ -935,11 +956,18 @@ impl Subs {
         self.watched_bytes += end - start;
     }
 
+    /// Forgets a subscription; returns the range registered for it.
     fn remove(&mut self, id: u64) -> Option<(u64, u64)> {
         let s = self.by_id.remove(&id)?;
         self.by_start.remove(&(s.start, id));
         self.watched_bytes -= s.end - s.start;
-        Some((s.start, s.end))
+        Some(s.registered)
+    }
+
+    fn set_registered(&mut self, id: u64, start: u64, end: u64) {
+        if let Some(s) = self.by_id.get_mut(&id) {
+            s.registered = (start, end);
+        }
     }
 
     fn is_valid(&self, id: u64) -> bool {

@@ -9,6 +9,7 @@
 //!
 //! The ioctl numbers use the generic `_IOC` encoding (x86_64, aarch64, riscv64, loongarch64,
 //! s390x); on other architectures [`open`] reports the monitor unavailable.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -351,8 +352,8 @@ impl EventFd {
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: a fresh descriptor that nothing else owns.
         Ok(EventFd {
+            // SAFETY: a fresh descriptor that nothing else owns.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
         })
     }
