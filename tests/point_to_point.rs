@@ -697,13 +697,16 @@ fn pindown_stale(u: &pagewire::Universe) {
             "the unmapped registration was not invalidated (same address: {})",
             b.addr() == first
         );
-        // MADV_DONTNEED on the pinned (mlocked) pages needs MADV_DONTNEED_LOCKED; the bytes
-        // must arrive new. Whether the monitor reports this discard of locked pages to the
-        // cache is not asserted yet (open in issue 4; the soft NIC moves bytes by virtual
-        // address, so a stale registration would still deliver them).
+        // MADV_DONTNEED on pinned (mlocked) pages needs MADV_DONTNEED_LOCKED (`discard`
+        // falls back to it); the monitor reports it as a removal.
+        let before = inval();
         b.discard(0, N).unwrap();
         b.as_mut_slice().fill(3);
         peer.send(&b.as_slice()[..N]);
+        assert!(
+            inval() > before,
+            "MADV_DONTNEED did not invalidate the registration"
+        );
         let c = u.with_p2p(|p| p.mode_counters());
         assert!(c.hits >= 1, "{c:?}");
     } else {

@@ -170,13 +170,19 @@ impl BufferMode for PindownMode {
         len: usize,
         dir: Direction,
     ) -> Result<Transfer> {
-        let cache = self.cache.as_ref().expect("started");
         if len == 0 {
             return Ok(Transfer {
                 token: FALLBACK,
                 ..self.fallback.transfer()
             });
         }
+        // Every change that returned to the application before now reaches the cache first
+        // (the monitor's contract: munmap may return before the callback has run). No cache
+        // lock is held here: the sink takes it.
+        if let Some(m) = &self.monitor {
+            m.flush();
+        }
+        let cache = self.cache.as_ref().expect("started");
         match cache.acquire(user_addr, len as u64).map_err(cache_err)? {
             Acquire::Hit(l) | Acquire::Miss(l) => Ok(Transfer {
                 pipeline: Pipeline {

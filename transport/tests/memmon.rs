@@ -313,6 +313,32 @@ fn madvise_dontneed_and_free_are_removes() {
     }
 }
 
+/// Pinned memory (the soft NIC mlocks what it registers): MADV_DONTNEED fails on locked
+/// pages without changing them, MADV_DONTNEED_LOCKED discards them and is reported.
+#[test]
+fn madvise_dontneed_locked_on_mlocked_pages_is_a_remove() {
+    let _s = serial();
+    let (m, r) = monitor();
+    let a = anon(8);
+    pagewire_transport::sys::mlock(a, 8 * PG).unwrap();
+    let id = m.subscribe(a, 8 * PG).unwrap();
+    // SAFETY: advice on the test's own mapping; refused on locked pages.
+    let rc = unsafe {
+        libc::madvise(
+            a as *mut libc::c_void,
+            (8 * PG) as usize,
+            libc::MADV_DONTNEED,
+        )
+    };
+    assert_eq!(rc, -1, "MADV_DONTNEED on mlocked pages is refused");
+    assert!(m.still_valid(id), "nothing changed, nothing reported");
+    madvise(a + 2 * PG, 4 * PG, libc::MADV_DONTNEED_LOCKED);
+    m.flush();
+    assert_eq!(r.of(Cause::Remove), vec![(a + 2 * PG, a + 6 * PG)]);
+    assert!(!m.is_valid(id));
+    munmap(a, 8 * PG);
+}
+
 #[test]
 fn madvise_remove_on_shared_memory_is_a_remove() {
     let _s = serial();

@@ -306,11 +306,14 @@ impl MemoryMonitor for UffdMonitor {
     }
 
     fn unsubscribe(&self, id: SubscriptionId) {
+        // In a forked child the inherited state is not touched (its locks may have been
+        // held by threads that do not exist here).
+        if !self.in_owner_process() {
+            return;
+        }
         let removed = self.handle.subs.lock().remove(id.0);
         if let Some((start, end)) = removed {
-            if self.in_owner_process() {
-                self.core.shared.release(start, end);
-            }
+            self.core.shared.release(start, end);
         }
     }
 
@@ -331,9 +334,11 @@ impl MemoryMonitor for UffdMonitor {
     fn counters(&self) -> MonitorCounters {
         let h = &self.handle;
         let g = &self.core.shared.counters;
-        let (subscriptions, watched_bytes) = {
+        let (subscriptions, watched_bytes) = if self.in_owner_process() {
             let s = h.subs.lock();
             (s.by_id.len() as u64, s.watched_bytes)
+        } else {
+            (0, 0)
         };
         MonitorCounters {
             events_read: g.events_read.load(Relaxed),
@@ -416,11 +421,12 @@ impl UffdMonitor {
 
 impl Drop for UffdMonitor {
     fn drop(&mut self) {
+        if !self.in_owner_process() {
+            return; // a forked child's copy: see `unsubscribe`
+        }
         let subs = std::mem::take(&mut *self.handle.subs.lock());
-        if self.in_owner_process() {
-            for (start, end) in subs.by_id.values().map(|s| s.registered) {
-                self.core.shared.release(start, end);
-            }
+        for (start, end) in subs.by_id.values().map(|s| s.registered) {
+            self.core.shared.release(start, end);
         }
         self.core
             .shared
