@@ -3,7 +3,6 @@
 //! `PAGEWIRE_TEST_ROLE=NAME` set; in those processes the test function plays a rank.
 #![allow(dead_code)]
 
-use std::ffi::OsString;
 use std::time::Duration;
 
 use pagewire::boot::{self, JobOutcome, LaunchConfig};
@@ -28,37 +27,17 @@ pub fn launch(name: &str, n: usize, env: &[(&str, &str)]) -> JobOutcome {
     launch_wrapped(name, n, env, None)
 }
 
-/// Like [`launch`], each rank started through `wrapper` (e.g. `["prlimit", "--memlock=65536"]`).
+/// Launches `n` ranks of test `name` (optionally each through a `wrapper` such as
+/// `prlimit`) and returns the outcome, without judging it.
 pub fn launch_wrapped(
     name: &str,
     n: usize,
     env: &[(&str, &str)],
     wrapper: Option<&[&str]>,
 ) -> JobOutcome {
-    let mut envs: Vec<(OsString, OsString)> = vec![(ROLE.into(), name.into())];
-    envs.extend(
-        env.iter()
-            .map(|(k, v)| (OsString::from(k), OsString::from(v))),
-    );
-    let exe = std::env::current_exe().expect("current_exe");
-    let mut args: Vec<OsString> = Vec::new();
-    let program = match wrapper {
-        Some(w) => {
-            args.extend(w[1..].iter().map(OsString::from));
-            args.push(exe.into_os_string());
-            w[0].into()
-        }
-        None => exe,
-    };
-    args.extend([name, "--exact", "--nocapture", "--test-threads=1", "-q"].map(OsString::from));
-    boot::launch(&LaunchConfig {
-        ranks: n,
-        program,
-        args,
-        timeout: Some(Duration::from_secs(180)),
-        env: envs,
-    })
-    .expect("launch")
+    let cfg = LaunchConfig::current_test(name, n, ROLE, env, wrapper, Duration::from_secs(180))
+        .expect("current_exe");
+    boot::launch(&cfg).expect("launch")
 }
 
 /// Deterministic bytes: stream `seed`.

@@ -71,6 +71,44 @@ impl LaunchConfig {
             env: Vec::new(),
         }
     }
+
+    /// For multi-process tests: `ranks` copies of the running test binary, each filtered to
+    /// test `name` (`NAME --exact --test-threads=1`) and told by `role_var=NAME` to play a
+    /// rank's part, with `env` added, each started through `wrapper` if given (e.g.
+    /// `["prlimit", "--memlock=65536"]`), stopped after `timeout`.
+    pub fn current_test(
+        name: &str,
+        ranks: usize,
+        role_var: &str,
+        env: &[(&str, &str)],
+        wrapper: Option<&[&str]>,
+        timeout: std::time::Duration,
+    ) -> std::io::Result<Self> {
+        let exe = std::env::current_exe()?;
+        let mut args: Vec<OsString> = Vec::new();
+        let program = match wrapper {
+            Some(w) if !w.is_empty() => {
+                args.extend(w[1..].iter().map(OsString::from));
+                args.push(exe.into_os_string());
+                PathBuf::from(w[0])
+            }
+            _ => exe,
+        };
+        args.extend(["--exact", "--nocapture", "--test-threads=1", "-q"].map(OsString::from));
+        args.insert(args.len() - 4, OsString::from(name));
+        let mut vars: Vec<(OsString, OsString)> = vec![(role_var.into(), name.into())];
+        vars.extend(
+            env.iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+        );
+        Ok(LaunchConfig {
+            ranks,
+            program,
+            args,
+            timeout: Some(timeout),
+            env: vars,
+        })
+    }
 }
 
 /// How a job ended.

@@ -5,7 +5,6 @@
 //! processes the test function plays a rank's part ([`ranks`]).
 #![allow(dead_code)]
 
-use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
 use pagewire_transport::boot::{self, Bootstrap, JobOutcome, LaunchConfig};
@@ -133,32 +132,12 @@ pub fn ranks(name: &str, n: usize, env: &[(&str, &str)], body: fn(&Rank)) -> Opt
 }
 
 /// Launches `n` ranks of test `name` (optionally wrapped by a program such as `prlimit`)
-/// and returns the outcome, without judging it.
+/// Launches `n` ranks of test `name` (optionally each through a `wrapper` such as
+/// `prlimit`) and returns the outcome, without judging it.
 pub fn launch(name: &str, n: usize, env: &[(&str, &str)], wrapper: Option<&[&str]>) -> JobOutcome {
-    let exe = std::env::current_exe().expect("current_exe");
-    let mut args: Vec<OsString> = Vec::new();
-    let program = match wrapper {
-        Some(w) => {
-            args.extend(w[1..].iter().map(OsString::from));
-            args.push(exe.into_os_string());
-            w[0].into()
-        }
-        None => exe,
-    };
-    args.extend([name, "--exact", "--nocapture", "--test-threads=1", "-q"].map(OsString::from));
-    let mut envs: Vec<(OsString, OsString)> = vec![(ROLE.into(), name.into())];
-    envs.extend(
-        env.iter()
-            .map(|(k, v)| (OsString::from(k), OsString::from(v))),
-    );
-    boot::launch(&LaunchConfig {
-        ranks: n,
-        program,
-        args,
-        timeout: Some(Duration::from_secs(120)),
-        env: envs,
-    })
-    .expect("launch")
+    let cfg = LaunchConfig::current_test(name, n, ROLE, env, wrapper, Duration::from_secs(120))
+        .expect("current_exe");
+    boot::launch(&cfg).expect("launch")
 }
 
 /// Deterministic test bytes: byte `i` of stream `seed`.
