@@ -103,13 +103,11 @@ fn tables_name_the_provider_and_show_the_counters() {
 
 #[test]
 fn the_staged_path_is_reported_when_forced() {
-    let out = Command::new(env!("CARGO_BIN_EXE_pw-perftest"))
-        .args(["write_bw", "--size", "65536", "--iters", "50"])
-        .env("PAGEWIRE_SOFT_DMA", "staged")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success());
+    let (code, text, err) = perftest_with(
+        &["write_bw", "--size", "65536", "--iters", "50"],
+        &[("PAGEWIRE_SOFT_DMA", "staged")],
+    );
+    assert_eq!(code, 0, "{err}");
     assert!(
         text.contains("staged through the shared-memory ring"),
         "{text}"
@@ -127,14 +125,11 @@ fn bad_flags_and_settings_get_one_clear_line() {
     let (code, _, err) = perftest(&["fly"]);
     assert_eq!(code, 2);
     assert!(err.contains("write_bw"), "{err}");
-    let out = Command::new(env!("CARGO_BIN_EXE_pw-perftest"))
-        .args(["write_bw", "--iters", "5"])
-        .env("PAGEWIRE_SOFT_DMA", "fast")
-        .env("RUST_BACKTRACE", "0")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (code, _, err) = perftest_with(
+        &["write_bw", "--iters", "5"],
+        &[("PAGEWIRE_SOFT_DMA", "fast")],
+    );
+    assert_ne!(code, 0);
     assert!(
         err.contains("PAGEWIRE_SOFT_DMA=fast") && err.contains("auto, cma or staged"),
         "{err}"
@@ -143,14 +138,11 @@ fn bad_flags_and_settings_get_one_clear_line() {
 
 #[test]
 fn a_memlock_limit_too_small_for_the_buffers_is_reported_not_crashed() {
-    let out = Command::new(env!("CARGO_BIN_EXE_pw-perftest"))
-        .args(["write_bw", "--size", "1048576", "--iters", "5"])
-        .env("PAGEWIRE_MEMLOCK_LIMIT", "64K")
-        .env("RUST_BACKTRACE", "0")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (code, _, err) = perftest_with(
+        &["write_bw", "--size", "1048576", "--iters", "5"],
+        &[("PAGEWIRE_MEMLOCK_LIMIT", "64K")],
+    );
+    assert_ne!(code, 0);
     assert!(
         err.contains("cannot pin") && err.contains("PAGEWIRE_MEMLOCK_LIMIT"),
         "{err}"
