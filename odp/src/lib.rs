@@ -94,12 +94,22 @@ fn access() -> Access {
 }
 
 /// The ODP mode.
-#[derive(Debug)]
 pub struct OdpMode {
     config: OdpConfig,
+    /// The NIC, for the invalidations it counts (its ODP tables are the mode's state).
+    nic: Option<std::sync::Arc<dyn Nic>>,
     implicit_key: Option<u32>,
     counters: ModeCounters,
     prefetched_bytes: u64,
+}
+
+impl std::fmt::Debug for OdpMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OdpMode")
+            .field("config", &self.config)
+            .field("implicit_key", &self.implicit_key)
+            .finish_non_exhaustive()
+    }
 }
 
 impl OdpMode {
@@ -107,6 +117,7 @@ impl OdpMode {
     pub fn new(config: OdpConfig) -> OdpMode {
         OdpMode {
             config,
+            nic: None,
             implicit_key: None,
             counters: ModeCounters::default(),
             prefetched_bytes: 0,
@@ -216,8 +227,18 @@ impl BufferMode for OdpMode {
         }
     }
 
+    fn attach(&mut self, nic: &std::sync::Arc<dyn Nic>) {
+        self.nic = Some(nic.clone());
+    }
+
+    /// The mode's counters; `invalidations` are the present pages the NIC cleared because
+    /// memory changed under them (the NIC's counters have the faults and prefetches).
     fn counters(&self) -> ModeCounters {
-        self.counters.clone()
+        let mut c = self.counters.clone();
+        if let Some(nic) = &self.nic {
+            c.invalidations = nic.counters().invalidated_pages;
+        }
+        c
     }
 
     fn stop(&mut self, nic: &dyn Nic) {

@@ -4,7 +4,7 @@
 
 use pagewire_pindown::{Acquire, Limits, NicRegistrar, PinDownCache, Policy};
 use pagewire_transport::boot::SingletonBootstrap;
-use pagewire_transport::nic::soft::{DmaMode, MemlockLimit, SoftConfig, SoftNic};
+use pagewire_transport::nic::soft::{DmaMode, MemlockLimit, OdpCheck, SoftConfig, SoftNic};
 use pagewire_transport::nic::PAGE_SIZE;
 use pagewire_transport::sys::AnonMapping;
 
@@ -19,6 +19,7 @@ fn nic(memlock: u64) -> SoftNic {
                 bytes: Some(memlock),
                 source: "test",
             },
+            odp_check: OdpCheck::Monitor,
         },
     )
     .expect("soft NIC")

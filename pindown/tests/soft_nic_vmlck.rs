@@ -6,7 +6,7 @@
 
 use pagewire_pindown::{Acquire, Limits, NicRegistrar, PinDownCache, Policy};
 use pagewire_transport::boot::SingletonBootstrap;
-use pagewire_transport::nic::soft::{DmaMode, MemlockLimit, SoftConfig, SoftNic};
+use pagewire_transport::nic::soft::{DmaMode, MemlockLimit, OdpCheck, SoftConfig, SoftNic};
 use pagewire_transport::nic::Nic;
 use pagewire_transport::sys::{vm_locked_and_resident, AnonMapping};
 
@@ -26,6 +26,7 @@ fn vmlck_stays_within_max_bytes_and_returns_after_drop() {
                 bytes: Some(64 << 20),
                 source: "test",
             },
+            odp_check: OdpCheck::Monitor,
         },
     )
     .expect("soft NIC");

@@ -567,6 +567,13 @@ fn vmlck_rises_on_registration_and_falls_on_deregistration() {
 /// ODP: a cold region faults on first touch (responder side on the target, requester side on
 /// the initiator), RSS grows only by the touched pages, prefetch makes the next access
 /// fault-free, a discarded page faults again, and an unmapped page is never written.
+/// A NIC call with no effect: the soft NIC delivers the owner's pending address-space
+/// changes to its ODP present bits whenever the application enters it.
+fn enter_nic(r: &Rank) {
+    let mut none = Vec::new();
+    r.nic.poll_cq(r.cq, &mut none, 0).unwrap();
+}
+
 fn odp_body(r: &Rank) {
     const SPAN: usize = 256 << 20;
     let qps = r.connect_all(false);
@@ -657,10 +664,14 @@ fn odp_body(r: &Rank) {
         );
     }
     r.boot.barrier().unwrap();
+    let before_discard = r.nic.counters();
     if me == 1 {
         assert_eq!(r.nic.counters().since(&before).npf_responder, 0);
-        // 3. Discard the first megabyte (MADV_DONTNEED): its pages must fault again.
+        // 3. Discard the first megabyte (MADV_DONTNEED): its pages must fault again. The
+        // owner enters the NIC before telling the peer (pagewire's protocols always post):
+        // from then on the change has reached its present bits.
         target.discard(off as usize, 1 << 20).unwrap();
+        enter_nic(r);
     }
     let before = r.nic.counters();
     r.boot.barrier().unwrap();
@@ -682,9 +693,9 @@ fn odp_body(r: &Rank) {
         );
     }
     r.boot.barrier().unwrap();
-    // Whoever checked the target's page tables (the initiator by CMA, the target itself when
-    // staged) saw the discarded page and cleared its present bit.
-    let inval = r.nic.counters().since(&before).invalidated_pages;
+    // The target's memory monitor (or, with PAGEWIRE_MEMMON=none, whoever checked its page
+    // tables) saw the discarded page and cleared its present bit.
+    let inval = r.nic.counters().since(&before_discard).invalidated_pages;
     let all = r.boot.allgather(&inval.to_le_bytes()).unwrap();
     let total: u64 = all
         .iter()
@@ -699,7 +710,9 @@ fn odp_body(r: &Rank) {
     // 4. Unmap the target: the next write faults, the fault cannot be resolved, and the
     // initiator gets a remote access error; nothing lands anywhere.
     let hole = if me == 1 {
-        Some(target.unmap_range(0, SPAN).unwrap())
+        let hole = target.unmap_range(0, SPAN).unwrap();
+        enter_nic(r);
+        Some(hole)
     } else {
         drop(target);
         None

@@ -670,13 +670,13 @@ impl Inner {
     }
 
     /// Pages of `e` (in `owner`'s address space) that the NIC may not use: not present in
-    /// its bitmap, or present there but no longer mapped in the owner's page tables (which
-    /// clears their bit: the interim invalidation check until the memory monitor exists).
+    /// its bitmap, or — where the owner has no memory monitor keeping the bits true — present
+    /// there but no longer mapped in the owner's page tables (which clears their bit).
     fn missing_pages(&self, owner: &Peer, e: Extent) -> Vec<u64> {
         let bits = owner.mem.present();
         let mut missing = bits.missing(e.addr, e.len);
         let pages = sys::page_span(e.addr, e.len).1 / PAGE_SIZE;
-        if (missing.len() as u64) < pages {
+        if (missing.len() as u64) < pages && !owner.mem.odp_monitored() {
             if let Some(pm) = &owner.pagemap {
                 let mut mapped = Vec::with_capacity(pages as usize);
                 if sys::pages_mapped(pm, e.addr, e.len, &mut mapped).is_ok() {

@@ -19,17 +19,20 @@
 //!   present; the initiator then retries. One outstanding fault per queue-pair direction
 //!   (seed 003, "Concurrent page faults"); a whole work request's pages in one batch (seed
 //!   000, "Optimizations").
-//! - **Invalidation** (until the memory monitor exists): before DMA into ODP pages marked
-//!   present, the engine checks the owner's `/proc/PID/pagemap`; pages whose mapping went away
-//!   are cleared and fault again, and a fault on unmapped memory ends in an error completion.
+//! - **Invalidation**: every range made present is watched by the memory monitor, whose
+//!   sink clears the bits of pages that are unmapped, moved, discarded or shared by `fork`
+//!   ([`odp_watch`]); without a monitor, initiators check the owner's `/proc/PID/pagemap`
+//!   before DMA into present pages. A fault on unmapped memory ends in an error completion.
 
 mod engine;
+mod odp_watch;
 mod pin;
 mod present;
 mod ring;
 mod shm;
 mod tpt;
 
+pub use odp_watch::OdpCheck;
 pub use pin::MemlockLimit;
 
 use std::fs::File;
@@ -50,6 +53,7 @@ use crate::nic::{
 use crate::sys::{self, CmaDirection, Extent, ProcessHandle};
 
 use engine::Engine;
+use odp_watch::PresentWatch;
 use pin::PinAccount;
 use present::{PresentBits, PRESENT_BYTES};
 use ring::RING_BYTES;
@@ -67,6 +71,9 @@ const HEADER_BYTES: usize = 4096;
 const DOORBELL: usize = 64;
 /// Header word counting faults filed on this rank's memory (by peers and itself).
 const FAULTS_FILED: usize = 128;
+/// Header word: 1 when this rank's memory monitor keeps its present bits true, 0 when
+/// initiators must check its pagemap.
+const ODP_MONITORED: usize = 192;
 const TPT_OFFSET: usize = HEADER_BYTES;
 const NPF_OFFSET: usize = TPT_OFFSET + TPT_BYTES;
 const NPF_WORDS: usize = 8;
@@ -90,11 +97,13 @@ pub struct SoftConfig {
     pub dma: DmaMode,
     /// Locked-memory limit (`PAGEWIRE_MEMLOCK_LIMIT`, else RLIMIT_MEMLOCK).
     pub memlock: MemlockLimit,
+    /// How ODP present bits learn of address-space changes (`PAGEWIRE_SOFT_ODP_CHECK`).
+    pub odp_check: OdpCheck,
 }
 
 impl SoftConfig {
-    /// Reads `PAGEWIRE_SOFT_DMA` and `PAGEWIRE_MEMLOCK_LIMIT` (bytes, with an optional
-    /// K/M/G suffix, or `unlimited`).
+    /// Reads `PAGEWIRE_SOFT_DMA`, `PAGEWIRE_MEMLOCK_LIMIT` (bytes, with an optional
+    /// K/M/G suffix, or `unlimited`) and `PAGEWIRE_SOFT_ODP_CHECK` (`monitor`, `pagemap`).
     pub fn from_env() -> Result<SoftConfig> {
         let dma = match std::env::var("PAGEWIRE_SOFT_DMA").as_deref() {
             Err(_) | Ok("") | Ok("auto") => DmaMode::Auto,
@@ -120,7 +129,12 @@ impl SoftConfig {
                 source: "RLIMIT_MEMLOCK",
             },
         };
-        Ok(SoftConfig { dma, memlock })
+        let odp_check = OdpCheck::parse(std::env::var("PAGEWIRE_SOFT_ODP_CHECK").ok().as_deref())?;
+        Ok(SoftConfig {
+            dma,
+            memlock,
+            odp_check,
+        })
     }
 }
 
@@ -196,6 +210,11 @@ impl RankMemory {
         }
     }
 
+    /// Whether this rank's memory monitor keeps its present bits true.
+    pub(crate) fn odp_monitored(&self) -> bool {
+        self.seg.words(ODP_MONITORED, 1)[0].load(Acquire) == 1
+    }
+
     fn faults_filed(&self) -> u64 {
         self.seg.words(FAULTS_FILED, 1)[0].load(Acquire)
     }
@@ -267,6 +286,8 @@ pub(crate) struct Inner {
     pub caps: Capabilities,
     pub counters: Counters,
     pub own: Arc<RankMemory>,
+    /// Keeps `own`'s present bits true against address-space changes.
+    pub watch: PresentWatch,
     pub peers: Vec<Peer>,
     regions: Mutex<RegionBook>,
     pub engine: Mutex<Engine>,
@@ -301,6 +322,8 @@ impl SoftNic {
     pub fn new(boot: &dyn Bootstrap, config: SoftConfig) -> Result<SoftNic> {
         let (rank, size, job) = (boot.rank(), boot.size(), boot.job_id().to_string());
         let own = Arc::new(RankMemory::create(&job, rank, size)?);
+        let watch = PresentWatch::new(own.clone(), config.odp_check)?;
+        own.seg.words(ODP_MONITORED, 1)[0].store(watch.uses_monitor() as u64, Release);
         sys::allow_cma_from_siblings();
         let probe = own.seg.addr_of(0);
         let mut mine = Vec::with_capacity(12);
@@ -369,6 +392,7 @@ impl SoftNic {
             caps,
             counters: Counters::default(),
             own,
+            watch,
             peers,
             regions: Mutex::new(RegionBook {
                 regions: vec![None; MAX_MRS],
@@ -523,15 +547,11 @@ impl Inner {
 
     /// Maps `[addr, addr+len)` of this process and marks it present for the NIC.
     pub(crate) fn resolve_fault(&self, addr: u64, len: u64, write: bool) -> bool {
-        match sys::populate(addr, len, write).or_else(|_| sys::populate(addr, len, false)) {
-            Ok(()) => {
-                self.own.present().set(addr, len);
-                true
-            }
-            Err(_) => {
-                self.counters.npf_failed.fetch_add(1, Relaxed);
-                false
-            }
+        if self.watch.make_present(addr, len, write).is_some() {
+            true
+        } else {
+            self.counters.npf_failed.fetch_add(1, Relaxed);
+            false
         }
     }
 
@@ -647,10 +667,12 @@ impl Nic for SoftNic {
             return Ok(());
         }
         let write = advice == Advice::PrefetchWrite;
-        sys::populate(addr, len, write)
-            .or_else(|_| sys::populate(addr, len, false))
-            .map_err(|_| Error::UnmappedRange { addr, len })?;
-        let newly = self.inner.own.present().set(addr, len);
+        self.inner.watch.on_post();
+        let newly = self
+            .inner
+            .watch
+            .make_present(addr, len, write)
+            .ok_or(Error::UnmappedRange { addr, len })?;
         self.inner.counters.prefetch_pages.fetch_add(newly, Relaxed);
         Ok(())
     }
@@ -710,14 +732,17 @@ impl Nic for SoftNic {
     }
 
     unsafe fn post_send(&self, qpn: u32, wr: &SendWr<'_>) -> Result<()> {
+        self.inner.watch.on_post();
         self.inner.post_send(qpn, wr)
     }
 
     unsafe fn post_recv(&self, qpn: u32, wr: &RecvWr<'_>) -> Result<()> {
+        self.inner.watch.on_post();
         self.inner.post_recv(qpn, wr)
     }
 
     fn poll_cq(&self, cq: u32, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
+        self.inner.watch.on_post();
         self.inner
             .last_app_progress
             .store(sys::monotonic_ns(), Relaxed);
@@ -727,7 +752,9 @@ impl Nic for SoftNic {
     }
 
     fn counters(&self) -> CountersSnapshot {
-        self.inner.counters.snapshot()
+        let mut s = self.inner.counters.snapshot();
+        s.invalidated_pages += self.inner.watch.invalidated_pages();
+        s
     }
 }
 

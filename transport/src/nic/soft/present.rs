@@ -63,7 +63,6 @@ impl<'a> PresentBits<'a> {
     }
 
     /// Marks the range not present; returns how many pages were present before.
-    #[cfg(test)]
     pub(crate) fn clear(&self, addr: u64, len: u64) -> u64 {
         self.update(addr, len, false)
     }
