@@ -31,6 +31,162 @@ pub struct Row {
     pub t_usec: f64,
     /// Bandwidth, MB/s (10^6 B/s).
     pub mbytes_per_sec: f64,
+    /// What the buffer mode and the NIC did during the timed repetitions, both ranks.
+    pub counters: RowCounters,
+}
+
+/// The counters that explain a row: deltas over its timed repetitions, summed over ranks 0
+/// and 1.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RowCounters {
+    /// Timed data messages sent by ranks 0 and 1 (not the benchmark's own synchronisation).
+    pub messages: u64,
+    /// Pin-down cache hits.
+    pub hits: u64,
+    /// Pin-down cache misses (registrations made).
+    pub misses: u64,
+    /// Pin-down cache evictions.
+    pub evictions: u64,
+    /// Transfers that fell back to copying.
+    pub fallbacks: u64,
+    /// Registrations (pin-down) or present pages (ODP) invalidated.
+    pub invalidations: u64,
+    /// Network page faults on the initiator's own memory.
+    pub npf_requester: u64,
+    /// Network page faults on the target's memory.
+    pub npf_responder: u64,
+    /// Pages made present by faults.
+    pub npf_pages: u64,
+    /// Pages made present by prefetch.
+    pub prefetch_pages: u64,
+}
+
+impl RowCounters {
+    const N: usize = 10;
+
+    /// This rank's totals so far.
+    pub fn now(u: &pagewire::Universe) -> RowCounters {
+        u.with_p2p(|p| {
+            let (c, m, n) = (p.counters(), p.mode_counters(), p.nic_counters());
+            RowCounters {
+                messages: c.eager_sent + c.rndv_sent, // replaced by the kernel's own count
+                hits: m.hits,
+                misses: m.misses,
+                evictions: m.evictions,
+                fallbacks: m.fallbacks,
+                invalidations: m.invalidations,
+                npf_requester: n.npf_requester,
+                npf_responder: n.npf_responder,
+                npf_pages: n.npf_pages,
+                prefetch_pages: n.prefetch_pages,
+            }
+        })
+    }
+
+    fn to_array(self) -> [u64; Self::N] {
+        [
+            self.messages,
+            self.hits,
+            self.misses,
+            self.evictions,
+            self.fallbacks,
+            self.invalidations,
+            self.npf_requester,
+            self.npf_responder,
+            self.npf_pages,
+            self.prefetch_pages,
+        ]
+    }
+
+    fn from_array(a: [u64; Self::N]) -> RowCounters {
+        RowCounters {
+            messages: a[0],
+            hits: a[1],
+            misses: a[2],
+            evictions: a[3],
+            fallbacks: a[4],
+            invalidations: a[5],
+            npf_requester: a[6],
+            npf_responder: a[7],
+            npf_pages: a[8],
+            prefetch_pages: a[9],
+        }
+    }
+
+    fn zip(self, other: RowCounters, f: impl Fn(u64, u64) -> u64) -> RowCounters {
+        let (a, b) = (self.to_array(), other.to_array());
+        RowCounters::from_array(std::array::from_fn(|i| f(a[i], b[i])))
+    }
+
+    /// Pin-down hit rate in percent (`None` without lookups).
+    pub fn hit_rate(&self) -> Option<f64> {
+        let lookups = self.hits + self.misses;
+        (lookups > 0).then(|| 100.0 * self.hits as f64 / lookups as f64)
+    }
+
+    /// Network page faults per message.
+    pub fn npfs_per_message(&self) -> f64 {
+        (self.npf_requester + self.npf_responder) as f64 / self.messages.max(1) as f64
+    }
+}
+
+/// The order of the buffers of an off-cache rotation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Pattern {
+    /// IMB's: buffer `i mod n` at repetition `i`, each buffer once per cycle (the worst
+    /// case of an LRU cache smaller than the span).
+    #[default]
+    Cyclic,
+    /// Buffers drawn from a Zipf(1) distribution (buffer `k` with weight `1/(k+1)`), the
+    /// same seeded sequence on both ranks: a few hot buffers and a long cold tail, where
+    /// eviction policies differ.
+    Zipf,
+}
+
+/// The buffer index of each repetition: `count` indices below `n`.
+pub fn buffer_sequence(pattern: Pattern, n: usize, count: usize) -> Vec<usize> {
+    match pattern {
+        Pattern::Cyclic => (0..count).map(|i| i % n.max(1)).collect(),
+        Pattern::Zipf => {
+            let mut cdf = Vec::with_capacity(n);
+            let mut total = 0.0;
+            for k in 0..n.max(1) {
+                total += 1.0 / (k + 1) as f64;
+                cdf.push(total);
+            }
+            // xorshift64*, fixed seed: both ranks draw the same sequence.
+            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            (0..count)
+                .map(|_| {
+                    x ^= x >> 12;
+                    x ^= x << 25;
+                    x ^= x >> 27;
+                    let u = (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64
+                        / (1u64 << 53) as f64
+                        * total;
+                    cdf.partition_point(|&c| c < u).min(n.max(1) - 1)
+                })
+                .collect()
+        }
+    }
+}
+
+/// How [`run`] runs its kernels.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunOptions {
+    /// Repetitions per size (default: IMB's rule).
+    pub iters: Option<usize>,
+    /// Messages per window of the streaming kernel.
+    pub window: usize,
+    /// IMB's `-off_cache`: rotate through buffers spanning this many bytes.
+    pub off_cache: Option<usize>,
+    /// The order in which the off-cache buffers are used.
+    pub pattern: Pattern,
+    /// Discard each buffer's pages (`MADV_DONTNEED`) before every repetition, untimed: the
+    /// first touch of every message, by the CPU and by the NIC (ODP faults, pin-down
+    /// misses), is in the timing.
+    pub cold: bool,
 }
 
 /// IMB's repetition rule: `min(1000, 40 MiB / size)`, 1000 for size 0.
@@ -48,81 +204,91 @@ pub fn msglog_sizes(min: u32, max: u32) -> Vec<usize> {
         .collect()
 }
 
-/// Runs `kernel` for every size on ranks 0 and 1 of `world` (others wait in a barrier-like
-/// receive, as IMB's PingPong does). Returns the rows on rank 0.
+/// Runs `kernel` for every size on ranks 0 and 1 of `u`'s world (others wait, as IMB's
+/// PingPong's do). Returns the rows on rank 0.
 ///
-/// `off_cache`: when set, every repetition uses the next buffer of a span of that many bytes
+/// With `off_cache`, every repetition uses the next buffer of a span of that many bytes
 /// (IMB's `-off_cache`), so buffers are cold in the CPU caches and, what matters for
 /// `pindown`, new to the registration cache until the span has been cycled through.
-pub fn run(
-    world: &SimpleCommunicator,
-    kernel: Kernel,
-    sizes: &[usize],
-    iters: Option<usize>,
-    window: usize,
-    off_cache: Option<usize>,
-) -> Vec<Row> {
+pub fn run(u: &pagewire::Universe, kernel: Kernel, sizes: &[usize], o: RunOptions) -> Vec<Row> {
+    let world = u.world();
     let me = world.rank();
     let mut rows = Vec::new();
     let max = sizes.iter().copied().max().unwrap_or(0);
-    let span = off_cache.map_or(max.max(1), |s| s.max(max).max(1) + max);
-    let mut buf = vec![0u8; span];
+    let span = o.off_cache.map_or(max.max(1), |s| s.max(max).max(1) + max);
+    let window = o.window.max(1);
+    let mut mapping = pagewire::sys::AnonMapping::new(span).expect("mmap of the buffers");
     let mut bufs: Vec<Vec<u8>> = if kernel == Kernel::Stream {
         (0..window).map(|_| vec![0u8; max.max(1)]).collect()
     } else {
         Vec::new()
     };
     for &size in sizes {
-        let reps = iters.unwrap_or_else(|| imb_repetitions(size));
+        let reps = o.iters.unwrap_or_else(|| imb_repetitions(size));
         if me > 1 {
             continue;
         }
         let peer = world.process_at_rank(1 - me);
         // Buffer `i` of the rotation (page-aligned steps), or always the first.
         let step = size.div_ceil(4096).max(1) * 4096;
-        let nbuf = off_cache.map_or(1, |s| (s / step).max(1));
-        let at = |i: usize| (i % nbuf) * step;
+        let nbuf = o.off_cache.map_or(1, |s| (s / step).max(1));
+        let order = buffer_sequence(o.pattern, nbuf, reps + 10);
+        let at = |i: usize| order[i] * step;
+        // Untimed: drop the pages of the next buffer, then make sure the peer has too.
+        let make_cold = |m: &mut pagewire::sys::AnonMapping, off: usize| {
+            if o.cold && size > 0 {
+                m.discard(off, step.min(span - off))
+                    .expect("madvise(MADV_DONTNEED)");
+                sync_pair(&peer, me);
+            }
+        };
         // Warm-up, as IMB does before each size.
         for i in 0..reps.min(10) {
-            let o = at(i);
-            pingpong_once(&peer, me, &mut buf[o..o + size]);
+            let off = at(i);
+            make_cold(&mut mapping, off);
+            pingpong_once(&peer, me, &mut mapping.as_mut_slice()[off..off + size]);
         }
         sync_pair(&peer, me);
-        let row = match kernel {
+        let before = RowCounters::now(u);
+        let (t, repetitions, messages) = match kernel {
             Kernel::Footprint => continue,
             Kernel::Pingpong => {
-                let t0 = pagewire::time();
+                let mut t = 0.0;
                 for i in 0..reps {
-                    let o = at(i + 10);
-                    pingpong_once(&peer, me, &mut buf[o..o + size]);
+                    let off = at(i + 10);
+                    make_cold(&mut mapping, off);
+                    let t0 = pagewire::time();
+                    pingpong_once(&peer, me, &mut mapping.as_mut_slice()[off..off + size]);
+                    t += pagewire::time() - t0;
                 }
-                let t = (pagewire::time() - t0) / reps as f64 / 2.0 * 1e6;
-                Row {
-                    bytes: size,
-                    repetitions: reps,
-                    t_usec: t,
-                    mbytes_per_sec: if t > 0.0 { size as f64 / t } else { 0.0 },
-                }
+                (t / reps as f64 / 2.0 * 1e6, reps, 2 * reps)
             }
             Kernel::Stream => {
-                let _ = at;
                 let rounds = reps.div_ceil(window).max(1);
                 let t0 = pagewire::time();
                 for _ in 0..rounds {
                     stream_once(&peer, me, &mut bufs, size);
                 }
                 let msgs = rounds * window;
-                let t = (pagewire::time() - t0) / msgs as f64 * 1e6;
-                Row {
-                    bytes: size,
-                    repetitions: msgs,
-                    t_usec: t,
-                    mbytes_per_sec: if t > 0.0 { size as f64 / t } else { 0.0 },
-                }
+                ((pagewire::time() - t0) / msgs as f64 * 1e6, msgs, msgs)
             }
         };
+        let mine = RowCounters::now(u).zip(before, u64::wrapping_sub);
         if me == 0 {
-            rows.push(row);
+            let mut theirs = [0u64; RowCounters::N];
+            peer.receive_into(&mut theirs[..]);
+            rows.push(Row {
+                bytes: size,
+                repetitions,
+                t_usec: t,
+                mbytes_per_sec: if t > 0.0 { size as f64 / t } else { 0.0 },
+                counters: RowCounters {
+                    messages: messages as u64,
+                    ..mine.zip(RowCounters::from_array(theirs), u64::wrapping_add)
+                },
+            });
+        } else {
+            peer.send(&mine.to_array()[..]);
         }
     }
     rows
@@ -215,6 +381,33 @@ pub fn print(name: &str, procs: i32, rows: &[Row]) {
     println!();
 }
 
+/// Prints, after a table, what explains each row: pin-down hit rate and misses, ODP faults
+/// per message, invalidations and fallbacks (both ranks, timed repetitions only). Kept
+/// apart so the table above stays comparable with IMB's.
+pub fn print_counters(rows: &[Row]) {
+    println!("# counters of ranks 0+1 over the timed repetitions:");
+    println!("#      #bytes   hit%     misses  evictions  fallbacks  invalid.   NPF/msg  NPF pages  prefetched");
+    for r in rows {
+        let c = &r.counters;
+        let hit = c
+            .hit_rate()
+            .map_or_else(|| "-".to_string(), |h| format!("{h:.1}"));
+        println!(
+            "# {:>11} {:>6} {:>10} {:>10} {:>10} {:>9} {:>9.2} {:>10} {:>11}",
+            r.bytes,
+            hit,
+            c.misses,
+            c.evictions,
+            c.fallbacks,
+            c.invalidations,
+            c.npfs_per_message(),
+            c.npf_pages,
+            c.prefetch_pages
+        );
+    }
+    println!();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,5 +419,44 @@ mod tests {
         assert_eq!(imb_repetitions(65536), 640);
         assert_eq!(imb_repetitions(4 << 20), 10);
         assert_eq!(msglog_sizes(0, 2), vec![0, 1, 2, 4]);
+    }
+
+    #[test]
+    fn row_counters_combine_and_explain() {
+        let a = RowCounters {
+            messages: 10,
+            hits: 3,
+            misses: 1,
+            npf_requester: 4,
+            npf_responder: 1,
+            ..Default::default()
+        };
+        let b = RowCounters::from_array(a.to_array());
+        assert_eq!(a, b);
+        let sum = a.zip(b, u64::wrapping_add);
+        assert_eq!((sum.messages, sum.hits), (20, 6));
+        assert_eq!(sum.hit_rate(), Some(75.0));
+        assert_eq!(sum.npfs_per_message(), 0.5);
+        assert_eq!(RowCounters::default().hit_rate(), None);
+    }
+
+    #[test]
+    fn buffer_sequences_cycle_or_follow_zipf() {
+        assert_eq!(
+            buffer_sequence(Pattern::Cyclic, 3, 7),
+            vec![0, 1, 2, 0, 1, 2, 0]
+        );
+        let z = buffer_sequence(Pattern::Zipf, 100, 20_000);
+        assert_eq!(
+            z,
+            buffer_sequence(Pattern::Zipf, 100, 20_000),
+            "deterministic"
+        );
+        assert!(z.iter().all(|&k| k < 100));
+        let count = |k| z.iter().filter(|&&x| x == k).count() as f64;
+        // Zipf(1) over 100: P(0) = 1/H(100) = 0.193, P(1) = 0.096.
+        assert!((count(0) / 20_000.0 - 0.193).abs() < 0.02, "{}", count(0));
+        assert!((count(0) / count(1) - 2.0).abs() < 0.3);
+        assert_eq!(buffer_sequence(Pattern::Zipf, 1, 3), vec![0, 0, 0]);
     }
 }

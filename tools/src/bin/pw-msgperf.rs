@@ -26,6 +26,13 @@ struct Args {
     /// Rotate through buffers spanning this many bytes (IMB `-off_cache`; e.g. 32M).
     #[arg(long, value_parser = parse_size)]
     off_cache: Option<usize>,
+    /// Order of the off-cache buffers: IMB's rotation, or Zipf-distributed reuse.
+    #[arg(long, value_enum, default_value_t = msgperf::Pattern::Cyclic)]
+    pattern: msgperf::Pattern,
+    /// Discard every buffer's pages before each repetition (untimed), so each message's
+    /// first touch — CPU page faults, ODP network page faults, pin-down misses — is timed.
+    #[arg(long)]
+    cold: bool,
     /// Ranks to start when not under a launcher.
     #[arg(long, default_value_t = 2)]
     np: usize,
@@ -93,23 +100,36 @@ fn main() -> anyhow::Result<()> {
             continue;
         }
         let rows = msgperf::run(
-            &world,
+            &universe,
             k,
             &sizes,
-            args.iters,
-            args.window.max(1),
-            args.off_cache,
+            msgperf::RunOptions {
+                iters: args.iters,
+                window: args.window,
+                off_cache: args.off_cache,
+                pattern: args.pattern,
+                cold: args.cold,
+            },
         );
         if world.rank() == 0 {
-            let name = match (k, args.off_cache) {
+            let mut name = match (k, args.off_cache) {
                 (Kernel::Pingpong, None) => "PingPong".to_string(),
-                (Kernel::Pingpong, Some(s)) => {
-                    format!("PingPong (off_cache: rotating over {s} bytes)")
-                }
+                (Kernel::Pingpong, Some(s)) => match args.pattern {
+                    msgperf::Pattern::Cyclic => {
+                        format!("PingPong (off_cache: rotating over {s} bytes)")
+                    }
+                    msgperf::Pattern::Zipf => {
+                        format!("PingPong (off_cache: Zipf-distributed buffers over {s} bytes)")
+                    }
+                },
                 (_, _) => "Stream (window of nonblocking sends)".to_string(),
             };
+            if args.cold && k == Kernel::Pingpong {
+                name.push_str(" (cold: pages discarded before each repetition)");
+            }
             if !args.json {
                 msgperf::print(&name, world.size(), &rows);
+                msgperf::print_counters(&rows);
             }
             all.push((k, rows));
         }
