@@ -656,6 +656,51 @@ fn pindown_fallback(u: &pagewire::Universe) {
     byte_exact(u);
     let c = u.with_p2p(|p| p.mode_counters());
     assert!(c.fallbacks > 0, "no transfer fell back: {c:?}");
+    assert!(c.registered_peak <= 64 << 10, "{c:?}");
+}
+
+/// A working set (16 MiB of rotating buffers) eight times the pin-down limit (2 MiB): the
+/// cache evicts, never pins more than its limit, still hits on reuse, and every byte
+/// arrives.
+fn pindown_limit_below_working_set(u: &pagewire::Universe) {
+    let world = u.world();
+    let peer = world.process_at_rank(1 - world.rank());
+    const SPAN: usize = 16 << 20;
+    let mut buf = vec![0u8; SPAN];
+    for (round, len) in [(1u64, 1usize << 20), (2, 256 << 10), (3, 768 << 10)] {
+        for (i, off) in (0..SPAN - len).step_by(len).enumerate() {
+            let piece = &mut buf[off..off + len];
+            if world.rank() == 0 {
+                piece.copy_from_slice(&pattern(round * 1000 + i as u64, len));
+                peer.send(&*piece);
+                peer.send(&*piece); // the same buffer again: a hit
+            } else {
+                for _ in 0..2 {
+                    peer.receive_into(&mut *piece);
+                    assert!(*piece == pattern(round * 1000 + i as u64, len)[..]);
+                }
+            }
+        }
+    }
+    let c = u.with_p2p(|p| p.mode_counters());
+    assert!(
+        c.registered_peak <= 2 << 20,
+        "pinned beyond the limit: {c:?}"
+    );
+    assert!(c.evictions > 0 && c.hits > 0, "{c:?}");
+}
+
+#[test]
+fn pindown_mode_never_pins_more_than_its_limit() {
+    ranks(
+        "pindown_mode_never_pins_more_than_its_limit",
+        2,
+        &[
+            ("PAGEWIRE_MODE", "pindown"),
+            ("PAGEWIRE_PINDOWN_MAX_BYTES", "2M"),
+        ],
+        pindown_limit_below_working_set,
+    );
 }
 
 #[test]

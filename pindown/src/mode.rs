@@ -284,6 +284,8 @@ impl BufferMode for PindownMode {
             evictions: c.evictions,
             invalidations: c.invalidations,
             fallbacks: c.fallbacks,
+            registered_bytes: c.bytes_pinned,
+            registered_peak: c.peak_bytes_pinned,
         }
     }
 

@@ -89,6 +89,11 @@ pub struct ModeCounters {
     pub invalidations: u64,
     /// Transfers that fell back to copying (pin-down, when registration failed).
     pub fallbacks: u64,
+    /// Bytes the mode's cached registrations pin now (pin-down).
+    pub registered_bytes: u64,
+    /// The most bytes the mode's cached registrations ever pinned at once (pin-down; never
+    /// above its limit).
+    pub registered_peak: u64,
 }
 
 /// What a mode must provide so the protocols can move a user buffer.
