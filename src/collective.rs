@@ -194,7 +194,8 @@ fn tuning() -> Result<Tuning> {
         .map_err(Error::InvalidArgument)
 }
 
-/// Runs `f` on the group of `comm`'s ranks, in its collective context.
+/// Runs `f` on the group of `comm`'s ranks (group ranks mapped to world ranks for a
+/// sub-communicator), in its collective context.
 fn with_group<R>(comm: &SimpleCommunicator, f: impl FnOnce(&mut Group) -> Result<R>) -> Result<R> {
     let tuning = tuning()?;
     let mut p2p = comm.inner.p2p.borrow_mut();
@@ -204,7 +205,7 @@ fn with_group<R>(comm: &SimpleCommunicator, f: impl FnOnce(&mut Group) -> Result
         rank: comm.rank() as usize,
         size: comm.size() as usize,
         tuning,
-        world_ranks: None,
+        world_ranks: comm.world_ranks(),
     };
     f(&mut g)
 }

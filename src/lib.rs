@@ -32,21 +32,25 @@
 
 pub mod collective;
 mod datatype;
-mod point_to_point;
+pub mod point_to_point;
 pub mod request;
-mod topology;
+pub mod topology;
 
 pub use collective::{CommunicatorCollectives, Root, SystemOperation, UserOperation};
 pub use datatype::{Buffer, BufferMut, Equivalence};
 pub use pagewire_transport::{boot, buffer_mode, msg, nic, sys, Error, Result};
-pub use point_to_point::{AnyProcess, Destination, Process, Source, Status};
-pub use topology::{Communicator, Rank, SimpleCommunicator, Tag, Universe, UniverseConfig};
+pub use point_to_point::{
+    AnyProcess, Destination, MatchedReceiveVec, Message, Process, Source, Status,
+};
+pub use topology::{
+    Color, Communicator, Key, Rank, SimpleCommunicator, Tag, Universe, UniverseConfig,
+};
 
 /// The traits a program imports with `use pagewire::traits::*` (as `mpi::traits::*`).
 pub mod traits {
     pub use crate::collective::{CommunicatorCollectives, Root};
     pub use crate::datatype::{Buffer, BufferMut, Equivalence};
-    pub use crate::point_to_point::{Destination, Source};
+    pub use crate::point_to_point::{Destination, MatchedReceiveVec, Source};
     pub use crate::topology::Communicator;
 }
 

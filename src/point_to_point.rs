@@ -1,11 +1,17 @@
 //! Point-to-point communication (rsmpi's `point_to_point`): `Destination` and `Source`
-//! on processes of a communicator.
+//! on processes of a communicator, and the [`Message`]s of matched probes.
+//!
+//! Ranks are the communicator's own: `process_at_rank(r)` of a sub-communicator is its
+//! rank `r`, and a [`Status`] names the sender by its rank in the communicator of the
+//! receive.
 
-use pagewire_transport::msg;
+use std::rc::Rc;
+
+use pagewire_transport::msg::{self, MessageHandle};
 
 use crate::datatype::{Buffer, BufferMut, Equivalence};
 use crate::request::{self, LocalScope, Request};
-use crate::topology::{Rank, SimpleCommunicator, Tag};
+use crate::topology::{Inner, Rank, RankMap, SimpleCommunicator, Tag};
 use crate::{Error, Result};
 
 /// What a completed receive reports (`MPI_Status`).
@@ -15,6 +21,15 @@ pub struct Status {
 }
 
 impl Status {
+    /// The message layer's status with the source as a rank of the group `ranks` (`None`:
+    /// the world).
+    pub(crate) fn in_group(ranks: Option<&RankMap>, mut inner: msg::Status) -> Status {
+        if let Some(m) = ranks {
+            inner.source = m.local_rank(inner.source);
+        }
+        Status { inner }
+    }
+
     /// The sender's rank.
     pub fn source_rank(&self) -> Rank {
         self.inner.source as Rank
@@ -153,7 +168,7 @@ impl Destination for Process<'_> {
 
 /// Receiving (rsmpi's `Source`).
 pub trait Source {
-    /// The source rank, or `None` for any.
+    /// The source's rank in the communicator (checked), or `None` for any.
     fn source(&self) -> Result<Option<usize>>;
     /// The communicator.
     fn comm(&self) -> &SimpleCommunicator;
@@ -216,6 +231,29 @@ pub trait Source {
     fn immediate_probe(&self) -> Option<Status> {
         fatal(self.try_immediate_probe_with_tag(None))
     }
+    /// [`Source::immediate_probe`] for messages with `tag`.
+    fn immediate_probe_with_tag(&self, tag: Tag) -> Option<Status> {
+        fatal(self.try_immediate_probe_with_tag(Some(tag)))
+    }
+    /// Waits for a matching message and takes it out of matching (`MPI_Mprobe`): no other
+    /// receive or probe can match it, and the returned [`Message`] receives exactly it.
+    /// Panics on error.
+    fn matched_probe(&self) -> (Message, Status) {
+        fatal(self.try_matched_probe_with_tag(None))
+    }
+    /// [`Source::matched_probe`] for messages with `tag`.
+    fn matched_probe_with_tag(&self, tag: Tag) -> (Message, Status) {
+        fatal(self.try_matched_probe_with_tag(Some(tag)))
+    }
+    /// [`Source::matched_probe`] if a matching message has arrived, else `None`
+    /// (`MPI_Improbe`).
+    fn immediate_matched_probe(&self) -> Option<(Message, Status)> {
+        fatal(self.try_immediate_matched_probe_with_tag(None))
+    }
+    /// [`Source::immediate_matched_probe`] for messages with `tag`.
+    fn immediate_matched_probe_with_tag(&self, tag: Tag) -> Option<(Message, Status)> {
+        fatal(self.try_immediate_matched_probe_with_tag(Some(tag)))
+    }
 
     /// `receive_into_with_tag`, returning errors (`tag` `None`: any tag).
     fn try_receive_into_with_tag<B: BufferMut + ?Sized>(
@@ -231,16 +269,8 @@ pub trait Source {
         &self,
         tag: Option<Tag>,
     ) -> Result<(Vec<T>, Status)> {
-        let probed = self.try_probe_with_tag(tag)?;
-        let n = probed
-            .count_bytes()
-            .div_ceil(std::mem::size_of::<T>().max(1));
-        let mut v = vec![T::zeroed(); n];
-        // Receive exactly the probed message: same source and tag (non-overtaking keeps the
-        // first match the same).
-        let src = Some(probed.inner.source);
-        let s = request::blocking_receive(self.comm(), src, Some(probed.tag()), v.as_bytes_mut())?;
-        Ok((v, s))
+        let (message, _) = self.try_matched_probe_with_tag(tag)?;
+        message.try_matched_receive_vec()
     }
     /// `immediate_receive_into_with_tag`, returning errors.
     fn try_immediate_receive_into_with_tag<'a, 's, B: BufferMut + ?Sized>(
@@ -262,10 +292,37 @@ pub trait Source {
     }
     /// `immediate_probe`, returning errors.
     fn try_immediate_probe_with_tag(&self, tag: Option<Tag>) -> Result<Option<Status>> {
-        let src = self.source()?;
         let c = self.comm();
+        let src = self.source()?.map(|r| c.world_rank(r));
         let r = c.inner.p2p.borrow_mut().iprobe(src, tag, c.context)?;
-        Ok(r.map(|inner| Status { inner }))
+        Ok(r.map(|inner| Status::in_group(c.ranks.as_deref(), inner)))
+    }
+    /// `matched_probe_with_tag`, returning errors.
+    fn try_matched_probe_with_tag(&self, tag: Option<Tag>) -> Result<(Message, Status)> {
+        loop {
+            if let Some(m) = self.try_immediate_matched_probe_with_tag(tag)? {
+                return Ok(m);
+            }
+        }
+    }
+    /// `immediate_matched_probe_with_tag`, returning errors.
+    fn try_immediate_matched_probe_with_tag(
+        &self,
+        tag: Option<Tag>,
+    ) -> Result<Option<(Message, Status)>> {
+        let c = self.comm();
+        let src = self.source()?.map(|r| c.world_rank(r));
+        let r = c.inner.p2p.borrow_mut().improbe(src, tag, c.context)?;
+        Ok(r.map(|(handle, inner)| {
+            let status = Status::in_group(c.ranks.as_deref(), inner);
+            let message = Message {
+                inner: c.inner.clone(),
+                ranks: c.ranks.clone(),
+                handle: Some(handle),
+                status,
+            };
+            (message, status)
+        }))
     }
 }
 
@@ -284,5 +341,124 @@ impl Source for AnyProcess<'_> {
     }
     fn comm(&self) -> &SimpleCommunicator {
         self.comm
+    }
+}
+
+/// A message that a matched probe took out of matching (rsmpi's `Message`, `MPI_Message`):
+/// only this handle can receive it, with [`Message::matched_receive_into`] and friends
+/// (`MPI_Mrecv`, `MPI_Imrecv`).
+///
+/// Dropping a `Message` without receiving it receives the message into a scratch buffer and
+/// discards it, so its sender is never left waiting (MPI calls dropping an
+/// `MPI_Message` erroneous; rsmpi panics).
+#[must_use = "a matched message is received with matched_receive_into or matched_receive_vec"]
+pub struct Message {
+    inner: Rc<Inner>,
+    ranks: Option<Rc<RankMap>>,
+    handle: Option<MessageHandle>,
+    status: Status,
+}
+
+impl std::fmt::Debug for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Message")
+            .field("handle", &self.handle)
+            .field("status", &self.status)
+            .finish()
+    }
+}
+
+impl Message {
+    /// What the matched probe reported: source, tag and size of the message.
+    pub fn status(&self) -> Status {
+        self.status
+    }
+
+    /// Receives the message into `buf` (`MPI_Mrecv`); panics on error, including
+    /// truncation.
+    pub fn matched_receive_into<B: BufferMut + ?Sized>(self, buf: &mut B) -> Status {
+        fatal(self.try_matched_receive_into(buf))
+    }
+
+    /// Receives the message as one value; panics on error.
+    pub fn matched_receive<T: Equivalence>(self) -> (T, Status) {
+        let mut v = T::zeroed();
+        let s = fatal(self.try_matched_receive_into(&mut v));
+        (v, s)
+    }
+
+    /// Receives the message into a vector of its length; panics on error.
+    pub fn matched_receive_vec<T: Equivalence>(self) -> (Vec<T>, Status) {
+        fatal(self.try_matched_receive_vec())
+    }
+
+    /// Starts receiving the message into `buf` (`MPI_Imrecv`); the request borrows it
+    /// until it completes.
+    pub fn immediate_matched_receive_into<'a, 's, B: BufferMut + ?Sized>(
+        self,
+        scope: &'s LocalScope<'a>,
+        buf: &'a mut B,
+    ) -> Request<'a, 's> {
+        fatal(self.try_immediate_matched_receive_into(scope, buf))
+    }
+
+    /// [`Message::matched_receive_into`], returning errors.
+    pub fn try_matched_receive_into<B: BufferMut + ?Sized>(
+        mut self,
+        buf: &mut B,
+    ) -> Result<Status> {
+        let handle = self.handle.take().expect("an unreceived message");
+        request::matched_receive(&self.inner, self.ranks.clone(), handle, buf.as_bytes_mut())
+    }
+
+    /// [`Message::matched_receive_vec`], returning errors.
+    pub fn try_matched_receive_vec<T: Equivalence>(self) -> Result<(Vec<T>, Status)> {
+        let n = self
+            .status
+            .count_bytes()
+            .div_ceil(std::mem::size_of::<T>().max(1));
+        let mut v = vec![T::zeroed(); n];
+        let s = self.try_matched_receive_into(&mut v[..])?;
+        Ok((v, s))
+    }
+
+    /// [`Message::immediate_matched_receive_into`], returning errors.
+    pub fn try_immediate_matched_receive_into<'a, 's, B: BufferMut + ?Sized>(
+        mut self,
+        scope: &'s LocalScope<'a>,
+        buf: &'a mut B,
+    ) -> Result<Request<'a, 's>> {
+        let handle = self.handle.take().expect("an unreceived message");
+        request::immediate_matched_receive(
+            &self.inner,
+            self.ranks.clone(),
+            scope,
+            handle,
+            buf.as_bytes_mut(),
+        )
+    }
+}
+
+impl Drop for Message {
+    fn drop(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            let mut scratch = vec![0u8; self.status.count_bytes()];
+            // A failure (the sender died, or the layer is busy in an unwinding caller) leaves
+            // nothing more to do with a message nobody wants.
+            let _ = request::matched_receive(&self.inner, None, handle, &mut scratch);
+        }
+    }
+}
+
+/// Receiving the message of a matched probe's `(Message, Status)` into a vector, as rsmpi
+/// writes it: `process.matched_probe().matched_receive_vec()`.
+pub trait MatchedReceiveVec {
+    /// Receives the message into a vector of its length; panics on error.
+    fn matched_receive_vec<T: Equivalence>(self) -> (Vec<T>, Status);
+}
+
+impl MatchedReceiveVec for (Message, Status) {
+    fn matched_receive_vec<T: Equivalence>(self) -> (Vec<T>, Status) {
+        self.0.matched_receive_vec()
     }
 }

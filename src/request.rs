@@ -14,17 +14,18 @@
 
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
+use std::rc::Rc;
 
 use pagewire_transport::msg::raw::{UserBuf, UserBufMut};
-use pagewire_transport::msg::{PointToPoint, RequestId};
+use pagewire_transport::msg::{MessageHandle, PointToPoint, RequestId};
 
 use crate::point_to_point::Status;
-use crate::topology::{SimpleCommunicator, Tag};
-use crate::Result;
+use crate::topology::{Inner, RankMap, SimpleCommunicator, Tag};
+use crate::{Error, Result};
 
 /// The scope of nonblocking operations whose buffers live for `'a`.
 pub struct LocalScope<'a> {
-    comm_inner: RefCell<Option<std::rc::Rc<crate::topology::Inner>>>,
+    comm_inner: RefCell<Option<Rc<Inner>>>,
     pending: RefCell<Vec<RequestId>>,
     _invariant: PhantomData<Cell<&'a ()>>,
 }
@@ -78,6 +79,8 @@ fn finish_abandoned(p2p: &mut PointToPoint, id: RequestId) {
 pub struct Request<'a, 's> {
     scope: &'s LocalScope<'a>,
     id: Option<RequestId>,
+    /// The communicator's group, to report the source as its rank.
+    ranks: Option<Rc<RankMap>>,
 }
 
 impl std::fmt::Debug for Request<'_, '_> {
@@ -87,16 +90,26 @@ impl std::fmt::Debug for Request<'_, '_> {
 }
 
 impl<'a, 's> Request<'a, 's> {
-    fn new(comm: &SimpleCommunicator, scope: &'s LocalScope<'a>, id: RequestId) -> Request<'a, 's> {
+    fn new(
+        inner: &Rc<Inner>,
+        ranks: Option<Rc<RankMap>>,
+        scope: &'s LocalScope<'a>,
+        id: RequestId,
+    ) -> Request<'a, 's> {
         scope
             .comm_inner
             .borrow_mut()
-            .get_or_insert_with(|| comm.inner.clone());
+            .get_or_insert_with(|| inner.clone());
         scope.pending.borrow_mut().push(id);
         Request {
             scope,
             id: Some(id),
+            ranks,
         }
+    }
+
+    fn status(&self, inner: pagewire_transport::msg::Status) -> Status {
+        Status::in_group(self.ranks.as_deref(), inner)
     }
 
     fn forget_in_scope(&self, id: RequestId) {
@@ -119,7 +132,7 @@ impl<'a, 's> Request<'a, 's> {
             .clone()
             .expect("scope has a communicator");
         let r = inner.p2p.borrow_mut().wait(id);
-        r.map(|inner| Status { inner })
+        r.map(|inner| self.status(inner))
     }
 
     /// Completes the request if it is done (`MPI_Test`): `Ok(status)`, or the request back.
@@ -147,7 +160,7 @@ impl<'a, 's> Request<'a, 's> {
             Some(result) => {
                 self.id = None;
                 self.forget_in_scope(id);
-                result.map(|inner| Ok(Status { inner }))
+                result.map(|inner| Ok(self.status(inner)))
             }
         }
     }
@@ -193,12 +206,8 @@ pub fn wait_any(requests: &mut Vec<Request<'_, '_>>) -> Option<(usize, Status)> 
                 let mut req = requests.remove(i);
                 req.id = None;
                 req.forget_in_scope(id);
-                return Some((
-                    i,
-                    Status {
-                        inner: result.unwrap_or_else(|e| panic!("pagewire: {e}")),
-                    },
-                ));
+                let inner = result.unwrap_or_else(|e| panic!("pagewire: {e}"));
+                return Some((i, req.status(inner)));
             }
         }
     }
@@ -226,6 +235,7 @@ pub fn test_all<'a, 's>(
     }
 }
 
+/// Sends `bytes` to rank `dest` of `comm` and waits.
 pub(crate) fn blocking_send(
     comm: &SimpleCommunicator,
     dest: usize,
@@ -237,10 +247,12 @@ pub(crate) fn blocking_send(
     // borrowed for the whole operation.
     let buf = unsafe { UserBuf::new(bytes.as_ptr(), bytes.len()) };
     let mut p2p = comm.inner.p2p.borrow_mut();
-    let id = p2p.isend(dest, tag, comm.context, buf, sync)?;
-    p2p.wait(id).map(|inner| Status { inner })
+    let id = p2p.isend(comm.world_rank(dest), tag, comm.context, buf, sync)?;
+    p2p.wait(id)
+        .map(|inner| Status::in_group(comm.ranks.as_deref(), inner))
 }
 
+/// Receives into `bytes` from rank `src` of `comm` (or any) and waits.
 pub(crate) fn blocking_receive(
     comm: &SimpleCommunicator,
     src: Option<usize>,
@@ -250,10 +262,12 @@ pub(crate) fn blocking_receive(
     // SAFETY: as for `blocking_send`; `bytes` is exclusively borrowed for the call.
     let buf = unsafe { UserBufMut::new(bytes.as_mut_ptr(), bytes.len()) };
     let mut p2p = comm.inner.p2p.borrow_mut();
-    let id = p2p.irecv(src, tag, comm.context, buf)?;
-    p2p.wait(id).map(|inner| Status { inner })
+    let id = p2p.irecv(src.map(|r| comm.world_rank(r)), tag, comm.context, buf)?;
+    p2p.wait(id)
+        .map(|inner| Status::in_group(comm.ranks.as_deref(), inner))
 }
 
+/// Starts sending `bytes` to rank `dest` of `comm`.
 pub(crate) fn immediate_send<'a, 's>(
     comm: &SimpleCommunicator,
     scope: &'s LocalScope<'a>,
@@ -265,14 +279,15 @@ pub(crate) fn immediate_send<'a, 's>(
     // SAFETY: `bytes` is borrowed for `'a`; the request, or failing that its scope, completes
     // the operation before `'a` ends (see the module documentation).
     let buf = unsafe { UserBuf::new(bytes.as_ptr(), bytes.len()) };
-    let id = comm
-        .inner
-        .p2p
-        .borrow_mut()
-        .isend(dest, tag, comm.context, buf, sync)?;
-    Ok(Request::new(comm, scope, id))
+    let id =
+        comm.inner
+            .p2p
+            .borrow_mut()
+            .isend(comm.world_rank(dest), tag, comm.context, buf, sync)?;
+    Ok(Request::new(&comm.inner, comm.ranks.clone(), scope, id))
 }
 
+/// Starts receiving into `bytes` from rank `src` of `comm` (or any).
 pub(crate) fn immediate_receive<'a, 's>(
     comm: &SimpleCommunicator,
     scope: &'s LocalScope<'a>,
@@ -282,10 +297,45 @@ pub(crate) fn immediate_receive<'a, 's>(
 ) -> Result<Request<'a, 's>> {
     // SAFETY: `bytes` is mutably borrowed for `'a`; as for `immediate_send`.
     let buf = unsafe { UserBufMut::new(bytes.as_mut_ptr(), bytes.len()) };
-    let id = comm
-        .inner
-        .p2p
-        .borrow_mut()
-        .irecv(src, tag, comm.context, buf)?;
-    Ok(Request::new(comm, scope, id))
+    let id = comm.inner.p2p.borrow_mut().irecv(
+        src.map(|r| comm.world_rank(r)),
+        tag,
+        comm.context,
+        buf,
+    )?;
+    Ok(Request::new(&comm.inner, comm.ranks.clone(), scope, id))
+}
+
+/// Receives the message a matched probe parked under `handle` into `bytes` and waits
+/// (`MPI_Mrecv`).
+pub(crate) fn matched_receive(
+    inner: &Rc<Inner>,
+    ranks: Option<Rc<RankMap>>,
+    handle: MessageHandle,
+    bytes: &mut [u8],
+) -> Result<Status> {
+    // A `Message` dropped while unwinding out of a call that holds the layer cannot
+    // receive; say so instead of panicking again.
+    let mut p2p = inner.p2p.try_borrow_mut().map_err(|_| {
+        Error::InvalidArgument("a matched message was received during another call".into())
+    })?;
+    // SAFETY: as for `blocking_send`; `bytes` is exclusively borrowed for the call.
+    let buf = unsafe { UserBufMut::new(bytes.as_mut_ptr(), bytes.len()) };
+    let id = p2p.imrecv(handle, buf)?;
+    p2p.wait(id).map(|s| Status::in_group(ranks.as_deref(), s))
+}
+
+/// Starts receiving the message a matched probe parked under `handle` into `bytes`
+/// (`MPI_Imrecv`).
+pub(crate) fn immediate_matched_receive<'a, 's>(
+    inner: &Rc<Inner>,
+    ranks: Option<Rc<RankMap>>,
+    scope: &'s LocalScope<'a>,
+    handle: MessageHandle,
+    bytes: &'a mut [u8],
+) -> Result<Request<'a, 's>> {
+    // SAFETY: `bytes` is mutably borrowed for `'a`; as for `immediate_send`.
+    let buf = unsafe { UserBufMut::new(bytes.as_mut_ptr(), bytes.len()) };
+    let id = inner.p2p.borrow_mut().imrecv(handle, buf)?;
+    Ok(Request::new(inner, ranks, scope, id))
 }

@@ -1,6 +1,22 @@
 //! The universe and communicators (rsmpi's `environment` and `topology`).
+//!
+//! **Communicators.** [`Universe::world`] is `MPI_COMM_WORLD`; [`Communicator::duplicate`]
+//! (`MPI_Comm_dup`) and [`Communicator::split_by_color_with_key`] (`MPI_Comm_split`) make new
+//! ones. Each has its own group (its ranks `0..size`, each naming a world rank; a split
+//! orders them by key, then by rank in the parent) and its own context id, so its messages
+//! never match another communicator's, and every point-to-point call and collective on it
+//! takes and reports ranks of its own group.
+//!
+//! **Context ids** are agreed collectively, as MPICH does: every process keeps the lowest
+//! context id it has never used, the parent communicator takes the maximum over its ranks,
+//! and every rank moves its own past it. A process's contexts only grow, so no two
+//! communicators a process belongs to share one, whatever the order in which different
+//! groups created them. The sibling communicators of one split share a context: they have no
+//! rank in common. Ids are not reused after a communicator is dropped; point-to-point
+//! contexts stay below 2^31 (bit 31 marks the collective context, see
+//! [`crate::collective`]), so a job can create 2^31 - 1 communicators.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use pagewire_odp::{OdpConfig, OdpMode};
@@ -11,6 +27,7 @@ use pagewire_transport::buffer_mode::BufferMode;
 use pagewire_transport::msg::{MsgConfig, PointToPoint};
 use pagewire_transport::nic;
 
+use crate::collective::{CommunicatorCollectives, SystemOperation, COLLECTIVE_CONTEXT_BIT};
 use crate::point_to_point::{AnyProcess, Process};
 use crate::{Error, Result};
 
@@ -18,6 +35,74 @@ use crate::{Error, Result};
 pub type Rank = i32;
 /// A message tag, as rsmpi types it.
 pub type Tag = i32;
+/// The key that orders the ranks of a split (`MPI_Comm_split`'s `key`), as rsmpi types it.
+pub type Key = i32;
+
+/// Which new communicator a rank joins in [`Communicator::split_by_color`] (rsmpi's
+/// `Color`): ranks that pass the same color join the same one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Color(i32);
+
+impl Color {
+    /// The value standing for `MPI_UNDEFINED` (MPICH's).
+    const UNDEFINED: i32 = -32766;
+
+    /// `MPI_UNDEFINED`: the rank takes part in the split but joins no communicator, and
+    /// gets `None`.
+    pub fn undefined() -> Color {
+        Color(Self::UNDEFINED)
+    }
+
+    /// A color; panics if `value` is negative (MPI requires colors to be non-negative;
+    /// rsmpi panics the same way).
+    pub fn with_value(value: i32) -> Color {
+        assert!(value >= 0, "Value of color must be non-negative.");
+        Color(value)
+    }
+
+    /// Whether this is [`Color::undefined`].
+    pub fn is_undefined(&self) -> bool {
+        self.0 < 0
+    }
+}
+
+/// The ranks of a communicator other than the world: the world rank of each of its ranks,
+/// and back.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct RankMap {
+    world: Vec<usize>,
+    /// By world rank: its rank here, or `usize::MAX` for a non-member.
+    local: Vec<usize>,
+}
+
+impl RankMap {
+    /// The group whose rank `i` is world rank `world[i]`; `None` when that is the world
+    /// itself (`world_size` ranks in order).
+    fn new(world: Vec<usize>, world_size: usize) -> Option<RankMap> {
+        if world.len() == world_size && world.iter().enumerate().all(|(i, &w)| i == w) {
+            return None;
+        }
+        let mut local = vec![usize::MAX; world_size];
+        for (i, &w) in world.iter().enumerate() {
+            local[w] = i;
+        }
+        Some(RankMap { world, local })
+    }
+
+    /// The world rank of rank `rank` of the group.
+    pub(crate) fn world_rank(&self, rank: usize) -> usize {
+        self.world[rank]
+    }
+
+    /// The group rank of world rank `world` (a sender in this communicator's context is
+    /// always a member; a non-member keeps its world rank).
+    pub(crate) fn local_rank(&self, world: usize) -> usize {
+        match self.local.get(world) {
+            Some(&r) if r != usize::MAX => r,
+            _ => world,
+        }
+    }
+}
 
 /// Which buffer mode moves user buffers (`PAGEWIRE_MODE`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +155,8 @@ impl UniverseConfig {
 pub(crate) struct Inner {
     pub(crate) p2p: RefCell<PointToPoint>,
     pub(crate) boot: Box<dyn Bootstrap>,
+    /// The lowest point-to-point context this process has not used (the world uses 0).
+    next_context: Cell<u32>,
 }
 
 thread_local! {
@@ -121,6 +208,7 @@ impl Universe {
                 inner: Rc::new(Inner {
                     p2p: RefCell::new(p2p),
                     boot,
+                    next_context: Cell::new(1),
                 }),
             })
         };
@@ -141,6 +229,7 @@ impl Universe {
             context: 0,
             rank: p.rank(),
             size: p.size(),
+            ranks: None,
         }
     }
 
@@ -168,6 +257,10 @@ impl Drop for Universe {
     }
 }
 
+fn fatal<T>(r: Result<T>) -> T {
+    r.unwrap_or_else(|e| panic!("pagewire: {e}"))
+}
+
 /// What every communicator offers (rsmpi's `Communicator`).
 pub trait Communicator {
     /// This process's rank in the communicator.
@@ -178,6 +271,33 @@ pub trait Communicator {
     fn process_at_rank(&self, rank: Rank) -> Process<'_>;
     /// Any process, to receive from (`MPI_ANY_SOURCE`).
     fn any_process(&self) -> AnyProcess<'_>;
+
+    /// A new communicator with the same ranks and a context of its own (`MPI_Comm_dup`):
+    /// its messages never match this one's. Collective: every rank calls it. Panics on
+    /// error.
+    fn duplicate(&self) -> SimpleCommunicator {
+        fatal(self.try_duplicate())
+    }
+    /// [`Communicator::split_by_color_with_key`] with key 0: the ranks keep their order.
+    fn split_by_color(&self, color: Color) -> Option<SimpleCommunicator> {
+        fatal(self.try_split_by_color_with_key(color, 0))
+    }
+    /// Splits the communicator (`MPI_Comm_split`): the ranks that pass the same `color`
+    /// form a new communicator, ranked by `key`, then by their rank here. Collective:
+    /// every rank calls it; a rank passing [`Color::undefined`] joins none and gets
+    /// `None`. Panics on error.
+    fn split_by_color_with_key(&self, color: Color, key: Key) -> Option<SimpleCommunicator> {
+        fatal(self.try_split_by_color_with_key(color, key))
+    }
+
+    /// [`Communicator::duplicate`], returning errors.
+    fn try_duplicate(&self) -> Result<SimpleCommunicator>;
+    /// [`Communicator::split_by_color_with_key`], returning errors.
+    fn try_split_by_color_with_key(
+        &self,
+        color: Color,
+        key: Key,
+    ) -> Result<Option<SimpleCommunicator>>;
 }
 
 /// A communicator (`MPI_Comm`): ranks and a context that separates its traffic.
@@ -186,6 +306,8 @@ pub struct SimpleCommunicator {
     pub(crate) context: u32,
     rank: usize,
     size: usize,
+    /// The group's world ranks; `None` for the world's own order.
+    pub(crate) ranks: Option<Rc<RankMap>>,
 }
 
 impl std::fmt::Debug for SimpleCommunicator {
@@ -194,6 +316,7 @@ impl std::fmt::Debug for SimpleCommunicator {
             .field("rank", &self.rank)
             .field("size", &self.size)
             .field("context", &self.context)
+            .field("world_ranks", &self.ranks.as_ref().map(|m| &m.world))
             .finish()
     }
 }
@@ -202,6 +325,30 @@ impl SimpleCommunicator {
     /// Makes progress on every outstanding operation (for polling loops).
     pub fn progress(&self) -> Result<()> {
         self.inner.p2p.borrow_mut().progress().map(|_| ())
+    }
+
+    /// The world rank (the message layer's rank) of rank `rank` of this communicator.
+    pub(crate) fn world_rank(&self, rank: usize) -> usize {
+        self.ranks.as_ref().map_or(rank, |m| m.world_rank(rank))
+    }
+
+    /// The world rank of each rank, for the collectives; `None`: the same numbers.
+    pub(crate) fn world_ranks(&self) -> Option<&[usize]> {
+        self.ranks.as_ref().map(|m| &m.world[..])
+    }
+
+    /// Takes `agreed`, the maximum over this communicator's ranks of their lowest unused
+    /// context, as a new communicator's context, and moves this process's past it.
+    fn take_context(&self, agreed: u32) -> Result<u32> {
+        if agreed >= COLLECTIVE_CONTEXT_BIT - 1 {
+            return Err(Error::Exhausted {
+                what: "communicator context ids",
+                limit: u64::from(COLLECTIVE_CONTEXT_BIT - 1),
+                hint: "ids are not reused: create communicators once and keep them",
+            });
+        }
+        self.inner.next_context.set(agreed + 1);
+        Ok(agreed)
     }
 }
 
@@ -220,5 +367,80 @@ impl Communicator for SimpleCommunicator {
 
     fn any_process(&self) -> AnyProcess<'_> {
         AnyProcess { comm: self }
+    }
+
+    fn try_duplicate(&self) -> Result<SimpleCommunicator> {
+        let mine = self.inner.next_context.get();
+        let mut agreed = 0u32;
+        self.try_all_reduce_into(&mine, &mut agreed, SystemOperation::max())?;
+        Ok(SimpleCommunicator {
+            inner: self.inner.clone(),
+            context: self.take_context(agreed)?,
+            rank: self.rank,
+            size: self.size,
+            ranks: self.ranks.clone(),
+        })
+    }
+
+    fn try_split_by_color_with_key(
+        &self,
+        color: Color,
+        key: Key,
+    ) -> Result<Option<SimpleCommunicator>> {
+        // One allgather of (color, key, lowest unused context) per rank.
+        let mine = [
+            i64::from(color.0),
+            i64::from(key),
+            i64::from(self.inner.next_context.get()),
+        ];
+        let mut all = vec![0i64; 3 * self.size];
+        self.try_all_gather_into(&mine[..], &mut all[..])?;
+        let agreed = all.chunks(3).map(|e| e[2]).max().unwrap_or(0);
+        let context = self.take_context(u32::try_from(agreed).unwrap_or(u32::MAX))?;
+        if color.is_undefined() {
+            return Ok(None);
+        }
+        let mut members: Vec<(i64, usize)> = all
+            .chunks(3)
+            .enumerate()
+            .filter(|(_, e)| e[0] == i64::from(color.0))
+            .map(|(r, e)| (e[1], r))
+            .collect();
+        members.sort_unstable();
+        let rank = members
+            .iter()
+            .position(|&(_, r)| r == self.rank)
+            .expect("this rank passed its own color");
+        let world: Vec<usize> = members.iter().map(|&(_, r)| self.world_rank(r)).collect();
+        let world_size = self.inner.p2p.borrow().size();
+        Ok(Some(SimpleCommunicator {
+            inner: self.inner.clone(),
+            context,
+            rank,
+            size: world.len(),
+            ranks: RankMap::new(world, world_size).map(Rc::new),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_maps_translate_both_ways_and_the_world_needs_none() {
+        assert!(RankMap::new(vec![0, 1, 2], 3).is_none());
+        let m = RankMap::new(vec![3, 1], 4).expect("a proper subgroup");
+        assert_eq!((m.world_rank(0), m.world_rank(1)), (3, 1));
+        assert_eq!((m.local_rank(3), m.local_rank(1)), (0, 1));
+        assert_eq!(m.local_rank(2), 2, "a non-member keeps its world rank");
+        assert!(RankMap::new(vec![1, 0], 2).is_some(), "a reordered world");
+    }
+
+    #[test]
+    fn colors() {
+        assert!(Color::undefined().is_undefined());
+        assert!(!Color::with_value(0).is_undefined());
+        assert!(std::panic::catch_unwind(|| Color::with_value(-1)).is_err());
     }
 }

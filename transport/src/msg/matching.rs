@@ -6,6 +6,11 @@
 //! the order they were sent (the wire is in order and the layer processes it in order), the
 //! posted queue is searched in posting order and the unexpected queue in arrival order, so
 //! MPI's non-overtaking rule holds for every (sender, receiver, context).
+//!
+//! A matched probe (`MPI_Mprobe`/`MPI_Improbe`) takes the first matching unexpected
+//! message out of the unexpected queue and parks it under a [`MessageHandle`]: no receive
+//! or probe can match it any more, and only [`Matcher::claim`] with that handle
+//! (`MPI_Mrecv`) gets it.
 
 use std::collections::VecDeque;
 
@@ -45,11 +50,19 @@ impl Selector {
     }
 }
 
-/// The two queues; `R` identifies a posted receive, `U` an unexpected message.
+/// A message taken out of matching by a matched probe (`MPI_Message`). Handles are never
+/// reused, so a handle that was claimed finds nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MessageHandle(u64);
+
+/// The two queues, and the messages matched probes parked; `R` identifies a posted
+/// receive, `U` an unexpected message.
 #[derive(Debug)]
 pub struct Matcher<R, U> {
     posted: VecDeque<(Selector, R)>,
     unexpected: VecDeque<(Envelope, U)>,
+    matched: Vec<(MessageHandle, Envelope, U)>,
+    next_handle: u64,
 }
 
 impl<R, U> Default for Matcher<R, U> {
@@ -57,6 +70,8 @@ impl<R, U> Default for Matcher<R, U> {
         Matcher {
             posted: VecDeque::new(),
             unexpected: VecDeque::new(),
+            matched: Vec::new(),
+            next_handle: 0,
         }
     }
 }
@@ -107,6 +122,29 @@ impl<R, U> Matcher<R, U> {
     pub fn take_matching(&mut self, s: &Selector) -> Option<(Envelope, U)> {
         let i = self.unexpected.iter().position(|(e, _)| s.matches(e))?;
         self.unexpected.remove(i)
+    }
+
+    /// The first unexpected message that matches, removed from matching and parked under a
+    /// new handle (`MPI_Improbe`); its envelope and payload are returned for the status.
+    pub fn take_matched(&mut self, s: &Selector) -> Option<(MessageHandle, Envelope, &U)> {
+        let (e, u) = self.take_matching(s)?;
+        let h = MessageHandle(self.next_handle);
+        self.next_handle += 1;
+        self.matched.push((h, e, u));
+        let (_, e, u) = self.matched.last().expect("just pushed");
+        Some((h, *e, u))
+    }
+
+    /// The message parked under `h`, removed (`MPI_Mrecv`); `None` if there is none.
+    pub fn claim(&mut self, h: MessageHandle) -> Option<(Envelope, U)> {
+        let i = self.matched.iter().position(|(x, _, _)| *x == h)?;
+        let (_, e, u) = self.matched.swap_remove(i);
+        Some((e, u))
+    }
+
+    /// Messages parked by matched probes and not yet claimed.
+    pub fn matched_len(&self) -> usize {
+        self.matched.len()
     }
 
     /// Removes a posted receive that has not matched yet (cancellation).
@@ -209,5 +247,57 @@ mod tests {
         assert!(m.post(sel(Some(1), None), 7).is_none());
         assert_eq!(m.cancel(|r| *r == 7), Some(7));
         assert_eq!(m.posted_len(), 0);
+    }
+
+    #[test]
+    fn a_matched_message_is_out_of_matching_until_claimed() {
+        let mut m: Matcher<u32, &str> = Matcher::default();
+        m.arrive(env(1, 5), || "a");
+        m.arrive(env(2, 5), || "b");
+        m.arrive(env(1, 6), || "c");
+        let (h, e, u) = m.take_matched(&sel(ANY_SOURCE, Some(5))).unwrap();
+        assert_eq!((e, *u), (env(1, 5), "a"));
+        // Neither a probe nor a receive sees it any more, not even an exact one.
+        assert_eq!(m.probe(&sel(Some(1), Some(5))).map(|x| x.1), None);
+        assert_eq!(m.post(sel(Some(1), Some(5)), 0), None);
+        assert_eq!(m.posted_len(), 1);
+        // A wildcard receive takes the next message instead.
+        assert_eq!(m.post(sel(ANY_SOURCE, ANY_TAG), 1).map(|x| x.1), Some("b"));
+        // A second matched probe gets a different message and handle.
+        let (h2, e2, _) = m.take_matched(&sel(Some(1), ANY_TAG)).unwrap();
+        assert_ne!(h, h2);
+        assert_eq!(e2, env(1, 6));
+        assert_eq!(m.matched_len(), 2);
+        // An arriving message that the posted receive wants goes to it, not to a handle.
+        assert_eq!(m.arrive(env(1, 5), || "d"), Some(0));
+        assert_eq!(m.claim(h), Some((env(1, 5), "a")));
+        assert_eq!(m.claim(h), None, "a handle is claimed once");
+        assert_eq!(m.claim(h2).map(|x| x.1), Some("c"));
+        assert_eq!((m.matched_len(), m.unexpected_len()), (0, 0));
+        assert!(m.take_matched(&sel(ANY_SOURCE, ANY_TAG)).is_none());
+    }
+
+    #[test]
+    fn matched_probes_keep_each_senders_order_and_contexts() {
+        let mut m: Matcher<u32, u8> = Matcher::default();
+        let other = Envelope {
+            context: 7,
+            ..env(3, 1)
+        };
+        m.arrive(other, || 0);
+        for i in 1..=3 {
+            m.arrive(env(3, 1), || i);
+        }
+        let ctx0 = sel(Some(3), Some(1));
+        let got: Vec<u8> = (0..3)
+            .map(|_| {
+                let (h, _, _) = m.take_matched(&ctx0).unwrap();
+                m.claim(h).unwrap().1
+            })
+            .collect();
+        assert_eq!(got, [1, 2, 3]);
+        assert!(m.take_matched(&ctx0).is_none());
+        let ctx7 = Selector { context: 7, ..ctx0 };
+        assert_eq!(m.take_matched(&ctx7).map(|x| *x.2), Some(0));
     }
 }

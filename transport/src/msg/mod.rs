@@ -26,7 +26,7 @@ mod rndv_get;
 mod rndv_put;
 pub mod wire;
 
-pub use matching::{Envelope, Selector, ANY_SOURCE, ANY_TAG};
+pub use matching::{Envelope, MessageHandle, Selector, ANY_SOURCE, ANY_TAG};
 pub use request::{RequestId, Status};
 
 use std::collections::VecDeque;
@@ -167,6 +167,18 @@ fn fill_payload(src: &Payload<'_>, dst: &mut [u8]) {
         Payload::None => {}
         Payload::User(ub, off, len) => ub.read(*off, &mut dst[..*len]),
         Payload::Bytes(b) => dst[..b.len()].copy_from_slice(b),
+    }
+}
+
+/// What a probe reports about an unexpected message.
+fn unexpected_status(env: &Envelope, u: &Unexpected) -> Status {
+    Status {
+        source: env.source,
+        tag: env.tag,
+        count: match u {
+            Unexpected::Eager { size, .. } => *size,
+            Unexpected::Rts { header, .. } => header.size as usize,
+        },
     }
 }
 
@@ -601,14 +613,63 @@ impl PointToPoint {
             tag,
             context,
         };
-        Ok(self.matcher.probe(&sel).map(|(env, u)| Status {
-            source: env.source,
-            tag: env.tag,
-            count: match u {
-                Unexpected::Eager { size, .. } => *size,
-                Unexpected::Rts { header, .. } => header.size as usize,
+        Ok(self
+            .matcher
+            .probe(&sel)
+            .map(|(env, u)| unexpected_status(env, u)))
+    }
+
+    /// Like [`PointToPoint::iprobe`], but the message found is taken out of matching
+    /// (`MPI_Improbe`): no other receive or probe can match it, and [`PointToPoint::imrecv`]
+    /// with the handle receives it.
+    pub fn improbe(
+        &mut self,
+        source: Option<usize>,
+        tag: Option<i32>,
+        context: u32,
+    ) -> Result<Option<(MessageHandle, Status)>> {
+        if let Some(s) = source {
+            self.check_rank(s)?;
+        }
+        if let Some(t) = tag {
+            Self::check_tag(t)?;
+        }
+        self.progress()?;
+        let sel = Selector {
+            source,
+            tag,
+            context,
+        };
+        Ok(self
+            .matcher
+            .take_matched(&sel)
+            .map(|(h, env, u)| (h, unexpected_status(&env, u))))
+    }
+
+    /// Starts receiving the message a matched probe returned into `buf` (`MPI_Imrecv`).
+    pub fn imrecv(&mut self, msg: MessageHandle, buf: UserBufMut) -> Result<RequestId> {
+        let (env, u) = self.matcher.claim(msg).ok_or_else(|| {
+            Error::InvalidArgument("unknown or already received matched message".into())
+        })?;
+        if let (Some(status), Unexpected::Rts { .. }) = (self.peers[env.source].dead, &u) {
+            // The payload is still at the sender, which is gone.
+            return Err(Error::Communication {
+                peer: env.source,
+                status,
+                what: "receiving a matched message",
+            });
+        }
+        let id = self.reqs.insert(Req::Recv(RecvReq {
+            sel: Selector {
+                source: Some(env.source),
+                tag: Some(env.tag),
+                context: env.context,
             },
-        }))
+            buf,
+            state: RecvState::Posted,
+        }));
+        self.deliver_unexpected(id, env, u)?;
+        Ok(id)
     }
 
     /// Completes `id` if it is done: `Some(result)` (the request is then gone), else `None`.
