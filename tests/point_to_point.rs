@@ -772,3 +772,56 @@ fn pindown_mode_never_uses_a_registration_after_its_memory_changed() {
         pindown_stale,
     );
 }
+
+/// Cold (never touched) buffers in the ODP mode: with `PAGEWIRE_ODP_PREFETCH=rendezvous`
+/// both buffers are prefetched when the protocol knows they are about to move, so no
+/// network page fault happens; with `off` every message faults. Both rendezvous protocols.
+fn odp_cold_prefetch(u: &pagewire::Universe) {
+    let world = u.world();
+    let peer = world.process_at_rank(1 - world.rank());
+    const N: usize = 1 << 20;
+    let before = u.with_p2p(|p| p.nic_counters());
+    for i in 0..4u64 {
+        let mut fresh = pagewire::sys::AnonMapping::new(N).unwrap();
+        if world.rank() == 0 {
+            fresh.as_mut_slice().copy_from_slice(&pattern(i, N));
+            // The CPU touched the pages; the NIC has not.
+            peer.send(fresh.as_slice());
+        } else {
+            peer.receive_into(fresh.as_mut_slice());
+            assert!(fresh.as_slice() == &pattern(i, N)[..]);
+        }
+    }
+    let d = u.with_p2p(|p| p.nic_counters()).since(&before);
+    let faults = d.npf_requester + d.npf_responder;
+    match std::env::var("PAGEWIRE_ODP_PREFETCH").as_deref() {
+        Ok("off") => assert!(faults >= 4, "every cold message faults: {d:?}"),
+        _ => {
+            assert_eq!(faults, 0, "prefetched buffers faulted: {d:?}");
+            assert!(d.prefetch_pages >= 4 * (N as u64 / 4096), "{d:?}");
+        }
+    }
+}
+
+#[test]
+fn odp_rendezvous_prefetch_removes_the_faults_of_cold_buffers() {
+    let name = "odp_rendezvous_prefetch_removes_the_faults_of_cold_buffers";
+    if std::env::var(util::ROLE).is_ok() {
+        ranks(name, 2, &[], odp_cold_prefetch);
+        return;
+    }
+    for rndv in ["get", "put"] {
+        for prefetch in ["rendezvous", "off"] {
+            let o = util::launch(
+                name,
+                2,
+                &[
+                    ("PAGEWIRE_MODE", "odp"),
+                    ("PAGEWIRE_RNDV", rndv),
+                    ("PAGEWIRE_ODP_PREFETCH", prefetch),
+                ],
+            );
+            assert!(o.success(), "{rndv}, {prefetch}: {o:?}");
+        }
+    }
+}

@@ -7,12 +7,14 @@
 //!   (implicit ODP, seed 003 "Huge MR support").
 //! - `PAGEWIRE_ODP=explicit`: an ODP region per transfer, registered when it begins and
 //!   deregistered when it ends (cheap: nothing is pinned).
-//! - `PAGEWIRE_ODP_PREFETCH=off|rendezvous|always`: `rendezvous` (default) prefetches the
-//!   receive buffer when the RTS matches, before any data arrives — seed 003's "MPI
-//!   rendezvous optimization": the receiver's faults would otherwise be responder faults,
-//!   each costing a receiver-not-ready round trip; the sender's pages still fault on first
-//!   use. `always` also prefetches the send buffer when the transfer begins (at the RTS).
-//!   `off` lets every first touch fault.
+//! - `PAGEWIRE_ODP_PREFETCH=off|rendezvous|always`: `rendezvous` (default) prefetches each
+//!   buffer when the protocol knows it is about to move — seed 003's "MPI rendezvous
+//!   optimization": the receive buffer when the RTS matches, before any data arrives; the
+//!   send buffer when a CTS arrives (RPUT) or right after the RTS of an RGET has gone out
+//!   (the receiver will read it). Without it, faults on the target side are responder
+//!   faults, each costing a receiver-not-ready round trip. `always` prefetches both buffers
+//!   as soon as each side begins (the sender before its RTS). `off` lets every first touch
+//!   fault.
 //!
 //! The mode refuses to start, with the device's name, on a NIC without RC ODP.
 #![forbid(unsafe_code)]
@@ -193,6 +195,22 @@ impl BufferMode for OdpMode {
             zero_copy: true,
             token: key as u64 | (self.implicit_key.is_none() as u64) << 32,
         })
+    }
+
+    /// `rendezvous`: the send buffer is prefetched when the peer is about to move it (the
+    /// RGET's RTS went out, or a CTS arrived); `always` did it at `begin`.
+    fn about_to_move(
+        &mut self,
+        nic: &dyn Nic,
+        t: &Transfer,
+        user_addr: u64,
+        offset: usize,
+        len: usize,
+    ) {
+        if self.config.prefetch == Prefetch::Rendezvous && len > 0 {
+            let key = t.token as u32;
+            self.prefetch(nic, key, user_addr + offset as u64, len, Direction::Source);
+        }
     }
 
     fn lease(

@@ -124,6 +124,21 @@ pub trait BufferMode: Send {
         dir: Direction,
     ) -> Result<Transfer>;
 
+    /// The sending side is about to move `[offset, offset+len)` of the transfer's buffer at
+    /// `user_addr`: the receiver will read it (the RTS of an RGET has gone out) or this side
+    /// writes it now (a CTS arrived, RPUT). A mode may make it ready ahead of the NIC's
+    /// access: the ODP mode prefetches it (seed 003's rendezvous optimisation). Default:
+    /// nothing.
+    fn about_to_move(
+        &mut self,
+        _nic: &dyn Nic,
+        _t: &Transfer,
+        _user_addr: u64,
+        _offset: usize,
+        _len: usize,
+    ) {
+    }
+
     /// A lease for `len` bytes (at most one chunk of the transfer's plan) at `offset` of the
     /// transfer's buffer at `user_addr`. `Ok(None)` means "no resources now": the protocol
     /// retries later.

@@ -170,6 +170,11 @@ impl PointToPoint {
             return Ok(false);
         }
         self.counters.rndv_sent += 1;
+        if get {
+            // The receiver will read the whole buffer once the RTS matches.
+            self.mode
+                .about_to_move(&*self.nic, &t, buf.addr(), 0, buf.len());
+        }
         let next = leases.len() as u32;
         if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
             s.state = SendState::Rndv(RndvSend {

@@ -90,8 +90,11 @@ impl PointToPoint {
     /// Sender: the receiver is ready for a region.
     pub(crate) fn on_cts(&mut self, _peer: usize, h: Header) -> Result<()> {
         let id = RequestId(h.sreq);
+        let mut ready = None;
         if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
+            let addr = s.buf.addr();
             if let SendState::Rndv(rs) = &mut s.state {
+                ready = Some((rs.t, addr));
                 rs.rreq = Some(h.rreq);
                 rs.pending_cts.push_back(Cts {
                     chunk: h.chunk,
@@ -103,6 +106,11 @@ impl PointToPoint {
                     last: h.flags & wire::ALL_DONE != 0,
                 });
             }
+        }
+        if let Some((t, addr)) = ready {
+            // This side writes the region now.
+            self.mode
+                .about_to_move(&*self.nic, &t, addr, h.size as usize, h.len as usize);
         }
         self.advance_put_send(id).map(|_| ())
     }
