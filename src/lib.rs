@@ -32,6 +32,8 @@
 
 pub mod collective;
 mod datatype;
+#[cfg(feature = "mpi")]
+pub mod host_mpi;
 pub mod point_to_point;
 pub mod request;
 pub mod topology;

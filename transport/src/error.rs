@@ -159,6 +159,18 @@ pub enum Error {
     #[error("bootstrap: {0}")]
     Bootstrap(String),
 
+    /// A call into the host MPI library failed (feature `mpi`: the bootstrap under `mpirun`
+    /// and the host-MPI backend). `code` is the MPI error code, `message` MPI's own text.
+    #[error("MPI: {call} failed with error {code}: {message}")]
+    Mpi {
+        /// The failing MPI call.
+        call: &'static str,
+        /// Its error code (`MPI_ERR_*`).
+        code: i32,
+        /// `MPI_Error_string` of the code.
+        message: String,
+    },
+
     /// The launcher could not start or supervise the job.
     #[error("launcher: {0}")]
     Launcher(String),

@@ -1,19 +1,27 @@
 //! Rank discovery and address exchange (DESIGN.md "Launching").
 //!
 //! A rank learns its rank, the job size and a job-unique id, and can all-gather small blobs
-//! (NIC addresses) with its peers before any NIC is up. Two implementations:
-//! [`PwrunBootstrap`] under the built-in launcher `pwrun`, and [`SingletonBootstrap`] for a
-//! program started with no launcher at all (one rank). The `mpirun` bootstrap comes with the
-//! `mpi` feature.
+//! (NIC addresses) with its peers before any NIC is up. Three implementations:
+//! [`PwrunBootstrap`] under the built-in launcher `pwrun`, `MpiBootstrap` (feature `mpi`)
+//! under an MPI launcher (`mpirun`/`mpiexec` of MPICH or Open MPI), and
+//! [`SingletonBootstrap`] for a program started with no launcher at all (one rank).
+//! [`from_env`] picks one from the environment, in that order.
+//!
+//! A program started by an MPI launcher but built without the `mpi` feature fails in
+//! [`from_env`] with [`Error::Bootstrap`] saying so, instead of running as N one-rank jobs.
 
 pub mod launcher;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod pwrun_client;
 mod sys;
 
+#[cfg(feature = "mpi")]
+pub use self::mpi::{MpiBootstrap, MpiWorld};
 pub use launcher::{launch, self_launch, JobOutcome, LaunchConfig};
 pub use pwrun_client::PwrunBootstrap;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Environment variable naming the job id (set by the launcher).
 pub const ENV_JOB: &str = "PAGEWIRE_JOB";
@@ -40,6 +48,12 @@ pub trait Bootstrap: Send + Sync {
     /// Returns once every rank has called it.
     fn barrier(&self) -> Result<()> {
         self.allgather(&[]).map(|_| ())
+    }
+    /// The MPI bootstrap, when this is one: how a layer above (the host-MPI backend)
+    /// borrows MPI's world communicator from the bootstrap that owns MPI.
+    #[cfg(feature = "mpi")]
+    fn as_mpi(&self) -> Option<&MpiBootstrap> {
+        None
     }
 }
 
@@ -77,18 +91,79 @@ impl Bootstrap for SingletonBootstrap {
     }
 }
 
-/// True when this process was started by `pwrun` (or by a self-launching binary).
-pub fn under_launcher() -> bool {
-    std::env::var_os(ENV_BOOT).is_some()
+/// Variables an MPI launcher sets in every rank's environment, one per launcher family:
+/// MPICH's hydra (PMI-1: `PMI_RANK`, `PMI_FD`), PMIx-based launchers (`PMIX_RANK`: Open MPI
+/// 5, MPICH built with PMIx, Slurm's `srun --mpi=pmix`) and Open MPI's ORTE/PRRTE
+/// (`OMPI_COMM_WORLD_RANK`).
+pub const MPI_LAUNCHER_VARS: [&str; 4] =
+    ["PMI_RANK", "PMI_FD", "PMIX_RANK", "OMPI_COMM_WORLD_RANK"];
+
+/// Which launcher started this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Launcher {
+    /// The built-in launcher `pwrun` (or a self-launching binary): `PAGEWIRE_BOOT` is set.
+    /// It wins over an MPI launcher's variables, which a `pwrun` started under `mpirun`
+    /// passes on to its ranks.
+    Pwrun,
+    /// An MPI launcher; the variable that showed it.
+    Mpi(&'static str),
+    /// None: the program runs as one rank.
+    None,
 }
 
-/// The bootstrap for this process: `pwrun`'s when started under it, else a singleton.
-pub fn from_env() -> Result<Box<dyn Bootstrap>> {
-    if under_launcher() {
-        Ok(Box::new(PwrunBootstrap::connect_from_env()?))
-    } else {
-        Ok(Box::new(SingletonBootstrap::new()))
+impl Launcher {
+    /// The launcher of this process, from its environment.
+    pub fn detect() -> Launcher {
+        Self::detect_with(|k| std::env::var_os(k).is_some())
     }
+
+    /// [`Launcher::detect`] with `is_set(name)` telling whether a variable is set.
+    pub fn detect_with(is_set: impl Fn(&str) -> bool) -> Launcher {
+        if is_set(ENV_BOOT) {
+            return Launcher::Pwrun;
+        }
+        match MPI_LAUNCHER_VARS.into_iter().find(|v| is_set(v)) {
+            Some(var) => Launcher::Mpi(var),
+            None => Launcher::None,
+        }
+    }
+}
+
+/// True when this process was started by a launcher, `pwrun` or an MPI launcher, and so must
+/// not start itself (`self_launch`).
+pub fn under_launcher() -> bool {
+    Launcher::detect() != Launcher::None
+}
+
+/// The bootstrap for this process: `pwrun`'s when started under it, MPI's when started by
+/// an MPI launcher (feature `mpi`; without it, an error that says to rebuild), else a
+/// singleton.
+pub fn from_env() -> Result<Box<dyn Bootstrap>> {
+    match Launcher::detect() {
+        Launcher::Pwrun => Ok(Box::new(PwrunBootstrap::connect_from_env()?)),
+        Launcher::Mpi(var) => mpi_from_env(var),
+        Launcher::None => Ok(Box::new(SingletonBootstrap::new())),
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_from_env(_var: &str) -> Result<Box<dyn Bootstrap>> {
+    Ok(Box::new(MpiBootstrap::init()?))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_from_env(var: &str) -> Result<Box<dyn Bootstrap>> {
+    Err(mpi_feature_missing(var))
+}
+
+/// The error of a program started by an MPI launcher but built without the `mpi` feature.
+pub fn mpi_feature_missing(var: &str) -> Error {
+    Error::Bootstrap(format!(
+        "this process was started by an MPI launcher (mpirun/mpiexec: {var} is set), but \
+         pagewire was built without MPI support; rebuild with `--features mpi` (it needs an \
+         MPI library: Debian's libmpich-dev, libclang-dev and pkg-config), or start the \
+         program with pwrun"
+    ))
 }
 
 /// A fresh job id: 12 random lowercase hex digits.
@@ -99,4 +174,37 @@ pub fn new_job_id() -> String {
 /// Prefix of every shared-memory object of job `job` under /dev/shm.
 pub fn shm_prefix(job: &str) -> String {
     format!("pagewire-{job}-")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn detect(set: &[&str]) -> Launcher {
+        Launcher::detect_with(|k| set.contains(&k))
+    }
+
+    #[test]
+    fn launchers_are_told_apart() {
+        assert_eq!(detect(&[]), Launcher::None);
+        assert_eq!(
+            detect(&["PMI_RANK", "PMI_SIZE", "PMI_FD"]),
+            Launcher::Mpi("PMI_RANK")
+        );
+        assert_eq!(detect(&["PMIX_RANK"]), Launcher::Mpi("PMIX_RANK"));
+        assert_eq!(
+            detect(&["OMPI_COMM_WORLD_RANK"]),
+            Launcher::Mpi("OMPI_COMM_WORLD_RANK")
+        );
+        // pwrun started under mpirun passes the MPI variables on: pwrun's job wins.
+        assert_eq!(detect(&[ENV_BOOT, "PMI_RANK"]), Launcher::Pwrun);
+        assert_eq!(detect(&["PMI_SIZE", "SLURM_PROCID"]), Launcher::None);
+    }
+
+    #[test]
+    fn the_missing_feature_is_named() {
+        let e = mpi_feature_missing("PMI_RANK").to_string();
+        assert!(e.contains("PMI_RANK is set"), "{e}");
+        assert!(e.contains("--features mpi"), "{e}");
+    }
 }

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# mpirun (cargo feature `mpi`, README "Running under mpirun"): installs MPICH if missing,
+# builds and lints the feature, runs its unit tests, then runs under a real `mpirun`:
+#   - tests/mpirun.rs on 2, 3 and 4 ranks: the host-MPI backend (src/host_mpi.rs) against
+#     sequential references, and pagewire's facade on the soft NIC bootstrapped by MPI;
+#   - pw-msgperf bootstrapped by MPI on the soft NIC, on 2 and 4 ranks;
+#   - pw-msgperf built *without* the feature under mpirun: it must fail with the message
+#     that says to rebuild with `--features mpi` (not run as N one-rank jobs).
+#
+# What the build needs (Debian package -> why):
+#   mpich         the MPI library and its launcher (hydra's mpirun)
+#   libmpich-dev  MPI headers and libmpi.so (rsmpi's mpi-sys binds the system MPI)
+#   libclang-dev  bindgen (in mpi-sys's build script) loads libclang
+#   pkg-config    mpi-sys's build script finds MPICH with it
+#
+# The feature builds into its own target directory (target/mpi): it changes the transport
+# crate, so sharing target/ would rebuild the default build back and forth.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+for pkg in mpich libmpich-dev libclang-dev pkg-config; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+if [ "${#need[@]}" -gt 0 ]; then
+  echo "mpi: installing ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+
+# Hydra starts local ranks itself; without ssh, tell it not to look for a remote shell.
+# (MPICH's hydra runs as root without complaint; Open MPI would need --allow-run-as-root.)
+mpirun=(mpirun)
+command -v ssh >/dev/null 2>&1 || mpirun+=(-launcher fork)
+export PAGEWIRE_MPIRUN="${mpirun[*]}"
+mpirun --version | head -n 2
+
+T=(--target-dir target/mpi)
+cargo build -p pagewire-transport -p pagewire --features mpi "${T[@]}"
+cargo clippy -p pagewire-transport -p pagewire --features mpi --all-targets "${T[@]}" -- -D warnings
+
+# Unit tests of the feature's pure parts (launcher detection, layouts, type/op mapping).
+cargo test -p pagewire-transport --features mpi --lib boot:: "${T[@]}"
+cargo test -p pagewire --features mpi --lib host_mpi "${T[@]}"
+
+# The test program: each test starts itself under mpirun on these rank counts.
+PAGEWIRE_MPI_NP=2,3,4 timeout 900 cargo test -p pagewire --features mpi --test mpirun "${T[@]}"
+
+# pw-msgperf bootstrapped by MPI, data on the soft NIC.
+cargo build --release -p pagewire-tools --bin pw-msgperf --features pagewire/mpi "${T[@]}"
+for np in 2 4; do
+  timeout 300 "${mpirun[@]}" -np "$np" target/mpi/release/pw-msgperf pingpong --msglog 0:20 --iters 50
+done
+
+# Without the feature, under mpirun: a clear error, on every rank.
+cargo build --release --bin pw-msgperf
+if out=$(RUST_BACKTRACE=0 timeout 120 "${mpirun[@]}" -np 2 target/release/pw-msgperf pingpong --msglog 0:4 --iters 5 2>&1); then
+  echo "mpi: pw-msgperf without the mpi feature ran under mpirun; it must refuse" >&2
+  echo "$out" >&2
+  exit 1
+fi
+if [ "$(grep -o -- 'rebuild with `--features mpi`' <<<"$out" | wc -l)" -ne 2 ]; then
+  echo "mpi: expected the rebuild message from both ranks, got:" >&2
+  echo "$out" >&2
+  exit 1
+fi
+echo "mpi: without the feature, mpirun -np 2 fails with: $(grep -m1 -- '--features mpi' <<<"$out")"

@@ -1,0 +1,34 @@
+//! A program started by an MPI launcher but built without the `mpi` feature fails at
+//! bootstrap with a message that says to rebuild, instead of running as N one-rank jobs
+//! (README "Running under mpirun"). `.ci/mpi.sh` checks the same under a real `mpirun`.
+#![cfg(not(feature = "mpi"))]
+
+use pagewire_transport::boot::{self, Launcher};
+
+/// The only test of this binary: it changes the process environment.
+#[test]
+fn mpi_launcher_without_the_feature_is_a_clear_error() {
+    std::env::remove_var(boot::ENV_BOOT);
+    assert_eq!(Launcher::detect(), Launcher::None);
+    // What MPICH's hydra sets in each rank.
+    std::env::set_var("PMI_RANK", "1");
+    std::env::set_var("PMI_SIZE", "2");
+    std::env::set_var("PMI_FD", "6");
+    assert_eq!(Launcher::detect(), Launcher::Mpi("PMI_RANK"));
+    assert!(
+        boot::under_launcher(),
+        "a binary must not start itself under mpirun"
+    );
+    assert_eq!(boot::self_launch(2).unwrap(), None);
+    let e = boot::from_env().err().expect("no bootstrap").to_string();
+    assert!(e.contains("started by an MPI launcher"), "{e}");
+    assert!(e.contains("PMI_RANK is set"), "{e}");
+    assert!(e.contains("rebuild with `--features mpi`"), "{e}");
+    // Open MPI's variable alone is recognised too.
+    for v in ["PMI_RANK", "PMI_SIZE", "PMI_FD"] {
+        std::env::remove_var(v);
+    }
+    std::env::set_var("OMPI_COMM_WORLD_RANK", "0");
+    let e = boot::from_env().err().expect("no bootstrap").to_string();
+    assert!(e.contains("OMPI_COMM_WORLD_RANK is set"), "{e}");
+}
