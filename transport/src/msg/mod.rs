@@ -490,6 +490,11 @@ impl PointToPoint {
         self.mode.name()
     }
 
+    /// The buffer mode's effective settings in one line.
+    pub fn mode_description(&self) -> String {
+        self.mode.describe()
+    }
+
     /// The eager limit in force.
     pub fn eager_limit(&self) -> usize {
         self.cfg.eager_limit
