@@ -203,6 +203,7 @@ impl Universe {
                     cfg.copy.depth,
                     cfg.copy.slots
                 );
+                eprintln!("pagewire: {}", p2p.mode_description());
             }
             Ok(Universe {
                 inner: Rc::new(Inner {

@@ -156,6 +156,21 @@ impl BufferMode for OdpMode {
         true
     }
 
+    fn describe(&self) -> String {
+        format!(
+            "odp: {} regions, prefetch {}",
+            match self.config.regions {
+                Regions::Implicit => "implicit (one for the address space)",
+                Regions::Explicit => "explicit (one per transfer)",
+            },
+            match self.config.prefetch {
+                Prefetch::Off => "off",
+                Prefetch::Rendezvous => "rendezvous",
+                Prefetch::Always => "always",
+            }
+        )
+    }
+
     fn start(&mut self, nic: &dyn Nic) -> Result<()> {
         nic.capabilities().require_rc_odp()?;
         if self.config.regions == Regions::Implicit {

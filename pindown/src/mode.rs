@@ -121,6 +121,33 @@ impl BufferMode for PindownMode {
         true
     }
 
+    fn describe(&self) -> String {
+        let Some(cache) = self.cache.as_ref() else {
+            return "pindown (not attached)".into();
+        };
+        let (policy, limits) = {
+            let c = cache.lock();
+            (c.policy(), c.limits())
+        };
+        let bytes = if limits.max_bytes == u64::MAX {
+            "unlimited".to_string()
+        } else {
+            format!("{:.1} MiB", limits.max_bytes as f64 / (1 << 20) as f64)
+        };
+        format!(
+            "pindown: policy {policy}, limit {bytes} and {} entries, {}; memory monitor: {}",
+            limits.max_entries,
+            if self.caching {
+                "caching"
+            } else {
+                "not caching (registrations last one transfer)"
+            },
+            self.monitor
+                .as_ref()
+                .map_or_else(|| "none".to_string(), |m| m.describe()),
+        )
+    }
+
     fn attach(&mut self, nic: &Arc<dyn Nic>) {
         // The sink reaches the cache through a weak handle: the cache's registrar keeps the
         // monitor (and so the sink) alive, and a strong handle would be a cycle.

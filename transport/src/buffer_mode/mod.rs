@@ -101,6 +101,12 @@ pub trait BufferMode: Send {
     /// The mode's name, for reports (`copy`, `pindown`, `odp`).
     fn name(&self) -> &'static str;
 
+    /// The mode's effective settings in one line, for `PAGEWIRE_VERBOSE=1`. Default: the
+    /// name.
+    fn describe(&self) -> String {
+        self.name().to_string()
+    }
+
     /// Whether this mode normally exposes user memory itself (it may still fall back per
     /// transfer; see [`Transfer::zero_copy`]).
     fn is_zero_copy(&self) -> bool;
