@@ -7,3 +7,4 @@
 
 pub mod msgperf;
 pub mod perftest;
+pub mod placement;

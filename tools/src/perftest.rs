@@ -169,6 +169,9 @@ pub struct PerftestReport {
     pub server: CountersSnapshot,
     /// The counters as JSON-friendly pairs: (side, name, value).
     pub counters: Vec<(String, String, f64)>,
+    /// Where each rank ran (CPU set, NUMA node, binding), in rank order; filled by the
+    /// driver (`placement::gather_boot`).
+    pub placement: Vec<String>,
 }
 
 /// Sizes perftest's `--all` runs: 2 B to 8 MiB, doubling.
@@ -405,6 +408,7 @@ pub fn run(
         client: mine,
         server,
         counters,
+        placement: Vec::new(),
     }))
 }
 
@@ -899,6 +903,9 @@ pub fn print(report: &PerftestReport, iters_note: bool) {
     println!("{dash}");
     println!("                    {}", report.test.title());
     println!(" Provider        : {}", report.provider);
+    for (rank, line) in report.placement.iter().enumerate() {
+        println!(" Rank {rank}          : {line}");
+    }
     println!(
         " Memory region   : {:?}{}",
         report.mr,

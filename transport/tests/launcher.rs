@@ -45,6 +45,7 @@ fn self_job(name: &str, ranks: usize) -> LaunchConfig {
         args: self_args(name),
         timeout: Some(Duration::from_secs(60)),
         env: vec![(ROLE.into(), name.into())],
+        bind: boot::binding::BindTo::None,
     }
 }
 

@@ -71,6 +71,10 @@ fn main() -> anyhow::Result<()> {
         "pw-msgperf needs at least 2 ranks, got {}",
         world.size()
     );
+    let placement = pagewire_tools::placement::gather_world(&world);
+    if world.rank() == 0 && !args.json {
+        pagewire_tools::placement::print(&placement);
+    }
     let kernels = if args.kernels.is_empty() {
         vec![Kernel::Pingpong, Kernel::Stream]
     } else {
@@ -148,6 +152,7 @@ fn main() -> anyhow::Result<()> {
             let v = serde_json::json!({
                 "mode": mode,
                 "eager_limit": eager,
+                "placement": placement,
                 "results": all.iter().map(|(k, r)| serde_json::json!({"kernel": k, "rows": r})).collect::<Vec<_>>(),
             });
             println!("{}", serde_json::to_string_pretty(&v)?);

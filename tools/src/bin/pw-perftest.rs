@@ -64,7 +64,9 @@ fn main() -> anyhow::Result<()> {
         cold: args.cold,
         tx_depth: args.tx_depth,
     };
-    if let Some(report) = perftest::run(&*boot, &nic, &cfg)? {
+    let placement = pagewire_tools::placement::gather_boot(&*boot)?;
+    if let Some(mut report) = perftest::run(&*boot, &nic, &cfg)? {
+        report.placement = placement;
         if args.json {
             println!("{}", serde_json::to_string_pretty(&report)?);
         } else {

@@ -1,15 +1,17 @@
 //! `pwrun`: pagewire's built-in launcher (DESIGN.md "Launching").
 //!
-//! `pwrun -n N [--timeout SECONDS] [--env KEY=VALUE]... [--] PROGRAM [ARGS]...` starts N
-//! local ranks of PROGRAM, serves their bootstrap, and takes the job down when a rank
-//! fails. The heavy lifting is `pagewire_transport::boot::launch`.
+//! `pwrun -n N [--bind-to core|numa|none] [--timeout SECONDS] [--env KEY=VALUE]... [--]
+//! PROGRAM [ARGS]...` starts N local ranks of PROGRAM, bound to cores or NUMA nodes, serves
+//! their bootstrap, and takes the job down when a rank fails. The heavy lifting is
+//! `pagewire_transport::boot::launch`.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
-use clap::Parser;
+use clap::{Parser, ValueEnum};
+use pagewire_transport::boot::binding::BindTo;
 use pagewire_transport::boot::{launch, LaunchConfig};
 use pagewire_transport::Error;
 
@@ -19,7 +21,7 @@ use pagewire_transport::Error;
     name = "pwrun",
     version,
     about,
-    override_usage = "pwrun -n N [--timeout SECONDS] [--env KEY=VALUE]... [--] PROGRAM [ARGS]...",
+    override_usage = "pwrun -n N [--bind-to core|numa|none] [--timeout SECONDS] [--env KEY=VALUE]... [--] PROGRAM [ARGS]...",
     after_help = "Exit status: 0 when every rank exits 0; else the first failing rank's \
                   status (128+N if killed by signal N), 124 on timeout, 2 on bad usage."
 )]
@@ -32,6 +34,11 @@ struct Cli {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     ranks: u32,
+
+    /// Bind each rank to a core, to the CPUs of a NUMA node, or not at all. Default: core
+    /// when every rank gets a core of its own, else none (with a note).
+    #[arg(long = "bind-to", value_enum, value_name = "WHAT")]
+    bind_to: Option<BindArg>,
 
     /// Stop the job after SECONDS (fractions allowed); the exit status is then 124.
     #[arg(long, value_name = "SECONDS", value_parser = parse_timeout)]
@@ -50,6 +57,27 @@ struct Cli {
         allow_hyphen_values = true
     )]
     command: Vec<OsString>,
+}
+
+/// `--bind-to` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum BindArg {
+    /// One core (all its hardware threads) per rank; ranks fill cores in topology order.
+    Core,
+    /// All CPUs of the NUMA node of the rank's core.
+    Numa,
+    /// No binding: ranks inherit pwrun's CPU affinity.
+    None,
+}
+
+impl From<BindArg> for BindTo {
+    fn from(b: BindArg) -> BindTo {
+        match b {
+            BindArg::Core => BindTo::Core,
+            BindArg::Numa => BindTo::Numa,
+            BindArg::None => BindTo::None,
+        }
+    }
 }
 
 fn parse_timeout(s: &str) -> Result<Duration, String> {
@@ -79,6 +107,7 @@ fn run(cli: Cli) -> Result<i32> {
         args: command.collect(),
         timeout: cli.timeout,
         env: cli.env,
+        bind: cli.bind_to.map_or(BindTo::Auto, BindTo::from),
     };
     let outcome = launch(&cfg).map_err(|e| match e {
         Error::Launcher(msg) => anyhow!(msg),

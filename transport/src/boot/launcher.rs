@@ -7,6 +7,9 @@
 //!   (the socket) and `PAGEWIRE_LAUNCHER=pwrun`; stdout and stderr are inherited, stdin
 //!   goes to rank 0 only (the others read `/dev/null`);
 //! - every rank dies with `SIGKILL` if the launcher dies (`PR_SET_PDEATHSIG`);
+//! - ranks are bound to cores or NUMA nodes as [`LaunchConfig::bind`] asks (module
+//!   `binding`), before they exec, and told so in `PAGEWIRE_BIND`, `PAGEWIRE_BIND_CPUS`
+//!   and `PAGEWIRE_BIND_NODE`;
 //! - the first rank to exit non-zero or by a signal is reported on stderr and the others
 //!   are stopped (`SIGTERM`, then `SIGKILL` after 2 s); the job's exit code is that rank's;
 //! - at the end, the socket and every `/dev/shm/pagewire-<job>-*` object are removed.
@@ -24,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use super::binding::{self, BindPlan, BindTo, Topology};
 use super::pwrun_client::wire;
 use super::sys;
 use super::{ENV_BOOT, ENV_JOB, ENV_LAUNCHER, ENV_RANK, ENV_SIZE};
@@ -58,10 +62,13 @@ pub struct LaunchConfig {
     /// Extra environment for every rank, on top of the launcher's own. The `PAGEWIRE_*`
     /// bootstrap variables are set after these and cannot be overridden.
     pub env: Vec<(OsString, OsString)>,
+    /// How ranks are bound to CPUs (`pwrun --bind-to`).
+    pub bind: BindTo,
 }
 
 impl LaunchConfig {
-    /// `ranks` copies of `program` with no arguments, no timeout and no extra environment.
+    /// `ranks` copies of `program` with no arguments, no timeout, no extra environment and
+    /// pwrun's default binding ([`BindTo::Auto`]: a core per rank when they fit).
     pub fn new(ranks: usize, program: impl Into<PathBuf>) -> Self {
         LaunchConfig {
             ranks,
@@ -69,13 +76,16 @@ impl LaunchConfig {
             args: Vec::new(),
             timeout: None,
             env: Vec::new(),
+            bind: BindTo::Auto,
         }
     }
 
     /// For multi-process tests: `ranks` copies of the running test binary, each filtered to
     /// test `name` (`NAME --exact --test-threads=1`) and told by `role_var=NAME` to play a
     /// rank's part, with `env` added, each started through `wrapper` if given (e.g.
-    /// `["prlimit", "--memlock=65536"]`), stopped after `timeout`.
+    /// `["prlimit", "--memlock=65536"]`), stopped after `timeout`. Ranks are not bound
+    /// ([`BindTo::None`]), so concurrent tests do not pile onto the same cores; set
+    /// [`LaunchConfig::bind`] to test binding.
     pub fn current_test(
         name: &str,
         ranks: usize,
@@ -107,6 +117,7 @@ impl LaunchConfig {
             args,
             timeout: Some(timeout),
             env: vars,
+            bind: BindTo::None,
         })
     }
 }
@@ -212,6 +223,37 @@ pub fn self_launch(np: usize) -> Result<Option<i32>> {
     Ok(Some(outcome.exit_code))
 }
 
+/// How `cfg`'s ranks are bound. `none` needs no topology; with `auto`, a topology that
+/// cannot be read leaves the ranks unbound with a note, while an explicit `core` or `numa`
+/// fails the launch.
+fn plan_binding(cfg: &LaunchConfig) -> Result<BindPlan> {
+    if cfg.bind == BindTo::None {
+        return Ok(binding::plan(
+            &Topology {
+                cores: Vec::new(),
+                nodes: Vec::new(),
+                source: "none",
+            },
+            cfg.ranks,
+            BindTo::None,
+        ));
+    }
+    match Topology::detect() {
+        Ok(topo) => Ok(binding::plan(&topo, cfg.ranks, cfg.bind)),
+        Err(e) if cfg.bind == BindTo::Auto => Ok(BindPlan {
+            applied: BindTo::None,
+            ranks: Vec::new(),
+            note: Some(format!(
+                "pwrun: cannot read the machine's topology ({e}); ranks are not bound"
+            )),
+        }),
+        Err(e) => Err(Error::Launcher(format!(
+            "--bind-to {}: cannot read the machine's topology: {e}",
+            cfg.bind
+        ))),
+    }
+}
+
 /// Why supervision stopped.
 enum End {
     Success,
@@ -262,6 +304,10 @@ impl Job {
         job.listener
             .set_nonblocking(true)
             .map_err(|e| Error::os("fcntl(O_NONBLOCK) on the bootstrap socket", e))?;
+        let bind_plan = plan_binding(cfg)?;
+        if let Some(note) = &bind_plan.note {
+            eprintln!("{note}");
+        }
         let size = cfg.ranks.to_string();
         for rank in 0..cfg.ranks {
             let mut cmd = Command::new(&cfg.program);
@@ -272,6 +318,7 @@ impl Job {
                 .env(ENV_SIZE, &size)
                 .env(ENV_BOOT, &job.socket_path)
                 .env(ENV_LAUNCHER, "pwrun")
+                .envs(binding::rank_env(&bind_plan, rank))
                 .stdin(if rank == 0 {
                     Stdio::inherit()
                 } else {
@@ -280,6 +327,7 @@ impl Job {
                 .stdout(Stdio::inherit())
                 .stderr(Stdio::inherit());
             sys::die_with_parent(&mut cmd);
+            binding::bind_child(&mut cmd, &bind_plan, rank)?;
             let child = cmd.spawn().map_err(|e| {
                 let which = if rank == 0 {
                     String::new()

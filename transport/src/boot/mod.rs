@@ -10,6 +10,7 @@
 //! A program started by an MPI launcher but built without the `mpi` feature fails in
 //! [`from_env`] with [`Error::Bootstrap`] saying so, instead of running as N one-rank jobs.
 
+pub mod binding;
 pub mod launcher;
 #[cfg(feature = "mpi")]
 mod mpi;

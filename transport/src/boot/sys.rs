@@ -170,3 +170,62 @@ fn restore(saved: &[(libc::c_int, libc::sigaction)]) {
         }
     }
 }
+
+/// Largest CPU number a `cpu_set_t` can name.
+const CPU_SET_CAPACITY: usize = libc::CPU_SETSIZE as usize;
+
+/// A `cpu_set_t` holding `cpus`; `EINVAL` if one is beyond what the type can hold.
+fn cpu_set_of(cpus: &[usize]) -> io::Result<libc::cpu_set_t> {
+    // SAFETY: `cpu_set_t` is a plain bit array, for which all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        if cpu >= CPU_SET_CAPACITY {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // SAFETY: `cpu` is below CPU_SETSIZE (checked above), so CPU_SET writes inside `set`.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    Ok(set)
+}
+
+/// The CPUs the calling thread may run on (`sched_getaffinity`), in increasing order.
+pub(super) fn cpu_affinity() -> io::Result<Vec<usize>> {
+    // SAFETY: all-zero is a valid (empty) `cpu_set_t`.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the kernel writes at most `size_of::<cpu_set_t>()` bytes into `set`, which is
+    // a valid, exclusively borrowed value of that size.
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: every index is below CPU_SETSIZE, so CPU_ISSET reads inside `set`.
+    Ok((0..CPU_SET_CAPACITY)
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect())
+}
+
+/// Makes the child started by `cmd` run only on `cpus`: `sched_setaffinity` between fork
+/// and exec, so the program is bound from its first instruction and its first allocations
+/// are already touched on the right CPU. Fails at once if a CPU cannot be represented; the
+/// spawn fails if the kernel refuses the set (e.g. none of the CPUs is online).
+pub(super) fn bind_child_cpus(cmd: &mut Command, cpus: &[usize]) -> io::Result<()> {
+    let set = cpu_set_of(cpus)?;
+    let hook = move || -> io::Result<()> {
+        // SAFETY: `set` is a fully initialised cpu_set_t owned by the closure and passed
+        // with its exact size; sched_setaffinity only reads it.
+        let rc =
+            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    // SAFETY: the hook runs in the forked child before `exec`; it makes one system call
+    // (async-signal-safe) on a value built before the fork and allocates nothing, so it is
+    // sound in a child of a multi-threaded parent.
+    unsafe {
+        cmd.pre_exec(hook);
+    }
+    Ok(())
+}

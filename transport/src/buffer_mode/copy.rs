@@ -154,6 +154,8 @@ impl BufferMode for CopyMode {
             let bytes = self.config.chunk * self.config.slots;
             let mut pool = AnonMapping::new(bytes)
                 .map_err(|e| Error::os(format!("mmap of the {bytes}-byte bounce pool"), e))?;
+            // On this rank's NUMA node, before the first touch (feature `hwloc`).
+            crate::boot::binding::place_local(&pool);
             pool.as_mut_slice().fill(0);
             match nic.register(pool.addr(), pool.len() as u64, access) {
                 Ok(r) => {

@@ -15,6 +15,15 @@ use super::matching::Envelope;
 use super::wire::{self, Header, MsgKind, HEADER_BYTES};
 use super::{EagerData, Payload, PointToPoint, Req, RequestId, SendState, Status, Unexpected};
 use crate::error::{Error, Result};
+use crate::sys::AnonMapping;
+
+/// Maps a pool of `bytes` of eager slots (`what` names it in errors) and places it on this
+/// rank's NUMA node before anything touches it (`boot::binding::place_local`).
+pub(crate) fn map_slot_pool(bytes: usize, what: &str) -> Result<AnonMapping> {
+    let pool = AnonMapping::new(bytes).map_err(|e| Error::os(format!("mmap of the {what}"), e))?;
+    crate::boot::binding::place_local(&pool);
+    Ok(pool)
+}
 
 impl PointToPoint {
     /// Starts the queued data sends to `peer` while credits and slots last, in order.

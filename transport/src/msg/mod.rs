@@ -411,12 +411,11 @@ impl PointToPoint {
             }
         }
         let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-        let recv_pool = AnonMapping::new(size * per_peer * slot_bytes)
-            .map_err(|e| Error::os("mmap of the eager receive slots", e))?;
+        let recv_pool = eager::map_slot_pool(size * per_peer * slot_bytes, "eager receive slots")?;
         let mut slots_on_demand = false;
         let recv_key = register_slots(&*nic, &recv_pool, access, &mut slots_on_demand)?;
-        let send_pool = AnonMapping::new(cfg.send_slots as usize * slot_bytes)
-            .map_err(|e| Error::os("mmap of the eager send slots", e))?;
+        let send_pool =
+            eager::map_slot_pool(cfg.send_slots as usize * slot_bytes, "eager send slots")?;
         let send_key = register_slots(&*nic, &send_pool, access, &mut slots_on_demand)?;
         if slots_on_demand && rank == 0 {
             eprintln!(
