@@ -80,6 +80,21 @@ pub struct MsgConfig {
     /// Bytes of unexpected eager data kept per peer before its slots are held
     /// (`PAGEWIRE_UNEXPECTED_BUDGET`).
     pub unexpected_budget: usize,
+    /// What a rank does while it waits with nothing to do (`PAGEWIRE_WAIT=auto|spin|yield`).
+    pub wait: WaitPolicy,
+}
+
+/// What a blocked rank does between polls that found nothing (`PAGEWIRE_WAIT`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WaitPolicy {
+    /// `yield` when the soft NIC's ranks outnumber this host's online CPUs, else `spin`.
+    #[default]
+    Auto,
+    /// Poll without pause: the lowest latency when every rank has a CPU of its own.
+    Spin,
+    /// `sched_yield` after every empty poll, so that with more ranks than CPUs the rank a
+    /// waiter waits for gets the CPU (as MPICH does when oversubscribed).
+    Yield,
 }
 
 impl Default for MsgConfig {
@@ -91,6 +106,7 @@ impl Default for MsgConfig {
             control_slots: 8,
             send_slots: 32,
             unexpected_budget: 4 << 20,
+            wait: WaitPolicy::Auto,
         }
     }
 }
@@ -110,6 +126,16 @@ impl MsgConfig {
         if let Some(v) = env_usize("PAGEWIRE_UNEXPECTED_BUDGET")? {
             c.unexpected_budget = v;
         }
+        c.wait = match std::env::var("PAGEWIRE_WAIT").as_deref() {
+            Err(_) | Ok("") | Ok("auto") => WaitPolicy::Auto,
+            Ok("spin") => WaitPolicy::Spin,
+            Ok("yield") => WaitPolicy::Yield,
+            Ok(other) => {
+                return Err(Error::InvalidArgument(format!(
+                    "PAGEWIRE_WAIT={other}: expected auto, spin or yield"
+                )))
+            }
+        };
         c.rndv = match std::env::var("PAGEWIRE_RNDV").as_deref() {
             Err(_) | Ok("") | Ok("auto") => RndvProtocol::Auto,
             Ok("get") => RndvProtocol::Get,
@@ -134,6 +160,17 @@ impl MsgConfig {
         }
         Ok(c)
     }
+}
+
+/// This host's online CPUs (all of them, whatever this process's affinity).
+fn online_cpus() -> usize {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|s| crate::boot::binding::parse_cpulist(s.trim()))
+        .map(|cpus| cpus.len())
+        .filter(|&n| n > 0)
+        .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+        .unwrap_or(1)
 }
 
 /// Registers a slot pool pinned; if that exceeds the locked-memory limit and the NIC has
@@ -347,6 +384,8 @@ pub struct PointToPoint {
     pub(crate) rdma: Vec<Option<RdmaOp>>,
     rdma_free: Vec<usize>,
     last_progress_made: bool,
+    /// Yield the CPU after a poll that found nothing (see [`WaitPolicy`]).
+    yield_when_idle: bool,
     /// Rendezvous requests with work that may wait for leases.
     pub(crate) active: Vec<RequestId>,
     pub(crate) counters: MsgCounters,
@@ -459,11 +498,18 @@ impl PointToPoint {
             rdma: Vec::new(),
             rdma_free: Vec::new(),
             last_progress_made: false,
+            yield_when_idle: false,
             active: Vec::new(),
             counters: MsgCounters::default(),
             max_inline,
             max_send_wr,
             scratch: Vec::with_capacity(64),
+        };
+        p2p.yield_when_idle = match p2p.cfg.wait {
+            WaitPolicy::Spin => false,
+            WaitPolicy::Yield => true,
+            // Every rank of the soft NIC runs on this host.
+            WaitPolicy::Auto => p2p.nic.capabilities().provider == "soft" && size > online_cpus(),
         };
         for peer in 0..size {
             for slot in 0..per_peer {
@@ -756,6 +802,9 @@ impl PointToPoint {
         }
         events += self.advance_rendezvous()?;
         self.last_progress_made = events > 0;
+        if events == 0 && self.yield_when_idle {
+            std::thread::yield_now();
+        }
         Ok(events > 0)
     }
 
