@@ -1,0 +1,254 @@
+//! IMB-MPI1's output, line for line: the header block, each benchmark's table header
+//! (`# Benchmarking NAME`, `# #processes = N`, dashed lines of 13 characters per column)
+//! and rows (13 characters per column, times with 2 decimals), and the closing line.
+
+use crate::bench::{Benchmark, Kind};
+
+/// IMB's column width (`ow_format`).
+pub const COLUMN: usize = 13;
+
+/// The columns of a table (IMB's `OUT_*` formats of MPI-1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// `#bytes #repetitions t[usec] Mbytes/sec` (PingPong, PingPing).
+    TimeAndBandwidth,
+    /// `#bytes #repetitions t_min t_max t_avg Mbytes/sec` (Sendrecv, Exchange).
+    TimeRangeAndBandwidth,
+    /// `#bytes #repetitions t_min t_max t_avg` (collectives).
+    TimeRange,
+    /// `#repetitions t_min t_max t_avg` (Barrier).
+    Sync,
+}
+
+impl Layout {
+    /// The layout of `b`'s table.
+    pub fn of(b: Benchmark) -> Layout {
+        match b.kind() {
+            Kind::SingleTransfer => Layout::TimeAndBandwidth,
+            Kind::ParallelTransfer => Layout::TimeRangeAndBandwidth,
+            Kind::Collective => Layout::TimeRange,
+            Kind::Sync => Layout::Sync,
+        }
+    }
+
+    /// The column headings.
+    pub fn headings(self) -> &'static [&'static str] {
+        match self {
+            Layout::TimeAndBandwidth => &["#bytes", "#repetitions", "t[usec]", "Mbytes/sec"],
+            Layout::TimeRangeAndBandwidth => &[
+                "#bytes",
+                "#repetitions",
+                "t_min[usec]",
+                "t_max[usec]",
+                "t_avg[usec]",
+                "Mbytes/sec",
+            ],
+            Layout::TimeRange => &[
+                "#bytes",
+                "#repetitions",
+                "t_min[usec]",
+                "t_max[usec]",
+                "t_avg[usec]",
+            ],
+            Layout::Sync => &["#repetitions", "t_min[usec]", "t_max[usec]", "t_avg[usec]"],
+        }
+    }
+}
+
+/// A dashed line as wide as `columns` columns: `#` and `13 * columns - 1` dashes.
+pub fn dashes(columns: usize) -> String {
+    format!("#{}", "-".repeat(COLUMN * columns - 1))
+}
+
+/// One row's numbers, in microseconds (already scaled) and MB/s.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowValues {
+    /// Message size.
+    pub bytes: usize,
+    /// Timed repetitions.
+    pub repetitions: usize,
+    /// Fastest participating process.
+    pub t_min: f64,
+    /// Slowest participating process.
+    pub t_max: f64,
+    /// Average over the participating processes.
+    pub t_avg: f64,
+    /// `size * factor / t_max` in 10^6 bytes per second (0 where `t_max` is 0).
+    pub mbytes_per_sec: f64,
+}
+
+/// The table header: a blank line, dashes, `# Benchmarking NAME `, `# #processes = N `,
+/// the idle processes if any, dashes, and the headings (no trailing newline).
+pub fn table_header(b: Benchmark, processes: usize, world: usize) -> String {
+    let layout = Layout::of(b);
+    let line = dashes(layout.headings().len());
+    let mut s = format!(
+        "\n{line}\n# Benchmarking {} \n# #processes = {processes} \n",
+        b.name()
+    );
+    match world.saturating_sub(processes) {
+        0 => {}
+        1 => s += "# ( 1 additional process waiting in MPI_Barrier)\n",
+        n => s += &format!("# ( {n} additional processes waiting in MPI_Barrier)\n"),
+    }
+    s += &line;
+    s.push('\n');
+    for h in layout.headings() {
+        s += &format!("{h:>COLUMN$}");
+    }
+    s
+}
+
+/// One row of `layout`'s table.
+pub fn row(layout: Layout, v: &RowValues) -> String {
+    let ints = |s: &mut String, n: usize| *s += &format!("{n:>COLUMN$}");
+    let float = |s: &mut String, x: f64| *s += &format!("{x:>COLUMN$.2}");
+    let mut s = String::new();
+    match layout {
+        Layout::TimeAndBandwidth => {
+            ints(&mut s, v.bytes);
+            ints(&mut s, v.repetitions);
+            float(&mut s, v.t_max);
+            float(&mut s, v.mbytes_per_sec);
+        }
+        Layout::TimeRangeAndBandwidth | Layout::TimeRange => {
+            ints(&mut s, v.bytes);
+            ints(&mut s, v.repetitions);
+            float(&mut s, v.t_min);
+            float(&mut s, v.t_max);
+            float(&mut s, v.t_avg);
+            if layout == Layout::TimeRangeAndBandwidth {
+                float(&mut s, v.mbytes_per_sec);
+            }
+        }
+        Layout::Sync => {
+            ints(&mut s, v.repetitions);
+            float(&mut s, v.t_min);
+            float(&mut s, v.t_max);
+            float(&mut s, v.t_avg);
+        }
+    }
+    s
+}
+
+/// IMB's line for a benchmark that cannot run on this many processes.
+pub fn invalid(b: Benchmark, processes: usize) -> String {
+    format!(
+        "\n# !! Benchmark {} invalid for {processes} processes !! \n",
+        b.name()
+    )
+}
+
+/// What the header block says about the run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HeaderInfo {
+    /// `# Date`, as C's `asctime` prints it.
+    pub date: String,
+    /// `uname -m`.
+    pub machine: String,
+    /// `uname -s`.
+    pub system: String,
+    /// `uname -r`.
+    pub release: String,
+    /// `uname -v`.
+    pub version: String,
+    /// In place of IMB's MPI version: pagewire's version, transport and buffer mode.
+    pub mpi_version: String,
+    /// The command line as given.
+    pub calling_sequence: Vec<String>,
+    /// The largest message size.
+    pub max_size: usize,
+    /// The benchmarks, in the order they run.
+    pub benchmarks: Vec<Benchmark>,
+}
+
+impl HeaderInfo {
+    /// This machine's `uname` fields and the current time (UTC).
+    pub fn of_this_machine(
+        mpi_version: String,
+        calling_sequence: Vec<String>,
+        max_size: usize,
+        benchmarks: Vec<Benchmark>,
+    ) -> HeaderInfo {
+        let read = |f: &str| {
+            std::fs::read_to_string(format!("/proc/sys/kernel/{f}"))
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default()
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        HeaderInfo {
+            date: asctime(now),
+            machine: std::env::consts::ARCH.to_string(),
+            system: read("ostype"),
+            release: read("osrelease"),
+            version: read("version"),
+            mpi_version,
+            calling_sequence,
+            max_size,
+            benchmarks,
+        }
+    }
+
+    /// The header block, from the first dashed line to the blank line after the list of
+    /// benchmarks (IMB-MPI1 2021's lines, trailing spaces included).
+    pub fn render(&self, title: &str) -> String {
+        let line = dashes(5);
+        let mut s = format!("{line}\n#    {title}\n{line}\n");
+        s += &format!("# Date                  : {}\n", self.date);
+        s += &format!("# Machine               : {}\n", self.machine);
+        s += &format!("# System                : {}\n", self.system);
+        s += &format!("# Release               : {}\n", self.release);
+        s += &format!("# Version               : {}\n", self.version);
+        s += &format!("# MPI Version           : {}\n", self.mpi_version);
+        s += "# MPI Thread Environment: \n\n\n";
+        s += "# Calling sequence was: \n\n";
+        s += &format!("# {} \n\n", self.calling_sequence.join(" "));
+        s += "# Minimum message length in bytes:   0\n";
+        s += &format!("# Maximum message length in bytes:   {}\n", self.max_size);
+        s += "#\n";
+        s += "# MPI_Datatype                   :   MPI_BYTE \n";
+        s += "# MPI_Datatype for reductions    :   MPI_FLOAT \n";
+        s += "# MPI_Op                         :   MPI_SUM  \n";
+        s += "# \n# \n\n";
+        s += "# List of Benchmarks to run:\n\n";
+        for b in &self.benchmarks {
+            s += &format!("# {}\n", b.name());
+        }
+        s
+    }
+}
+
+/// IMB's last lines (after the last table).
+pub const FINALIZE: &str = "\n\n# All processes entering MPI_Finalize\n";
+
+/// `secs` since the epoch as C's `asctime` prints it (`Sun Nov 22 05:58:31 2026`), in UTC.
+pub fn asctime(secs: u64) -> String {
+    const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{} {} {:2} {:02}:{:02}:{:02} {}",
+        DAYS[days.rem_euclid(7) as usize],
+        MONTHS[(month - 1) as usize],
+        day,
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+        year
+    )
+}

@@ -1,0 +1,716 @@
+//! Running the benchmarks on a universe: for each benchmark and process count, a
+//! communicator of the first N processes (the others wait in a barrier, as IMB's do); for
+//! each size, IMB's preparatory runs (dynamic repetitions), its warm-up, two barriers, the
+//! timed loop; then every process's time goes to rank 0, which prints the row.
+
+use std::io::Write;
+
+use pagewire::traits::*;
+use pagewire::{request, Color, SimpleCommunicator, SystemOperation, Universe};
+use pagewire_tools::msgperf::RowCounters;
+use serde::{Deserialize, Serialize};
+
+use crate::bench::{reduce_scatter_counts, Benchmark, Kind};
+use crate::output::{self, Layout, RowValues};
+use crate::settings::{
+    process_counts, warmup_repetitions, IterPolicy, Iterations, OffCache, Rotation, N_BARRIERS,
+};
+
+/// What to run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Options {
+    /// The benchmarks, in the order to run them.
+    pub benchmarks: Vec<Benchmark>,
+    /// Message sizes.
+    pub sizes: Vec<usize>,
+    /// Repetition control.
+    pub iterations: Iterations,
+    /// `-off_cache`, if given.
+    pub off_cache: Option<OffCache>,
+    /// `-npmin`.
+    pub npmin: usize,
+    /// Show a progress bar on stderr (rank 0, when stderr is a terminal).
+    pub progress: bool,
+}
+
+/// One row of a table.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    /// Message size.
+    pub bytes: usize,
+    /// Timed repetitions.
+    pub repetitions: usize,
+    /// Fastest process, microseconds per repetition (PingPong: half a round trip).
+    pub t_min_usec: f64,
+    /// Slowest process.
+    pub t_max_usec: f64,
+    /// Average over the participating processes.
+    pub t_avg_usec: f64,
+    /// IMB's bandwidth (MB = 10^6 B) where its table has the column.
+    pub mbytes_per_sec: Option<f64>,
+    /// What the buffer mode and the NIC did during the timed repetitions, summed over the
+    /// participating processes (`None` on the mpi transport). Not read back from JSON.
+    #[serde(skip_deserializing)]
+    pub counters: Option<RowCounters>,
+}
+
+/// The counters of one table, summed over its rows, that explain its results.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// Pin-down cache hit rate in percent (`None` without lookups).
+    pub hit_rate: Option<f64>,
+    /// Pin-down cache misses.
+    pub misses: u64,
+    /// Pin-down cache evictions.
+    pub evictions: u64,
+    /// Transfers that fell back to copying.
+    pub fallbacks: u64,
+    /// Invalidated registrations or ODP pages.
+    pub invalidations: u64,
+    /// Network page faults, both sides.
+    pub npfs: u64,
+    /// Pages made present by faults.
+    pub npf_pages: u64,
+    /// Pages made present by prefetch.
+    pub prefetch_pages: u64,
+    /// Highest number of bytes pinned at once by any process so far (cumulative over the
+    /// run: the NIC counts peaks over its life).
+    pub pinned_peak: u64,
+}
+
+/// One benchmark on one process count.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Table {
+    /// The benchmark.
+    pub benchmark: Benchmark,
+    /// Processes taking part.
+    pub processes: usize,
+    /// IMB would not run it on this many processes (PingPong and PingPing on one).
+    pub invalid: bool,
+    /// The rows.
+    pub rows: Vec<Row>,
+    /// The counters (`None` on the mpi transport).
+    pub summary: Option<Summary>,
+}
+
+/// A whole run, as `--json` writes it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    /// The buffer mode (`mpi` on the mpi transport).
+    pub mode: String,
+    /// The transport.
+    pub transport: String,
+    /// Processes in the job.
+    pub ranks: usize,
+    /// Repetition control.
+    pub iterations: Iterations,
+    /// `-off_cache`.
+    pub off_cache: Option<OffCache>,
+    /// The tables, in the order they ran.
+    pub tables: Vec<Table>,
+}
+
+/// Runs `opts` on `universe`, printing IMB's tables on rank 0 as they complete (after
+/// `header`, which rank 0 prints first). Returns the tables on rank 0, nothing elsewhere.
+pub fn run(universe: &Universe, opts: &Options, header: &str) -> Vec<Table> {
+    let world = universe.world();
+    let me = world.rank();
+    let world_size = world.size() as usize;
+    let counters = universe.try_with_p2p(|_| ()).is_ok();
+    let out = |s: &str, bar: &Option<indicatif::ProgressBar>| {
+        let print = || {
+            let mut stdout = std::io::stdout().lock();
+            let _ = writeln!(stdout, "{s}");
+            let _ = stdout.flush();
+        };
+        match bar {
+            Some(b) => b.suspend(print),
+            None => print(),
+        }
+    };
+    let plan: Vec<(Benchmark, Vec<usize>)> = opts
+        .benchmarks
+        .iter()
+        .map(|&b| {
+            let two = b.kind() == Kind::SingleTransfer;
+            (b, process_counts(world_size, opts.npmin, two))
+        })
+        .collect();
+    let bar = (me == 0 && opts.progress).then(|| progress_bar(&plan, &opts.sizes));
+    if me == 0 {
+        // The table header starts with IMB's blank line.
+        out(header.trim_end_matches('\n'), &bar);
+    }
+    let mut tables = Vec::new();
+    for (b, counts) in plan {
+        for np in counts {
+            if b.kind() == Kind::SingleTransfer && np < 2 {
+                if me == 0 {
+                    out(&output::invalid(b, np), &bar);
+                }
+                tables.push(Table {
+                    benchmark: b,
+                    processes: np,
+                    invalid: true,
+                    rows: Vec::new(),
+                    summary: None,
+                });
+                continue;
+            }
+            let table = run_table(universe, &world, b, np, opts, counters, &|s| out(s, &bar));
+            if let Some(bar) = &bar {
+                bar.inc(1);
+            }
+            tables.push(table);
+        }
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    if me == 0 {
+        tables
+    } else {
+        Vec::new()
+    }
+}
+
+fn progress_bar(plan: &[(Benchmark, Vec<usize>)], sizes: &[usize]) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    let steps: usize = plan.iter().map(|(_, c)| c.len()).sum();
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(steps as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} tables  {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_message(format!("{} sizes each", sizes.len()));
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    bar
+}
+
+/// One table: benchmark `b` on the first `np` processes of `world`.
+fn run_table(
+    universe: &Universe,
+    world: &SimpleCommunicator,
+    b: Benchmark,
+    np: usize,
+    opts: &Options,
+    counters: bool,
+    out: &dyn Fn(&str),
+) -> Table {
+    let me = world.rank() as usize;
+    let world_size = world.size() as usize;
+    let color = if me < np {
+        Color::with_value(0)
+    } else {
+        Color::undefined()
+    };
+    let comm = world.split_by_color(color);
+    if me == 0 {
+        out(&output::table_header(b, np, world_size));
+    }
+    let layout = Layout::of(b);
+    // IMB's Barrier has one row: it runs with the last size only, which it does not use.
+    let sizes: Vec<usize> = match b.kind() {
+        Kind::Sync => vec![0],
+        _ => opts
+            .sizes
+            .iter()
+            .copied()
+            .filter(|&s| b.runs_size(s))
+            .collect(),
+    };
+    let mut rows = Vec::new();
+    let mut previous_repetitions = opts.iterations.msgs_per_sample;
+    let mut summed = RowCounters::default();
+    for size in sizes {
+        let (seconds, repetitions, delta) = match &comm {
+            Some(comm) => {
+                let before = || counters.then(|| RowCounters::now(universe));
+                let m = measure(b, comm, size, opts, &mut previous_repetitions, before);
+                let delta = match (m.before, counters.then(|| RowCounters::now(universe))) {
+                    (Some(a), Some(z)) => counter_array(&z)
+                        .iter()
+                        .zip(counter_array(&a))
+                        .map(|(z, a)| z.wrapping_sub(a))
+                        .collect(),
+                    _ => vec![0; COUNTERS],
+                };
+                (m.seconds, m.repetitions, delta)
+            }
+            None => (-1.0, 0, vec![0; COUNTERS]),
+        };
+        // The others wait here, as IMB's wait in MPI_Barrier.
+        world.barrier();
+        let times = gather(world, seconds);
+        let all_counters = gather_counters(world, &delta);
+        if me == 0 {
+            let scale = 1e6 * b.time_scale();
+            let ts: Vec<f64> = times
+                .iter()
+                .filter(|&&t| t >= 0.0)
+                .map(|t| t * scale)
+                .collect();
+            let t_min = ts.iter().copied().fold(f64::MAX, f64::min);
+            let t_max = ts.iter().copied().fold(0.0, f64::max);
+            let t_avg = ts.iter().sum::<f64>() / ts.len().max(1) as f64;
+            let bw = b.bandwidth_scale().map(|f| {
+                if t_max > 0.0 {
+                    f * size as f64 / t_max
+                } else {
+                    0.0
+                }
+            });
+            let values = RowValues {
+                bytes: size,
+                repetitions,
+                t_min: if ts.is_empty() { 0.0 } else { t_min },
+                t_max,
+                t_avg,
+                mbytes_per_sec: bw.unwrap_or(0.0),
+            };
+            out(&output::row(layout, &values));
+            let row_counters = counters.then(|| {
+                let mut sum = [0u64; COUNTERS];
+                for rank in all_counters.chunks(COUNTERS) {
+                    for (s, v) in sum.iter_mut().zip(rank) {
+                        *s = s.wrapping_add(*v);
+                    }
+                }
+                let c = counters_from(&sum);
+                summed = counters_from(
+                    &counter_array(&summed)
+                        .iter()
+                        .zip(sum)
+                        .map(|(a, b)| a + b)
+                        .collect::<Vec<_>>(),
+                );
+                c
+            });
+            rows.push(Row {
+                bytes: size,
+                repetitions,
+                t_min_usec: values.t_min,
+                t_max_usec: t_max,
+                t_avg_usec: t_avg,
+                mbytes_per_sec: bw,
+                counters: row_counters,
+            });
+        }
+    }
+    let pinned_peak = if counters {
+        universe.with_p2p(|p| p.nic_counters().pinned_peak)
+    } else {
+        0
+    };
+    let peaks = gather_counters(world, &[pinned_peak]);
+    let summary = counters.then(|| Summary {
+        hit_rate: summed.hit_rate(),
+        misses: summed.misses,
+        evictions: summed.evictions,
+        fallbacks: summed.fallbacks,
+        invalidations: summed.invalidations,
+        npfs: summed.npf_requester + summed.npf_responder,
+        npf_pages: summed.npf_pages,
+        prefetch_pages: summed.prefetch_pages,
+        pinned_peak: peaks.iter().copied().max().unwrap_or(0),
+    });
+    Table {
+        benchmark: b,
+        processes: np,
+        invalid: false,
+        rows,
+        summary,
+    }
+}
+
+/// The fields of [`RowCounters`], in order, for sending them.
+const COUNTERS: usize = 10;
+
+fn counter_array(c: &RowCounters) -> [u64; COUNTERS] {
+    [
+        c.messages,
+        c.hits,
+        c.misses,
+        c.evictions,
+        c.fallbacks,
+        c.invalidations,
+        c.npf_requester,
+        c.npf_responder,
+        c.npf_pages,
+        c.prefetch_pages,
+    ]
+}
+
+fn counters_from(a: &[u64]) -> RowCounters {
+    RowCounters {
+        messages: a[0],
+        hits: a[1],
+        misses: a[2],
+        evictions: a[3],
+        fallbacks: a[4],
+        invalidations: a[5],
+        npf_requester: a[6],
+        npf_responder: a[7],
+        npf_pages: a[8],
+        prefetch_pages: a[9],
+    }
+}
+
+/// Every process's `value` on rank 0 of `world` (IMB gathers its times over the world).
+fn gather(world: &SimpleCommunicator, value: f64) -> Vec<f64> {
+    let root = world.process_at_rank(0);
+    if world.rank() == 0 {
+        let mut all = vec![0.0f64; world.size() as usize];
+        root.gather_into_root(&[value][..], &mut all[..]);
+        all
+    } else {
+        root.gather_into(&[value][..]);
+        Vec::new()
+    }
+}
+
+fn gather_counters(world: &SimpleCommunicator, values: &[u64]) -> Vec<u64> {
+    let root = world.process_at_rank(0);
+    if world.rank() == 0 {
+        let mut all = vec![0u64; values.len() * world.size() as usize];
+        root.gather_into_root(values, &mut all[..]);
+        all
+    } else {
+        root.gather_into(values);
+        Vec::new()
+    }
+}
+
+/// One size's measurement on one process.
+struct Measurement {
+    /// Seconds per repetition (unscaled).
+    seconds: f64,
+    /// Timed repetitions.
+    repetitions: usize,
+    /// The counters just before the timed loop.
+    before: Option<RowCounters>,
+}
+
+/// IMB's sequence for one size on `comm`: buffers (rotated with `-off_cache`), preparatory
+/// runs that set the repetitions (dynamic policy), warm-up, the timed run.
+fn measure(
+    b: Benchmark,
+    comm: &SimpleCommunicator,
+    size: usize,
+    opts: &Options,
+    previous_repetitions: &mut usize,
+    counters_now: impl Fn() -> Option<RowCounters>,
+) -> Measurement {
+    let np = comm.size() as usize;
+    let selected = opts.iterations.repetitions(size);
+    let mut bufs = Buffers::new(b, size, np, selected, opts.off_cache);
+    let mut n = selected;
+    if opts.iterations.policy == IterPolicy::Dynamic {
+        let t1 = max_over(comm, kernel(b, comm, &mut bufs, size, 1));
+        let rep_test = if t1 < 1.0 / opts.iterations.msgs_per_sample as f64 {
+            opts.iterations.msgs_per_sample
+        } else if t1 < 1.0 {
+            (1.0 / t1 + 0.5) as usize
+        } else {
+            1
+        };
+        let rep_test = max_over(comm, rep_test as f64) as usize;
+        let tried = selected.min(rep_test).max(1);
+        let t = if tried > 1 {
+            max_over(comm, kernel(b, comm, &mut bufs, size, tried))
+        } else {
+            t1
+        };
+        let t_sample = if t > 1e-8 {
+            ((1.0 + opts.iterations.secs / t) as usize).min(i32::MAX as usize)
+        } else {
+            selected
+        };
+        n = selected.min((*previous_repetitions).min(t_sample)).max(1);
+        let mut shared = [n as u64];
+        comm.process_at_rank(0).broadcast_into(&mut shared[..]);
+        n = shared[0] as usize;
+        *previous_repetitions = n;
+    }
+    kernel(b, comm, &mut bufs, size, warmup_repetitions(n));
+    let before = counters_now();
+    let seconds = kernel(b, comm, &mut bufs, size, n);
+    Measurement {
+        seconds,
+        repetitions: n,
+        before,
+    }
+}
+
+fn max_over(comm: &SimpleCommunicator, value: f64) -> f64 {
+    let mut out = [0.0f64];
+    comm.all_reduce_into(&[value][..], &mut out[..], SystemOperation::max());
+    out[0]
+}
+
+/// A benchmark's send and receive buffers, as floats so that reductions can view them as
+/// such, with IMB's rotation of each.
+pub struct Buffers {
+    send: Vec<f32>,
+    recv: Vec<f32>,
+    /// Where repetition `i` sends from.
+    pub send_rotation: Rotation,
+    /// Where repetition `i` receives into.
+    pub recv_rotation: Rotation,
+}
+
+impl Buffers {
+    /// Buffers for `b` with messages of `size` on `np` processes and `n_sample`
+    /// repetitions, rotated as IMB does with `off_cache`.
+    pub fn new(
+        b: Benchmark,
+        size: usize,
+        np: usize,
+        n_sample: usize,
+        off_cache: Option<OffCache>,
+    ) -> Buffers {
+        let (s_len, r_len) = b.buffer_lengths(size, np);
+        let rotation = |len| match off_cache {
+            Some(oc) if b.uses_off_cache() => oc.rotation(len, n_sample),
+            _ => Rotation::NONE,
+        };
+        let (sr, rr) = (rotation(s_len), rotation(r_len));
+        let floats = |bytes: usize| bytes.div_ceil(4);
+        Buffers {
+            send: vec![1.0f32; floats(sr.alloc(s_len))],
+            recv: vec![0.0f32; floats(rr.alloc(r_len))],
+            send_rotation: sr,
+            recv_rotation: rr,
+        }
+    }
+
+    /// The send bytes of repetition `i`, `len` long, and the receive bytes of repetition
+    /// `i`, `rlen` long.
+    fn bytes(&mut self, i: usize, len: usize, rlen: usize) -> (&[u8], &mut [u8]) {
+        let (so, ro) = (self.send_rotation.at(i), self.recv_rotation.at(i));
+        let s: &[u8] = bytemuck::cast_slice(&self.send[..]);
+        let r: &mut [u8] = bytemuck::cast_slice_mut(&mut self.recv[..]);
+        (&s[so..so + len], &mut r[ro..ro + rlen])
+    }
+
+    /// The same as floats (`count` and `rcount` floats; offsets rounded down to a float).
+    fn floats(&mut self, i: usize, count: usize, rcount: usize) -> (&[f32], &mut [f32]) {
+        let (so, ro) = (self.send_rotation.at(i) / 4, self.recv_rotation.at(i) / 4);
+        (&self.send[so..so + count], &mut self.recv[ro..ro + rcount])
+    }
+
+    /// Start addresses of repetition `i`'s send and receive messages (for tests).
+    pub fn addresses(&self, i: usize) -> (usize, usize) {
+        (
+            self.send.as_ptr() as usize + self.send_rotation.at(i),
+            self.recv.as_ptr() as usize + self.recv_rotation.at(i),
+        )
+    }
+
+    /// Bytes allocated for sending and receiving.
+    pub fn allocated(&self) -> (usize, usize) {
+        (self.send.len() * 4, self.recv.len() * 4)
+    }
+}
+
+fn barriers(comm: &SimpleCommunicator, n: usize) {
+    for _ in 0..n {
+        comm.barrier();
+    }
+}
+
+/// Runs `n` repetitions of `b` and returns this process's seconds per repetition, timed as
+/// IMB times it: point-to-point benchmarks and Barrier around the whole loop, collectives
+/// around each call with a barrier between calls (IMB's `-sync 1`). Two barriers first.
+fn kernel(
+    b: Benchmark,
+    comm: &SimpleCommunicator,
+    bufs: &mut Buffers,
+    size: usize,
+    n: usize,
+) -> f64 {
+    let np = comm.size() as usize;
+    let me = comm.rank() as usize;
+    let n = n.max(1);
+    barriers(comm, N_BARRIERS);
+    match b.kind() {
+        Kind::SingleTransfer | Kind::ParallelTransfer | Kind::Sync => {
+            let t0 = pagewire::time();
+            for i in 0..n {
+                point_to_point_once(b, comm, bufs, size, i, np, me);
+            }
+            (pagewire::time() - t0) / n as f64
+        }
+        Kind::Collective => {
+            let mut total = 0.0;
+            for i in 0..n {
+                let t0 = pagewire::time();
+                collective_once(b, comm, bufs, size, i, np, me);
+                total += pagewire::time() - t0;
+                comm.barrier();
+            }
+            total / n as f64
+        }
+    }
+}
+
+fn point_to_point_once(
+    b: Benchmark,
+    comm: &SimpleCommunicator,
+    bufs: &mut Buffers,
+    size: usize,
+    i: usize,
+    np: usize,
+    me: usize,
+) {
+    let right = comm.process_at_rank(((me + 1) % np) as i32);
+    let left = comm.process_at_rank(((me + np - 1) % np) as i32);
+    match b {
+        Benchmark::PingPong => {
+            let (s, r) = bufs.bytes(i, size, size);
+            let peer = comm.process_at_rank(1 - me as i32);
+            if me == 0 {
+                peer.send(s);
+                peer.receive_into(r);
+            } else {
+                peer.receive_into(r);
+                peer.send(s);
+            }
+        }
+        Benchmark::PingPing => {
+            let (s, r) = bufs.bytes(i, size, size);
+            let peer = comm.process_at_rank(1 - me as i32);
+            request::scope(|scope| {
+                let sent = peer.immediate_send(scope, s);
+                peer.receive_into(r);
+                sent.wait();
+            });
+        }
+        Benchmark::Sendrecv => {
+            let (s, r) = bufs.bytes(i, size, size);
+            request::scope(|scope| {
+                let received = left.immediate_receive_into(scope, r);
+                right.send(s);
+                received.wait();
+            });
+        }
+        Benchmark::Exchange => {
+            let (s, r) = bufs.bytes(i, 2 * size, size);
+            let (to_right, to_left) = s.split_at(size);
+            request::scope(|scope| {
+                let a = right.immediate_send(scope, to_right);
+                let c = left.immediate_send(scope, to_left);
+                left.receive_into(&mut *r);
+                right.receive_into(&mut *r);
+                request::wait_all(vec![a, c]);
+            });
+        }
+        Benchmark::Barrier => comm.barrier(),
+        _ => unreachable!("{b} is a collective"),
+    }
+}
+
+fn collective_once(
+    b: Benchmark,
+    comm: &SimpleCommunicator,
+    bufs: &mut Buffers,
+    size: usize,
+    i: usize,
+    np: usize,
+    me: usize,
+) {
+    let root = comm.process_at_rank(0);
+    let is_root = me == 0;
+    let count = size / 4;
+    let sum = SystemOperation::sum();
+    let equal = |bytes: usize| vec![bytes as pagewire::collective::Count; np];
+    match b {
+        Benchmark::Allreduce => {
+            let (s, r) = bufs.floats(i, count, count);
+            comm.all_reduce_into(s, r, sum);
+        }
+        Benchmark::Reduce => {
+            let (s, r) = bufs.floats(i, count, count);
+            if is_root {
+                root.reduce_into_root(s, r, sum);
+            } else {
+                root.reduce_into(s, sum);
+            }
+        }
+        Benchmark::ReduceScatter => {
+            let counts = reduce_scatter_counts(count, np);
+            let (s, r) = bufs.floats(i, count, counts[me]);
+            let counts: Vec<_> = counts
+                .iter()
+                .map(|&c| c as pagewire::collective::Count)
+                .collect();
+            comm.reduce_scatter_varcount_into(s, r, &counts, sum);
+        }
+        Benchmark::ReduceScatterBlock => {
+            let (s, r) = bufs.floats(i, np * count, count);
+            comm.reduce_scatter_block_into(s, r, sum);
+        }
+        Benchmark::Allgather => {
+            let (s, r) = bufs.bytes(i, size, np * size);
+            comm.all_gather_into(s, r);
+        }
+        Benchmark::Allgatherv => {
+            let (s, r) = bufs.bytes(i, size, np * size);
+            comm.all_gather_varcount_into(s, r, &equal(size));
+        }
+        Benchmark::Gather => {
+            let (s, r) = bufs.bytes(i, size, np * size);
+            if is_root {
+                root.gather_into_root(s, r);
+            } else {
+                root.gather_into(s);
+            }
+        }
+        Benchmark::Gatherv => {
+            let (s, r) = bufs.bytes(i, size, np * size);
+            if is_root {
+                root.gather_varcount_into_root(s, r, &equal(size));
+            } else {
+                root.gather_varcount_into(s);
+            }
+        }
+        Benchmark::Scatter => {
+            let (s, r) = bufs.bytes(i, np * size, size);
+            if is_root {
+                root.scatter_into_root(s, r);
+            } else {
+                root.scatter_into(r);
+            }
+        }
+        Benchmark::Scatterv => {
+            let (s, r) = bufs.bytes(i, np * size, size);
+            if is_root {
+                root.scatter_varcount_into_root(s, &equal(size), r);
+            } else {
+                root.scatter_varcount_into(r);
+            }
+        }
+        Benchmark::Alltoall => {
+            let (s, r) = bufs.bytes(i, np * size, np * size);
+            comm.all_to_all_into(s, r);
+        }
+        Benchmark::Alltoallv => {
+            let (s, r) = bufs.bytes(i, np * size, np * size);
+            let counts = equal(size);
+            comm.all_to_all_varcount_into(s, &counts, r, &counts);
+        }
+        Benchmark::Bcast => {
+            // IMB broadcasts from the root's send buffer into the others' receive buffers;
+            // the facade's broadcast takes one mutable buffer, so the root's is its receive
+            // buffer, filled from its send buffer once (untimed content, same rotation).
+            let (_, r) = bufs.bytes(i, 0, size);
+            root.broadcast_into(r);
+        }
+        _ => unreachable!("{b} is not a collective"),
+    }
+}
