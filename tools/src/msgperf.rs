@@ -62,7 +62,8 @@ pub struct RowCounters {
 }
 
 impl RowCounters {
-    const N: usize = 10;
+    /// How many counters (the length of [`RowCounters::to_array`]).
+    pub const N: usize = 10;
 
     /// This rank's totals so far.
     pub fn now(u: &pagewire::Universe) -> RowCounters {
@@ -83,7 +84,8 @@ impl RowCounters {
         })
     }
 
-    fn to_array(self) -> [u64; Self::N] {
+    /// The counters in field order, e.g. to send or reduce them as one buffer.
+    pub fn to_array(self) -> [u64; Self::N] {
         [
             self.messages,
             self.hits,
@@ -98,7 +100,8 @@ impl RowCounters {
         ]
     }
 
-    fn from_array(a: [u64; Self::N]) -> RowCounters {
+    /// The inverse of [`RowCounters::to_array`].
+    pub fn from_array(a: [u64; Self::N]) -> RowCounters {
         RowCounters {
             messages: a[0],
             hits: a[1],
@@ -113,7 +116,8 @@ impl RowCounters {
         }
     }
 
-    fn zip(self, other: RowCounters, f: impl Fn(u64, u64) -> u64) -> RowCounters {
+    /// Combines two sets counter by counter (e.g. `u64::wrapping_sub` for a delta).
+    pub fn zip(self, other: RowCounters, f: impl Fn(u64, u64) -> u64) -> RowCounters {
         let (a, b) = (self.to_array(), other.to_array());
         RowCounters::from_array(std::array::from_fn(|i| f(a[i], b[i])))
     }
