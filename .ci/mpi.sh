@@ -2,7 +2,14 @@
 # mpirun (cargo feature `mpi`, README "Running under mpirun"): installs MPICH if missing,
 # builds and lints the feature, runs its unit tests, then runs under a real `mpirun`:
 #   - tests/mpirun.rs on 2, 3 and 4 ranks: the host-MPI backend (src/host_mpi.rs) against
-#     sequential references, and pagewire's facade on the soft NIC bootstrapped by MPI;
+#     sequential references, pagewire's facade on the soft NIC bootstrapped by MPI, and a
+#     rank failing inside a collective (the job must end with an error on both transports);
+#   - tests/mpirun_suites.rs on 2, 3 and 4 ranks: the facade's collective suite and its
+#     point-to-point and communicator tests, on the mpi transport (PAGEWIRE_TRANSPORT=mpi)
+#     and on pagewire's transport bootstrapped by MPI in the copy, pindown and odp modes;
+#   - tests/mpirun_examples.rs: ring, parallel_sum and jacobi under mpirun -np 2 and 4 on
+#     both transports, the Jacobi line identical to pwrun's;
+#   - pw-collbench on both transports (a smoke run of tools/bench/side_by_side.sh's binary);
 #   - pw-msgperf bootstrapped by MPI on the soft NIC, on 2 and 4 ranks;
 #   - pw-msgperf built *without* the feature under mpirun: it must fail with the message
 #     that says to rebuild with `--features mpi` (not run as N one-rank jobs).
@@ -38,13 +45,28 @@ mpirun --version | head -n 2
 T=(--target-dir target/mpi)
 cargo build -p pagewire-transport -p pagewire --features mpi "${T[@]}"
 cargo clippy -p pagewire-transport -p pagewire --features mpi --all-targets "${T[@]}" -- -D warnings
+cargo clippy -p pagewire-collectives --features pagewire/mpi --all-targets "${T[@]}" -- -D warnings
 
 # Unit tests of the feature's pure parts (launcher detection, layouts, type/op mapping).
 cargo test -p pagewire-transport --features mpi --lib boot:: "${T[@]}"
 cargo test -p pagewire --features mpi --lib host_mpi "${T[@]}"
 
-# The test program: each test starts itself under mpirun on these rank counts.
-PAGEWIRE_MPI_NP=2,3,4 timeout 900 cargo test -p pagewire --features mpi --test mpirun "${T[@]}"
+# The test programs: each test starts itself under mpirun on these rank counts. One test at a
+# time (busy-polling ranks on a small machine). mpirun_suites compiles the facade's suites in
+# as modules; their own tests run in their own binaries, so they are skipped here.
+export PAGEWIRE_MPI_NP=2,3,4
+timeout 900 cargo test --release -p pagewire --features mpi --test mpirun "${T[@]}" -- --test-threads=1
+timeout 1800 cargo test --release -p pagewire --features mpi --test mpirun_suites "${T[@]}" -- \
+  --test-threads=1 --skip collectives:: --skip point_to_point:: --skip communicators::
+timeout 900 cargo test --release -p pagewire --features mpi --test mpirun_examples "${T[@]}" -- \
+  --test-threads=1
+
+# pw-collbench, the side-by-side benchmark's binary, on both transports (short).
+cargo build --release -p pagewire-collectives --example pw-collbench --features pagewire/mpi "${T[@]}"
+for env in PAGEWIRE_TRANSPORT=mpi PAGEWIRE_MODE=copy; do
+  env "$env" timeout 300 "${mpirun[@]}" -np 2 target/mpi/release/examples/pw-collbench \
+    --sizes 8,1M --iters 20 allreduce bcast pingpong
+done
 
 # pw-msgperf bootstrapped by MPI, data on the soft NIC.
 cargo build --release -p pagewire-tools --bin pw-msgperf --features pagewire/mpi "${T[@]}"
@@ -65,3 +87,21 @@ if [ "$(grep -o -- 'rebuild with `--features mpi`' <<<"$out" | wc -l)" -ne 2 ]; 
   exit 1
 fi
 echo "mpi: without the feature, mpirun -np 2 fails with: $(grep -m1 -- '--features mpi' <<<"$out")"
+
+# ---- imb-bench (issue 6; owner: the imb-bench engineer) -------------------------------
+# Every IMB-MPI1 benchmark bootstrapped by MPI on 1-4 ranks, short, in each buffer mode; the
+# host MPI library with --transport mpi; and --mode all refused with its explanation.
+cargo build --release -p imb-bench --features mpi "${T[@]}"
+imb=(target/mpi/release/imb-bench -msglog 0:4 -iter 20 -iter_policy off -npmin 1 --no-progress)
+modes=(copy pindown odp copy)
+for np in 1 2 3 4; do
+  out=$(timeout 300 "${mpirun[@]}" -np "$np" "${imb[@]}" --mode "${modes[$((np - 1))]}")
+  grep -q '^# All processes entering MPI_Finalize' <<<"$out" || { echo "$out" >&2; exit 1; }
+  echo "mpi: imb-bench on $np ranks (${modes[$((np - 1))]}): $(grep -c '^# Benchmarking' <<<"$out") tables"
+done
+timeout 300 "${mpirun[@]}" -np 2 "${imb[@]}" --transport mpi PingPong Allreduce Bcast Barrier
+if out=$(timeout 120 "${mpirun[@]}" -np 2 "${imb[@]}" --mode all PingPong 2>&1); then
+  echo "mpi: imb-bench --mode all ran under mpirun; it must refuse" >&2
+  exit 1
+fi
+grep -q -- '--mode all needs one job per buffer mode' <<<"$out" || { echo "$out" >&2; exit 1; }

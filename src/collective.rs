@@ -35,6 +35,16 @@
 //! returning wrong data (see the `pagewire_collectives` documentation for the precise
 //! guarantee).
 //!
+//! **The mpi transport** (`PAGEWIRE_TRANSPORT=mpi`): every collective goes to the host MPI
+//! library on the communicator's own MPI communicator (`MPI_Allreduce`, `MPI_Bcast`, …). A
+//! reduction MPI does not define (a user operation, a logical operation on floats, 128-bit
+//! integers) moves the contributions with MPI (allgather, gather or alltoall(v)) and
+//! combines them here in rank order, so every call the facade offers works on both
+//! transports. Arguments are checked on each rank before MPI is called; counts that differ
+//! across ranks are not detected there (MPI aborts the job or hangs, as for any MPI
+//! program). A non-root that calls a `_root` variant takes part and then gets an error, as
+//! on pagewire's transport.
+//!
 //! **Differences from rsmpi.**
 //! - Varcount (v-) collectives take a counts slice (`&[Count]`, one entry per rank, in
 //!   elements) next to a plain buffer instead of rsmpi's `Partition`/`PartitionMut`;
@@ -167,6 +177,9 @@ impl<T: Element> Operation<T> for SystemOperation<Arithmetic> {
     fn describe(&self) -> String {
         self.op.mpi_name().into()
     }
+    fn predefined(&self) -> Option<Op> {
+        Some(self.op)
+    }
 }
 
 impl<T: Integer> Operation<T> for SystemOperation<Bitwise> {
@@ -178,6 +191,9 @@ impl<T: Integer> Operation<T> for SystemOperation<Bitwise> {
     }
     fn describe(&self) -> String {
         self.op.mpi_name().into()
+    }
+    fn predefined(&self) -> Option<Op> {
+        Some(self.op)
     }
 }
 
@@ -198,7 +214,7 @@ fn tuning() -> Result<Tuning> {
 /// sub-communicator), in its collective context.
 fn with_group<R>(comm: &SimpleCommunicator, f: impl FnOnce(&mut Group) -> Result<R>) -> Result<R> {
     let tuning = tuning()?;
-    let mut p2p = comm.inner.p2p.borrow_mut();
+    let mut p2p = comm.inner.p2p().borrow_mut();
     let mut g = Group {
         p2p: &mut p2p,
         context: comm.context | COLLECTIVE_CONTEXT_BIT,
@@ -383,6 +399,10 @@ pub trait CommunicatorCollectives: Communicator {
 
 impl CommunicatorCollectives for SimpleCommunicator {
     fn try_barrier(&self) -> Result<()> {
+        #[cfg(feature = "mpi")]
+        if let Some(h) = self.host() {
+            return h.barrier();
+        }
         with_group(self, |g| g.barrier())
     }
 
@@ -393,6 +413,10 @@ impl CommunicatorCollectives for SimpleCommunicator {
         R: BufferMut<Item = S::Item> + ?Sized,
         O: Operation<S::Item>,
     {
+        #[cfg(feature = "mpi")]
+        if let Some(h) = self.host() {
+            return on_host::all_reduce(h, send.as_items(), recv.as_items_mut(), &op);
+        }
         with_group(self, |g| {
             g.allreduce(send.as_items(), recv.as_items_mut(), &op)
         })
@@ -403,6 +427,10 @@ impl CommunicatorCollectives for SimpleCommunicator {
         S: Buffer + ?Sized,
         R: BufferMut<Item = S::Item> + ?Sized,
     {
+        #[cfg(feature = "mpi")]
+        if let Some(h) = self.host() {
+            return h.all_gather(send.as_items(), recv.as_items_mut());
+        }
         with_group(self, |g| g.allgather(send.as_items(), recv.as_items_mut()))
     }
 
@@ -416,6 +444,10 @@ impl CommunicatorCollectives for SimpleCommunicator {
         S: Buffer + ?Sized,
         R: BufferMut<Item = S::Item> + ?Sized,
     {
+        #[cfg(feature = "mpi")]
+        if let Some(h) = self.host() {
+            return h.all_gather_varcount(send.as_items(), recv.as_items_mut(), counts);
+        }
         let k = self::counts(counts)?;
         with_group(self, |g| {
             g.allgatherv(send.as_items(), recv.as_items_mut(), &k)
@@ -427,6 +459,10 @@ impl CommunicatorCollectives for SimpleCommunicator {
         S: Buffer + ?Sized,
         R: BufferMut<Item = S::Item> + ?Sized,
     {
+        #[cfg(feature = "mpi")]
+        if let Some(h) = self.host() {
+            return h.all_to_all(send.as_items(), recv.as_items_mut());
+        }
         with_group(self, |g| g.alltoall(send.as_items(), recv.as_items_mut()))
     }
 
@@ -441,6 +477,15 @@ impl CommunicatorCollectives for SimpleCommunicator {
         S: Buffer + ?Sized,
         R: BufferMut<Item = S::Item> + ?Sized,
     {
+        #[cfg(feature = "mpi")]
+        if let Some(h) = self.host() {
+            return h.all_to_all_varcount(
+                send.as_items(),
+                send_counts,
+                recv.as_items_mut(),
+                recv_counts,
+            );
+        }
         let (sc, rc) = (counts(send_counts)?, counts(recv_counts)?);
         with_group(self, |g| {
             g.alltoallv(send.as_items(), &sc, recv.as_items_mut(), &rc)
@@ -454,6 +499,10 @@ impl CommunicatorCollectives for SimpleCommunicator {
         R: BufferMut<Item = S::Item> + ?Sized,
         O: Operation<S::Item>,
     {
+        #[cfg(feature = "mpi")]
+        if let Some(h) = self.host() {
+            return on_host::reduce_scatter_block(h, send.as_items(), recv.as_items_mut(), &op);
+        }
         with_group(self, |g| {
             g.reduce_scatter_block(send.as_items(), recv.as_items_mut(), &op)
         })
@@ -472,6 +521,10 @@ impl CommunicatorCollectives for SimpleCommunicator {
         R: BufferMut<Item = S::Item> + ?Sized,
         O: Operation<S::Item>,
     {
+        #[cfg(feature = "mpi")]
+        if let Some(h) = self.host() {
+            return on_host::reduce_scatter(h, send.as_items(), recv.as_items_mut(), counts, &op);
+        }
         let k = self::counts(counts)?;
         with_group(self, |g| {
             g.reduce_scatter(send.as_items(), recv.as_items_mut(), &k, &op)
@@ -485,6 +538,10 @@ impl CommunicatorCollectives for SimpleCommunicator {
         R: BufferMut<Item = S::Item> + ?Sized,
         O: Operation<S::Item>,
     {
+        #[cfg(feature = "mpi")]
+        if let Some(h) = self.host() {
+            return on_host::scan(h, send.as_items(), recv.as_items_mut(), &op);
+        }
         with_group(self, |g| g.scan(send.as_items(), recv.as_items_mut(), &op))
     }
 }
@@ -643,6 +700,12 @@ impl Process<'_> {
         Ok(self.rank as usize)
     }
 
+    /// Whether the calling rank is the root.
+    #[cfg(feature = "mpi")]
+    fn is_root(&self) -> bool {
+        self.comm.rank() == self.rank
+    }
+
     /// After a `_root` variant on a rank that is not the root: the call took part, but
     /// the caller mixed the variants up.
     fn must_be_root(&self, what: &str) -> Result<()> {
@@ -665,6 +728,10 @@ impl Root for Process<'_> {
 
     fn try_broadcast_into<B: BufferMut + ?Sized>(&self, buf: &mut B) -> Result<()> {
         let root = self.root()?;
+        #[cfg(feature = "mpi")]
+        if let Some(h) = self.comm.host() {
+            return h.broadcast(root, buf.as_items_mut());
+        }
         with_group(self.comm, |g| g.bcast(buf.as_items_mut(), root))
     }
 
@@ -675,6 +742,10 @@ impl Root for Process<'_> {
         O: Operation<S::Item>,
     {
         let root = self.root()?;
+        #[cfg(feature = "mpi")]
+        if let Some(h) = self.comm.host() {
+            return on_host::reduce(h, root, send.as_items(), None, &op);
+        }
         with_group(self.comm, |g| g.reduce(send.as_items(), None, &op, root))
     }
 
@@ -686,6 +757,12 @@ impl Root for Process<'_> {
         O: Operation<S::Item>,
     {
         let root = self.root()?;
+        #[cfg(feature = "mpi")]
+        if let Some(h) = self.comm.host() {
+            let recv = self.is_root().then_some(recv.as_items_mut());
+            on_host::reduce(h, root, send.as_items(), recv, &op)?;
+            return self.must_be_root("reduce_into_root");
+        }
         with_group(self.comm, |g| {
             g.reduce(send.as_items(), Some(recv.as_items_mut()), &op, root)
         })?;
@@ -694,6 +771,10 @@ impl Root for Process<'_> {
 
     fn try_gather_into<S: Buffer + ?Sized>(&self, send: &S) -> Result<()> {
         let root = self.root()?;
+        #[cfg(feature = "mpi")]
+        if let Some(h) = self.comm.host() {
+            return h.gather(root, send.as_items(), None);
+        }
         with_group(self.comm, |g| g.gather(send.as_items(), None, root))
     }
 
@@ -703,6 +784,15 @@ impl Root for Process<'_> {
         R: BufferMut<Item = S::Item> + ?Sized,
     {
         let root = self.root()?;
+        #[cfg(feature = "mpi")]
+        if let Some(h) = self.comm.host() {
+            h.gather(
+                root,
+                send.as_items(),
+                self.is_root().then_some(recv.as_items_mut()),
+            )?;
+            return self.must_be_root("gather_into_root");
+        }
         with_group(self.comm, |g| {
             g.gather(send.as_items(), Some(recv.as_items_mut()), root)
         })?;
@@ -711,6 +801,10 @@ impl Root for Process<'_> {
 
     fn try_gather_varcount_into<S: Buffer + ?Sized>(&self, send: &S) -> Result<()> {
         let root = self.root()?;
+        #[cfg(feature = "mpi")]
+        if let Some(h) = self.comm.host() {
+            return h.gather_varcount(root, send.as_items(), None);
+        }
         with_group(self.comm, |g| g.gatherv(send.as_items(), None, root))
     }
 
@@ -725,6 +819,12 @@ impl Root for Process<'_> {
         R: BufferMut<Item = S::Item> + ?Sized,
     {
         let root = self.root()?;
+        #[cfg(feature = "mpi")]
+        if let Some(h) = self.comm.host() {
+            let recv = self.is_root().then_some((recv.as_items_mut(), counts));
+            h.gather_varcount(root, send.as_items(), recv)?;
+            return self.must_be_root("gather_varcount_into_root");
+        }
         let k = self::counts(counts)?;
         with_group(self.comm, |g| {
             g.gatherv(send.as_items(), Some((recv.as_items_mut(), &k)), root)
@@ -734,6 +834,10 @@ impl Root for Process<'_> {
 
     fn try_scatter_into<R: BufferMut + ?Sized>(&self, recv: &mut R) -> Result<()> {
         let root = self.root()?;
+        #[cfg(feature = "mpi")]
+        if let Some(h) = self.comm.host() {
+            return h.scatter(root, None, recv.as_items_mut());
+        }
         with_group(self.comm, |g| g.scatter(None, recv.as_items_mut(), root))
     }
 
@@ -743,6 +847,12 @@ impl Root for Process<'_> {
         R: BufferMut<Item = S::Item> + ?Sized,
     {
         let root = self.root()?;
+        #[cfg(feature = "mpi")]
+        if let Some(h) = self.comm.host() {
+            let send = self.is_root().then_some(send.as_items());
+            h.scatter(root, send, recv.as_items_mut())?;
+            return self.must_be_root("scatter_into_root");
+        }
         with_group(self.comm, |g| {
             g.scatter(Some(send.as_items()), recv.as_items_mut(), root)
         })?;
@@ -751,6 +861,10 @@ impl Root for Process<'_> {
 
     fn try_scatter_varcount_into<R: BufferMut + ?Sized>(&self, recv: &mut R) -> Result<()> {
         let root = self.root()?;
+        #[cfg(feature = "mpi")]
+        if let Some(h) = self.comm.host() {
+            return h.scatter_varcount(root, None, recv.as_items_mut());
+        }
         with_group(self.comm, |g| g.scatterv(None, recv.as_items_mut(), root))
     }
 
@@ -765,11 +879,164 @@ impl Root for Process<'_> {
         R: BufferMut<Item = S::Item> + ?Sized,
     {
         let root = self.root()?;
+        #[cfg(feature = "mpi")]
+        if let Some(h) = self.comm.host() {
+            let send = self.is_root().then_some((send.as_items(), counts));
+            h.scatter_varcount(root, send, recv.as_items_mut())?;
+            return self.must_be_root("scatter_varcount_into_root");
+        }
         let k = self::counts(counts)?;
         with_group(self.comm, |g| {
             g.scatterv(Some((send.as_items(), &k)), recv.as_items_mut(), root)
         })?;
         self.must_be_root("scatter_varcount_into_root")
+    }
+}
+
+/// The collectives of the mpi transport that are more than one call of [`HostMpi`]:
+/// reductions MPI does not define are combined here, in rank order, from contributions that
+/// MPI moved.
+///
+/// [`HostMpi`]: crate::host_mpi::HostMpi
+#[cfg(feature = "mpi")]
+mod on_host {
+    use pagewire_collectives::{Element, Op, Operation};
+
+    use super::Count;
+    use crate::host_mpi::{reduces_natively, HostMpi};
+    use crate::{Error, Result};
+
+    /// The predefined operation to hand to MPI, if MPI defines `op` on `T`s.
+    fn native<T: Element, O: Operation<T>>(op: &O) -> Option<Op> {
+        op.predefined().filter(|&p| reduces_natively::<T>(p))
+    }
+
+    /// `out = b_0 ∘ b_1 ∘ … ∘ b_(k-1)` over the `n`-element blocks of `blocks`, in rank
+    /// order (folded from the right: `op.apply(left, right)` sets `right = left ∘ right`).
+    fn combine<T: Element, O: Operation<T>>(op: &O, blocks: &[T], n: usize, out: &mut [T]) {
+        if n == 0 {
+            return;
+        }
+        let k = blocks.len() / n;
+        out.copy_from_slice(&blocks[(k - 1) * n..k * n]);
+        for j in (0..k - 1).rev() {
+            op.apply(&blocks[j * n..(j + 1) * n], out);
+        }
+    }
+
+    fn expect_len(what: &str, got: usize, want: usize) -> Result<()> {
+        if got == want {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "{what} has {got} elements, expected {want}"
+            )))
+        }
+    }
+
+    pub(super) fn all_reduce<T: Element, O: Operation<T>>(
+        h: &HostMpi,
+        send: &[T],
+        recv: &mut [T],
+        op: &O,
+    ) -> Result<()> {
+        op.check()?;
+        if let Some(p) = native::<T, O>(op) {
+            return h.all_reduce(send, recv, p);
+        }
+        expect_len("all_reduce: recv", recv.len(), send.len())?;
+        let mut all = vec![T::zeroed(); send.len() * h.size()];
+        h.all_gather(send, &mut all)?;
+        combine(op, &all, send.len(), recv);
+        Ok(())
+    }
+
+    pub(super) fn reduce<T: Element, O: Operation<T>>(
+        h: &HostMpi,
+        root: usize,
+        send: &[T],
+        recv: Option<&mut [T]>,
+        op: &O,
+    ) -> Result<()> {
+        op.check()?;
+        if let Some(p) = native::<T, O>(op) {
+            return h.reduce(root, send, recv, p);
+        }
+        match recv {
+            Some(recv) => {
+                expect_len("reduce: recv", recv.len(), send.len())?;
+                let mut all = vec![T::zeroed(); send.len() * h.size()];
+                h.gather(root, send, Some(&mut all))?;
+                combine(op, &all, send.len(), recv);
+                Ok(())
+            }
+            None => h.gather(root, send, None),
+        }
+    }
+
+    pub(super) fn scan<T: Element, O: Operation<T>>(
+        h: &HostMpi,
+        send: &[T],
+        recv: &mut [T],
+        op: &O,
+    ) -> Result<()> {
+        op.check()?;
+        if let Some(p) = native::<T, O>(op) {
+            return h.scan(send, recv, p);
+        }
+        expect_len("scan: recv", recv.len(), send.len())?;
+        let n = send.len();
+        let mut all = vec![T::zeroed(); n * h.size()];
+        h.all_gather(send, &mut all)?;
+        combine(op, &all[..n * (h.rank() + 1)], n, recv);
+        Ok(())
+    }
+
+    pub(super) fn reduce_scatter_block<T: Element, O: Operation<T>>(
+        h: &HostMpi,
+        send: &[T],
+        recv: &mut [T],
+        op: &O,
+    ) -> Result<()> {
+        op.check()?;
+        if let Some(p) = native::<T, O>(op) {
+            return h.reduce_scatter_block(send, recv, p);
+        }
+        let m = recv.len();
+        expect_len("reduce_scatter_block: send", send.len(), m * h.size())?;
+        // Block j of every rank's send to rank j, then combined.
+        let mut mine = vec![T::zeroed(); m * h.size()];
+        h.all_to_all(send, &mut mine)?;
+        combine(op, &mine, m, recv);
+        Ok(())
+    }
+
+    pub(super) fn reduce_scatter<T: Element, O: Operation<T>>(
+        h: &HostMpi,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[Count],
+        op: &O,
+    ) -> Result<()> {
+        op.check()?;
+        if let Some(p) = native::<T, O>(op) {
+            return h.reduce_scatter(send, recv, counts, p);
+        }
+        let mine = *counts.get(h.rank()).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "reduce_scatter: {} counts for {} ranks",
+                counts.len(),
+                h.size()
+            ))
+        })?;
+        let m = usize::try_from(mine)
+            .map_err(|_| Error::InvalidArgument(format!("negative count {mine} in {counts:?}")))?;
+        expect_len("reduce_scatter: recv", recv.len(), m)?;
+        // Block j (counts[j] elements) of every rank's send to rank j, then combined.
+        let mut blocks = vec![T::zeroed(); m * h.size()];
+        h.all_to_all_varcount(send, counts, &mut blocks, &vec![mine; h.size()])?;
+        combine(op, &blocks, m, recv);
+        Ok(())
     }
 }
 

@@ -2,9 +2,9 @@
 //! host MPI library through rsmpi, so one binary can measure pagewire against the MPI library
 //! it runs under (DESIGN.md "Launching": the `mpi` transport).
 //!
-//! **Status: a prototype, not wired into the facade yet.** [`HostMpi`] is complete on its
-//! own and tested under `mpirun` (`tests/mpirun.rs`); the facade's communicators will route
-//! to it when `PAGEWIRE_TRANSPORT=mpi` in a later step.
+//! With `PAGEWIRE_TRANSPORT=mpi` the facade routes every call of a communicator here
+//! (`crate::topology` holds one [`HostMpi`] per communicator); it is also usable on its own,
+//! and tested both ways under `mpirun` (`tests/mpirun.rs`).
 //!
 //! # Shape
 //!
@@ -30,7 +30,8 @@
 //! # Types and operations
 //!
 //! Data movement (send, receive, bcast, gather, scatter, allgather, alltoall and their
-//! v-variants) moves bytes (`MPI_BYTE`, counts scaled by the element size). Reductions are
+//! v-variants) moves the bytes of any plain-old-data type (`MPI_BYTE`, counts scaled by the
+//! element size). Reductions are
 //! typed: the [`Element`] type is mapped to rsmpi's datatype (`u8` → `MPI_UINT8_T`, …, `f64`
 //! → `MPI_DOUBLE`; `usize`/`isize` → 64-bit) and [`Op`] to the predefined `MPI_Op` (`Sum` →
 //! `MPI_SUM`, …, `BitXor` → `MPI_BXOR`). MPI defines logical and bitwise reductions only
@@ -51,6 +52,7 @@
 use std::any::TypeId;
 use std::marker::PhantomData;
 
+use bytemuck::Pod;
 use mpi::collective::{CommunicatorCollectives as _, Root as _, SystemOperation as MpiOp};
 use mpi::datatype::{Partition, PartitionMut};
 use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
@@ -208,6 +210,27 @@ impl HostMpi {
         raw::iprobe(self.p2p(), source, raw::tag_or_any(tag))
     }
 
+    /// Takes a matching message out of matching if one has arrived (`MPI_Improbe`): no
+    /// other receive or probe can match it, and only the returned [`HostMessage`] receives
+    /// it. `None` source or tag are wildcards.
+    pub fn improbe(
+        &self,
+        source: Option<usize>,
+        tag: Option<i32>,
+    ) -> Result<Option<(HostMessage, Status)>> {
+        let source = self.source(source)?;
+        let found = raw::improbe(self.p2p(), source, raw::tag_or_any(tag))?;
+        Ok(found.map(|(raw, status)| {
+            (
+                HostMessage {
+                    raw,
+                    len: status.count,
+                },
+                status,
+            )
+        }))
+    }
+
     /// Starts sending `buf` (`MPI_Isend`, or `MPI_Issend` when `sync`). The caller keeps
     /// the buffer alive and unwritten until the request completes, as `UserBuf::new`
     /// requires (the facade's request scope does).
@@ -268,7 +291,7 @@ impl HostMpi {
     }
 
     /// `MPI_Bcast` of `buf` from `root`.
-    pub fn broadcast<T: Element>(&self, root: usize, buf: &mut [T]) -> Result<()> {
+    pub fn broadcast<T: Pod>(&self, root: usize, buf: &mut [T]) -> Result<()> {
         let root = self.peer(root)?;
         self.coll()
             .process_at_rank(root)
@@ -277,7 +300,7 @@ impl HostMpi {
     }
 
     /// `MPI_Allgather`: `recv` holds `size · send.len()` elements, rank `j`'s block at `j`.
-    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+    pub fn all_gather<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         self.expect_len("all_gather: recv", recv.len(), send.len() * self.size)?;
         self.coll()
             .all_gather_into(bytes(send), bytemuck::cast_slice_mut::<T, u8>(recv));
@@ -285,7 +308,7 @@ impl HostMpi {
     }
 
     /// `MPI_Allgatherv`: rank `j` contributes `counts[j]` elements, packed in rank order.
-    pub fn all_gather_varcount<T: Element>(
+    pub fn all_gather_varcount<T: Pod>(
         &self,
         send: &[T],
         recv: &mut [T],
@@ -309,7 +332,7 @@ impl HostMpi {
 
     /// `MPI_Alltoall`: block `j` of `send` goes to rank `j`; `recv` gets rank `j`'s block
     /// for this rank at `j`. Both hold `size` equal blocks.
-    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+    pub fn all_to_all<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         self.expect_len("all_to_all: recv", recv.len(), send.len())?;
         if send.len() % self.size != 0 {
             return Err(Error::InvalidArgument(format!(
@@ -325,7 +348,7 @@ impl HostMpi {
 
     /// `MPI_Alltoallv`: `send_counts[j]` elements to rank `j`, `recv_counts[j]` from it,
     /// packed in rank order.
-    pub fn all_to_all_varcount<T: Element>(
+    pub fn all_to_all_varcount<T: Pod>(
         &self,
         send: &[T],
         send_counts: &[Count],
@@ -348,12 +371,7 @@ impl HostMpi {
 
     /// `MPI_Gather` to `root`: `recv` (`Some` at the root only) holds `size · send.len()`
     /// elements.
-    pub fn gather<T: Element>(
-        &self,
-        root: usize,
-        send: &[T],
-        recv: Option<&mut [T]>,
-    ) -> Result<()> {
+    pub fn gather<T: Pod>(&self, root: usize, send: &[T], recv: Option<&mut [T]>) -> Result<()> {
         let root = self.root(root, "gather", recv.is_some())?;
         let p = self.coll().process_at_rank(root);
         match recv {
@@ -368,7 +386,7 @@ impl HostMpi {
 
     /// `MPI_Gatherv` to `root`: rank `j` sends `counts[j]` elements; `recv` (`Some` at the
     /// root only, with the counts of every rank) gets them packed in rank order.
-    pub fn gather_varcount<T: Element>(
+    pub fn gather_varcount<T: Pod>(
         &self,
         root: usize,
         send: &[T],
@@ -395,12 +413,7 @@ impl HostMpi {
 
     /// `MPI_Scatter` from `root`: `send` (`Some` at the root only) holds `size · recv.len()`
     /// elements, block `j` for rank `j`.
-    pub fn scatter<T: Element>(
-        &self,
-        root: usize,
-        send: Option<&[T]>,
-        recv: &mut [T],
-    ) -> Result<()> {
+    pub fn scatter<T: Pod>(&self, root: usize, send: Option<&[T]>, recv: &mut [T]) -> Result<()> {
         let root = self.root(root, "scatter", send.is_some())?;
         let p = self.coll().process_at_rank(root);
         let recv = bytemuck::cast_slice_mut::<T, u8>(recv);
@@ -420,7 +433,7 @@ impl HostMpi {
 
     /// `MPI_Scatterv` from `root`: `send` (`Some` at the root only, with the counts of every
     /// rank) holds `counts[j]` elements for rank `j`, packed in rank order.
-    pub fn scatter_varcount<T: Element>(
+    pub fn scatter_varcount<T: Pod>(
         &self,
         root: usize,
         send: Option<(&[T], &[Count])>,
@@ -622,7 +635,7 @@ fn layout(what: &str, counts: &[Count], size: usize, elem: usize) -> Result<Layo
     Ok(out)
 }
 
-fn bytes<T: Element>(s: &[T]) -> &[u8] {
+fn bytes<T: Pod>(s: &[T]) -> &[u8] {
     bytemuck::cast_slice(s)
 }
 
@@ -667,6 +680,67 @@ fn reduction<T: Element>(op: Op) -> Result<MpiOp> {
     })
 }
 
+/// Whether [`HostMpi`]'s reductions take `op` on `T`s: MPI has a datatype for `T` and
+/// defines `op` for its type class. Otherwise they return [`Error::InvalidArgument`], and
+/// a caller that needs the reduction anyway moves the data with MPI and combines it itself
+/// (as the facade does).
+///
+/// Minimum and maximum of unsigned integers are not handed to MPI either: MPICH 4.0.2 as
+/// Debian packages it (ch4:ucx) compares `MPI_UINT8_T` … `MPI_UINT64_T` and
+/// `MPI_UNSIGNED_CHAR` as if they were signed (`MPI_MIN` of 100 and 200 as `MPI_UINT8_T`
+/// gives 200), which the collective suite caught under `mpirun`.
+pub fn reduces_natively<T: Element>(op: Op) -> bool {
+    let unsigned_order = matches!(op, Op::Min | Op::Max) && T::IS_INTEGER && !is_signed::<T>();
+    !unsigned_order && reduction::<T>(op).is_ok() && typed!(T, |U| ()).is_ok()
+}
+
+/// Whether the integer type `T` is signed: its all-ones bit pattern is -1, below zero
+/// (an unsigned type's is its maximum). `Element` has no arithmetic to ask otherwise.
+fn is_signed<T: Element>() -> bool {
+    let mut all_ones = T::zeroed();
+    bytemuck::bytes_of_mut(&mut all_ones).fill(0xff);
+    all_ones < T::zeroed()
+}
+
+/// A message that [`HostMpi::improbe`] took out of matching (`MPI_Message`).
+///
+/// Dropping one that was not received receives it into a scratch buffer and discards it
+/// (unless MPI is already finalised), so its sender is never left waiting.
+#[derive(Debug)]
+pub struct HostMessage {
+    raw: raw::Message,
+    len: usize,
+}
+
+impl HostMessage {
+    /// Receives the message into `buf` (`MPI_Mrecv`). A longer message is an
+    /// [`Error::Mpi`] of class `MPI_ERR_TRUNCATE`, as for [`HostMpi::recv`].
+    pub fn receive(mut self, buf: &mut [u8]) -> Result<Status> {
+        raw::mrecv(&mut self.raw, buf)
+    }
+
+    /// Starts receiving the message into `buf` (`MPI_Imrecv`). The caller keeps the buffer
+    /// alive and untouched until the request completes, as `UserBufMut::new` requires.
+    pub fn immediate_receive(mut self, buf: UserBufMut) -> Result<HostRequest> {
+        let raw = raw::imrecv(&mut self.raw, buf)?;
+        Ok(HostRequest {
+            raw,
+            kind: Kind::Recv { cap: buf.len() },
+        })
+    }
+}
+
+impl Drop for HostMessage {
+    fn drop(&mut self) {
+        if raw::is_null_message(&self.raw) || mpi::environment::is_finalized() {
+            return;
+        }
+        let mut scratch = vec![0u8; self.len];
+        // Nobody wants the message; a failure leaves nothing more to do with it.
+        let _ = raw::mrecv(&mut self.raw, &mut scratch);
+    }
+}
+
 /// What a [`HostRequest`] does.
 #[derive(Clone, Copy, Debug)]
 enum Kind {
@@ -702,6 +776,13 @@ impl HostRequest {
             Ok(Some(s)) => self.finish(Ok(s)).map(Some),
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether the operation has finished, without completing the request
+    /// (`MPI_Request_get_status`): a later [`HostRequest::wait`] or [`HostRequest::test`]
+    /// returns at once. An error counts as finished; completing reports it.
+    pub fn is_done(&self) -> bool {
+        self.is_complete() || raw::is_done(&self.raw)
     }
 
     /// True once the request has completed (or failed) and freed its `MPI_Request`.
@@ -932,6 +1013,52 @@ mod raw {
         Ok((flag != 0).then(|| status(&mpi::point_to_point::Status::from_raw(st))))
     }
 
+    /// An `MPI_Message` handle.
+    pub(super) type Message = ffi::MPI_Message;
+
+    pub(super) fn is_null_message(m: &Message) -> bool {
+        // SAFETY: reads a constant that rsmpi's C shim defines.
+        *m == unsafe { ffi::RSMPI_MESSAGE_NULL }
+    }
+
+    pub(super) fn improbe(
+        comm: &SimpleCommunicator,
+        source: i32,
+        tag: i32,
+    ) -> Result<Option<(Message, Status)>> {
+        let mut st = empty_status();
+        let mut flag: c_int = 0;
+        // SAFETY: reads a constant that rsmpi's C shim defines.
+        let mut msg = unsafe { ffi::RSMPI_MESSAGE_NULL };
+        // SAFETY: writes one flag, one message handle and one status.
+        let rc =
+            unsafe { ffi::MPI_Improbe(source, tag, comm.as_raw(), &mut flag, &mut msg, &mut st) };
+        check("MPI_Improbe", rc)?;
+        Ok((flag != 0).then(|| (msg, status(&mpi::point_to_point::Status::from_raw(st)))))
+    }
+
+    pub(super) fn mrecv(msg: &mut Message, buf: &mut [u8]) -> Result<Status> {
+        let n = count(buf.len())?;
+        let mut st = empty_status();
+        // SAFETY: a matched message (MPI sets the handle to MPI_MESSAGE_NULL); MPI writes at
+        // most `n` bytes into `buf`, borrowed mutably for the whole (blocking) call.
+        let rc = unsafe { ffi::MPI_Mrecv(buf.as_mut_ptr().cast(), n, byte(), msg, &mut st) };
+        received("MPI_Mrecv", rc, &st, buf.len())
+    }
+
+    pub(super) fn imrecv(msg: &mut Message, buf: UserBufMut) -> Result<Request> {
+        let n = count(buf.len())?;
+        let p = buf.addr() as usize as *mut c_void;
+        // SAFETY: reads a constant that rsmpi's C shim defines.
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: a matched message; the range is writable and used by nobody else until
+        // the request completes (the contract of `UserBufMut::new`); MPI writes at most `n`
+        // bytes.
+        let rc = unsafe { ffi::MPI_Imrecv(p, n, byte(), msg, &mut req) };
+        check("MPI_Imrecv", rc)?;
+        Ok(req)
+    }
+
     pub(super) fn isend(
         comm: &SimpleCommunicator,
         buf: UserBuf,
@@ -989,6 +1116,15 @@ mod raw {
             return Ok(None);
         }
         received("MPI_Test", rc, &st, cap).map(Some)
+    }
+
+    pub(super) fn is_done(req: &Request) -> bool {
+        let mut st = empty_status();
+        let mut flag: c_int = 0;
+        // SAFETY: a live request, which MPI_Request_get_status leaves live; writes one flag
+        // and one status.
+        let rc = unsafe { ffi::MPI_Request_get_status(*req, &mut flag, &mut st) };
+        rc != ffi::MPI_SUCCESS as c_int || flag != 0
     }
 
     pub(super) fn cancel(req: &mut Request) {
@@ -1070,6 +1206,21 @@ mod tests {
             .to_string();
         assert!(e.contains("MPI_LAND on f64"), "{e}");
         assert!(reduction::<f32>(Op::BitXor).is_err());
+    }
+
+    #[test]
+    fn unsigned_order_and_what_mpi_lacks_are_combined_by_the_caller() {
+        assert!(reduces_natively::<f32>(Op::Sum));
+        assert!(reduces_natively::<i8>(Op::Min));
+        assert!(reduces_natively::<u32>(Op::Sum));
+        assert!(reduces_natively::<u64>(Op::BitXor));
+        assert!(
+            !reduces_natively::<u8>(Op::Min),
+            "MPICH 4.0.2 orders it as signed"
+        );
+        assert!(!reduces_natively::<usize>(Op::Max));
+        assert!(!reduces_natively::<f64>(Op::LogicalAnd));
+        assert!(is_signed::<i64>() && is_signed::<isize>() && !is_signed::<u16>());
     }
 
     #[test]

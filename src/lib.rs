@@ -27,7 +27,8 @@
 //! (the message layer), [`buffer_mode`], [`boot`] (bootstrap and the `pwrun` launcher) and
 //! [`sys`].
 #![deny(missing_docs)]
-// `unsafe` only in `request.rs`, where requests hand borrowed buffers to the message layer.
+// `unsafe` only in `request.rs`, where requests hand borrowed buffers to the message layer,
+// and in `host_mpi.rs`'s `raw` module (MPI calls that rsmpi does not wrap).
 #![deny(unsafe_code)]
 
 pub mod collective;
@@ -45,7 +46,8 @@ pub use point_to_point::{
     AnyProcess, Destination, MatchedReceiveVec, Message, Process, Source, Status,
 };
 pub use topology::{
-    Color, Communicator, Key, Rank, SimpleCommunicator, Tag, Universe, UniverseConfig,
+    Color, Communicator, Key, Rank, SimpleCommunicator, Tag, TransportKind, Universe,
+    UniverseConfig,
 };
 
 /// The traits a program imports with `use pagewire::traits::*` (as `mpi::traits::*`).
@@ -57,8 +59,10 @@ pub mod traits {
 }
 
 /// Starts pagewire with settings from the environment (`PAGEWIRE_*`): the bootstrap
-/// (`pwrun`'s, or a single rank without a launcher), the NIC (`PAGEWIRE_TRANSPORT`), the
-/// buffer mode (`PAGEWIRE_MODE`) and the message layer. `None` if pagewire is already
+/// (`pwrun`'s, MPI's under `mpirun` with the feature `mpi`, or a single rank without a
+/// launcher), the NIC (`PAGEWIRE_TRANSPORT`), the buffer mode (`PAGEWIRE_MODE`) and the
+/// message layer. `PAGEWIRE_TRANSPORT=mpi` (feature `mpi`, under `mpirun`) forwards every
+/// call to the host MPI library instead. `None` if pagewire is already
 /// initialised in this process, as rsmpi's `initialize`.
 ///
 /// Panics with the reason if start-up fails; [`try_initialize`] returns it instead.

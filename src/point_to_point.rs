@@ -4,12 +4,22 @@
 //! Ranks are the communicator's own: `process_at_rank(r)` of a sub-communicator is its
 //! rank `r`, and a [`Status`] names the sender by its rank in the communicator of the
 //! receive.
+//!
+//! On the mpi transport every call here goes to the communicator's host MPI library
+//! (`MPI_Send`, `MPI_Irecv`, `MPI_Iprobe`, `MPI_Improbe`/`MPI_Mrecv`, …); a truncated
+//! receive is then an [`Error::Mpi`] (MPI does not report the message's length).
+
+// Without the `mpi` feature, `Matched` has one variant, and its matches are what clippy calls
+// infallible destructuring; they keep one shape for both builds.
+#![allow(clippy::infallible_destructuring_match)]
 
 use std::rc::Rc;
 
 use pagewire_transport::msg::{self, MessageHandle};
 
 use crate::datatype::{Buffer, BufferMut, Equivalence};
+#[cfg(feature = "mpi")]
+use crate::host_mpi::HostMessage;
 use crate::request::{self, LocalScope, Request};
 use crate::topology::{Inner, Rank, RankMap, SimpleCommunicator, Tag};
 use crate::{Error, Result};
@@ -293,8 +303,13 @@ pub trait Source {
     /// `immediate_probe`, returning errors.
     fn try_immediate_probe_with_tag(&self, tag: Option<Tag>) -> Result<Option<Status>> {
         let c = self.comm();
+        #[cfg(feature = "mpi")]
+        if let Some(h) = c.host() {
+            let r = h.iprobe(self.source()?, tag)?;
+            return Ok(r.map(|inner| Status::in_group(None, inner)));
+        }
         let src = self.source()?.map(|r| c.world_rank(r));
-        let r = c.inner.p2p.borrow_mut().iprobe(src, tag, c.context)?;
+        let r = c.inner.p2p().borrow_mut().iprobe(src, tag, c.context)?;
         Ok(r.map(|inner| Status::in_group(c.ranks.as_deref(), inner)))
     }
     /// `matched_probe_with_tag`, returning errors.
@@ -311,14 +326,28 @@ pub trait Source {
         tag: Option<Tag>,
     ) -> Result<Option<(Message, Status)>> {
         let c = self.comm();
+        #[cfg(feature = "mpi")]
+        if let Some(h) = c.host() {
+            let r = h.improbe(self.source()?, tag)?;
+            return Ok(r.map(|(handle, inner)| {
+                let status = Status::in_group(None, inner);
+                let message = Message {
+                    inner: c.inner.clone(),
+                    ranks: None,
+                    handle: Some(Matched::Host(handle)),
+                    status,
+                };
+                (message, status)
+            }));
+        }
         let src = self.source()?.map(|r| c.world_rank(r));
-        let r = c.inner.p2p.borrow_mut().improbe(src, tag, c.context)?;
+        let r = c.inner.p2p().borrow_mut().improbe(src, tag, c.context)?;
         Ok(r.map(|(handle, inner)| {
             let status = Status::in_group(c.ranks.as_deref(), inner);
             let message = Message {
                 inner: c.inner.clone(),
                 ranks: c.ranks.clone(),
-                handle: Some(handle),
+                handle: Some(Matched::Pagewire(handle)),
                 status,
             };
             (message, status)
@@ -355,8 +384,20 @@ impl Source for AnyProcess<'_> {
 pub struct Message {
     inner: Rc<Inner>,
     ranks: Option<Rc<RankMap>>,
-    handle: Option<MessageHandle>,
+    handle: Option<Matched>,
     status: Status,
+}
+
+/// Where a matched message waits.
+#[derive(Debug)]
+enum Matched {
+    /// Parked in pagewire's message layer.
+    Pagewire(MessageHandle),
+    /// An `MPI_Message` of the host MPI library (mpi transport). One left unreceived is
+    /// drained in `Message::drop`, while the message still holds the universe (so MPI is
+    /// not finalised yet).
+    #[cfg(feature = "mpi")]
+    Host(HostMessage),
 }
 
 impl std::fmt::Debug for Message {
@@ -407,8 +448,18 @@ impl Message {
         mut self,
         buf: &mut B,
     ) -> Result<Status> {
-        let handle = self.handle.take().expect("an unreceived message");
-        request::matched_receive(&self.inner, self.ranks.clone(), handle, buf.as_bytes_mut())
+        match self.handle.take().expect("an unreceived message") {
+            Matched::Pagewire(handle) => request::matched_receive(
+                &self.inner,
+                self.ranks.clone(),
+                handle,
+                buf.as_bytes_mut(),
+            ),
+            #[cfg(feature = "mpi")]
+            Matched::Host(message) => message
+                .receive(buf.as_bytes_mut())
+                .map(|s| Status::in_group(None, s)),
+        }
     }
 
     /// [`Message::matched_receive_vec`], returning errors.
@@ -428,20 +479,37 @@ impl Message {
         scope: &'s LocalScope<'a>,
         buf: &'a mut B,
     ) -> Result<Request<'a, 's>> {
-        let handle = self.handle.take().expect("an unreceived message");
-        request::immediate_matched_receive(
-            &self.inner,
-            self.ranks.clone(),
-            scope,
-            handle,
-            buf.as_bytes_mut(),
-        )
+        match self.handle.take().expect("an unreceived message") {
+            Matched::Pagewire(handle) => request::immediate_matched_receive(
+                &self.inner,
+                self.ranks.clone(),
+                scope,
+                handle,
+                buf.as_bytes_mut(),
+            ),
+            #[cfg(feature = "mpi")]
+            Matched::Host(message) => request::immediate_host_matched_receive(
+                &self.inner,
+                scope,
+                message,
+                buf.as_bytes_mut(),
+            ),
+        }
     }
 }
 
 impl Drop for Message {
     fn drop(&mut self) {
         if let Some(handle) = self.handle.take() {
+            let handle = match handle {
+                Matched::Pagewire(handle) => handle,
+                // A HostMessage drains itself when dropped.
+                #[cfg(feature = "mpi")]
+                Matched::Host(message) => {
+                    drop(message);
+                    return;
+                }
+            };
             let mut scratch = vec![0u8; self.status.count_bytes()];
             // A failure (the sender died, or the layer is busy in an unwinding caller) leaves
             // nothing more to do with a message nobody wants.

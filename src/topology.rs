@@ -15,6 +15,14 @@
 //! rank in common. Ids are not reused after a communicator is dropped; point-to-point
 //! contexts stay below 2^31 (bit 31 marks the collective context, see
 //! [`crate::collective`]), so a job can create 2^31 - 1 communicators.
+//!
+//! **Transports.** A universe runs on pagewire's own message layer ([`PointToPoint`] on a
+//! NIC provider), or, with `PAGEWIRE_TRANSPORT=mpi` (feature `mpi`, under `mpirun`), on the
+//! host MPI library: then each communicator holds a [`HostMpi`] on its own MPI communicator
+//! (`MPI_Comm_dup`/`MPI_Comm_split` of its parent's), and every point-to-point call, request,
+//! probe and collective of the facade is forwarded to it (the `host` branches of
+//! `point_to_point`, `request` and `collective`). Context ids and rank maps then play no
+//! part: MPI keeps communicators apart, and its ranks are already the communicator's.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -28,6 +36,8 @@ use pagewire_transport::msg::{MsgConfig, PointToPoint};
 use pagewire_transport::nic;
 
 use crate::collective::{CommunicatorCollectives, SystemOperation, COLLECTIVE_CONTEXT_BIT};
+#[cfg(feature = "mpi")]
+use crate::host_mpi::HostMpi;
 use crate::point_to_point::{AnyProcess, Process};
 use crate::{Error, Result};
 
@@ -115,10 +125,24 @@ pub enum ModeKind {
     Pindown,
 }
 
+/// What carries the facade's calls (`PAGEWIRE_TRANSPORT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportKind {
+    /// pagewire's message layer on one of its NIC providers (`PAGEWIRE_TRANSPORT=soft`, the
+    /// default, or `verbs`) in the buffer mode of `PAGEWIRE_MODE`.
+    Pagewire,
+    /// The host MPI library (`PAGEWIRE_TRANSPORT=mpi`; feature `mpi`, under `mpirun`):
+    /// every point-to-point and collective call is forwarded to it, so one binary measures
+    /// pagewire and the MPI library side by side.
+    HostMpi,
+}
+
 /// Everything [`Universe::from_config`] needs; [`UniverseConfig::from_env`] reads it from
 /// the `PAGEWIRE_*` variables.
 #[derive(Clone, Debug)]
 pub struct UniverseConfig {
+    /// What carries the calls.
+    pub transport: TransportKind,
     /// The buffer mode.
     pub mode: ModeKind,
     /// The copy mode's pool.
@@ -130,9 +154,14 @@ pub struct UniverseConfig {
 }
 
 impl UniverseConfig {
-    /// Reads `PAGEWIRE_MODE` (`copy`, `pindown` or `odp`), the modes' and
-    /// the message layer's settings.
+    /// Reads `PAGEWIRE_TRANSPORT` (`mpi`, or a NIC provider that [`nic::open`] checks),
+    /// `PAGEWIRE_MODE` (`copy`, `pindown` or `odp`), the modes' and the message layer's
+    /// settings.
     pub fn from_env() -> Result<UniverseConfig> {
+        let transport = match std::env::var("PAGEWIRE_TRANSPORT").as_deref() {
+            Ok("mpi") => TransportKind::HostMpi,
+            _ => TransportKind::Pagewire,
+        };
         let mode = match std::env::var("PAGEWIRE_MODE").as_deref() {
             Err(_) | Ok("") | Ok("copy") => ModeKind::Copy,
             Ok("odp") => ModeKind::Odp,
@@ -144,6 +173,7 @@ impl UniverseConfig {
             }
         };
         Ok(UniverseConfig {
+            transport,
             mode,
             copy: CopyConfig::from_env()?,
             odp: OdpConfig::from_env()?,
@@ -153,10 +183,84 @@ impl UniverseConfig {
 }
 
 pub(crate) struct Inner {
-    pub(crate) p2p: RefCell<PointToPoint>,
+    /// pagewire's message layer; `None` on the mpi transport.
+    p2p: Option<RefCell<PointToPoint>>,
+    /// The world communicator's host-MPI backend on the mpi transport. Declared before
+    /// `boot`, so it is freed before the bootstrap finalises MPI.
+    #[cfg(feature = "mpi")]
+    host: Option<Rc<HostMpi>>,
     pub(crate) boot: Box<dyn Bootstrap>,
     /// The lowest point-to-point context this process has not used (the world uses 0).
     next_context: Cell<u32>,
+}
+
+impl Inner {
+    /// pagewire's message layer. The facade calls it only on pagewire's transport: the
+    /// functions that reach it route the mpi transport's communicators away first.
+    pub(crate) fn p2p(&self) -> &RefCell<PointToPoint> {
+        self.p2p
+            .as_ref()
+            .expect("pagewire's message layer is not running: this universe uses the mpi transport")
+    }
+
+    /// The message layer, or the error that says why there is none.
+    fn try_p2p(&self) -> Result<&RefCell<PointToPoint>> {
+        self.p2p.as_ref().ok_or_else(|| {
+            Error::InvalidArgument(
+                "PAGEWIRE_TRANSPORT=mpi: the host MPI library moves the data, so pagewire's \
+                 message layer (its counters, buffer mode and NIC) is not running"
+                    .into(),
+            )
+        })
+    }
+}
+
+/// Starts the mpi transport: the MPI bootstrap and a host-MPI backend on `MPI_COMM_WORLD`.
+#[cfg(feature = "mpi")]
+fn start_host_mpi() -> Result<Inner> {
+    let launcher = boot::Launcher::detect();
+    let how = match launcher {
+        boot::Launcher::Mpi(_) => None,
+        boot::Launcher::Pwrun => Some("was started by pwrun"),
+        boot::Launcher::None => Some("was started without a launcher"),
+    };
+    if let Some(how) = how {
+        return Err(Error::Bootstrap(format!(
+            "PAGEWIRE_TRANSPORT=mpi forwards every call to the host MPI library, so the program \
+             must be started by mpirun or mpiexec, but this process {how}; start it with \
+             mpirun, or unset PAGEWIRE_TRANSPORT to use pagewire's own transport"
+        )));
+    }
+    let boot = boot::from_env()?;
+    let mpi = boot.as_mpi().ok_or_else(|| {
+        Error::Bootstrap("PAGEWIRE_TRANSPORT=mpi: the bootstrap is not MPI's".into())
+    })?;
+    let host = HostMpi::new(mpi)?;
+    if std::env::var("PAGEWIRE_VERBOSE").as_deref() == Ok("1") && boot.rank() == 0 {
+        eprintln!(
+            "pagewire: {} ranks, transport mpi: every call goes to the host MPI library ({})",
+            boot.size(),
+            mpi.library_version()
+        );
+    }
+    Ok(Inner {
+        p2p: None,
+        host: Some(Rc::new(host)),
+        boot,
+        next_context: Cell::new(1),
+    })
+}
+
+/// Without the feature there is no host MPI library to forward to.
+#[cfg(not(feature = "mpi"))]
+fn start_host_mpi() -> Result<Inner> {
+    Err(Error::InvalidArgument(
+        "PAGEWIRE_TRANSPORT=mpi, but pagewire was built without the `mpi` feature; rebuild \
+         with `--features mpi` (it needs an MPI library: Debian's libmpich-dev, libclang-dev \
+         and pkg-config) and start the program with mpirun, or use pagewire's own transport \
+         (PAGEWIRE_TRANSPORT=soft)"
+            .into(),
+    ))
 }
 
 thread_local! {
@@ -171,9 +275,16 @@ pub struct Universe {
 
 impl std::fmt::Debug for Universe {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Universe")
-            .field("p2p", &*self.inner.p2p.borrow())
-            .finish()
+        match &self.inner.p2p {
+            Some(p2p) => f
+                .debug_struct("Universe")
+                .field("p2p", &*p2p.borrow())
+                .finish(),
+            None => f
+                .debug_struct("Universe")
+                .field("transport", &"mpi")
+                .finish(),
+        }
     }
 }
 
@@ -184,6 +295,11 @@ impl Universe {
             return Ok(None);
         }
         let start = || -> Result<Universe> {
+            if cfg.transport == TransportKind::HostMpi {
+                return Ok(Universe {
+                    inner: Rc::new(start_host_mpi()?),
+                });
+            }
             let boot = boot::from_env()?;
             let nic = nic::open(&*boot)?;
             let mode: Box<dyn BufferMode> = match cfg.mode {
@@ -207,7 +323,9 @@ impl Universe {
             }
             Ok(Universe {
                 inner: Rc::new(Inner {
-                    p2p: RefCell::new(p2p),
+                    p2p: Some(RefCell::new(p2p)),
+                    #[cfg(feature = "mpi")]
+                    host: None,
                     boot,
                     next_context: Cell::new(1),
                 }),
@@ -224,8 +342,14 @@ impl Universe {
 
     /// The communicator of all ranks (`MPI_COMM_WORLD`).
     pub fn world(&self) -> SimpleCommunicator {
-        let p = self.inner.p2p.borrow();
+        #[cfg(feature = "mpi")]
+        if let Some(host) = &self.inner.host {
+            return SimpleCommunicator::on_host(self.inner.clone(), host.clone());
+        }
+        let p = self.inner.p2p().borrow();
         SimpleCommunicator {
+            #[cfg(feature = "mpi")]
+            host: None,
             inner: self.inner.clone(),
             context: 0,
             rank: p.rank(),
@@ -234,14 +358,32 @@ impl Universe {
         }
     }
 
-    /// The buffer mode in use.
+    /// The buffer mode in use; `"mpi"` on the mpi transport, where the host MPI library
+    /// moves the data.
     pub fn mode_name(&self) -> &'static str {
-        self.inner.p2p.borrow().mode_name()
+        match &self.inner.p2p {
+            Some(p2p) => p2p.borrow().mode_name(),
+            None => "mpi",
+        }
     }
 
-    /// The message layer, for counters and reports.
+    /// What carries this universe's calls.
+    pub fn transport(&self) -> TransportKind {
+        match self.inner.p2p {
+            Some(_) => TransportKind::Pagewire,
+            None => TransportKind::HostMpi,
+        }
+    }
+
+    /// The message layer, for counters and reports. Panics on the mpi transport, which has
+    /// none; [`Universe::try_with_p2p`] returns that as an error.
     pub fn with_p2p<R>(&self, f: impl FnOnce(&PointToPoint) -> R) -> R {
-        f(&self.inner.p2p.borrow())
+        fatal(self.try_with_p2p(f))
+    }
+
+    /// [`Universe::with_p2p`], or an error on the mpi transport.
+    pub fn try_with_p2p<R>(&self, f: impl FnOnce(&PointToPoint) -> R) -> Result<R> {
+        Ok(f(&self.inner.try_p2p()?.borrow()))
     }
 }
 
@@ -303,6 +445,11 @@ pub trait Communicator {
 
 /// A communicator (`MPI_Comm`): ranks and a context that separates its traffic.
 pub struct SimpleCommunicator {
+    /// On the mpi transport, the host MPI library on this communicator (every call goes
+    /// there); `None` on pagewire's. Declared before `inner`, so it is freed before the last
+    /// reference to the bootstrap that finalises MPI.
+    #[cfg(feature = "mpi")]
+    pub(crate) host: Option<Rc<HostMpi>>,
     pub(crate) inner: Rc<Inner>,
     pub(crate) context: u32,
     rank: usize,
@@ -323,9 +470,33 @@ impl std::fmt::Debug for SimpleCommunicator {
 }
 
 impl SimpleCommunicator {
-    /// Makes progress on every outstanding operation (for polling loops).
+    /// A communicator of the mpi transport, on `host`.
+    #[cfg(feature = "mpi")]
+    fn on_host(inner: Rc<Inner>, host: Rc<HostMpi>) -> SimpleCommunicator {
+        SimpleCommunicator {
+            rank: host.rank(),
+            size: host.size(),
+            host: Some(host),
+            inner,
+            context: 0,
+            ranks: None,
+        }
+    }
+
+    /// The host MPI library behind this communicator, on the mpi transport.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn host(&self) -> Option<&HostMpi> {
+        self.host.as_deref()
+    }
+
+    /// Makes progress on every outstanding operation (for polling loops). On the mpi
+    /// transport, MPI progresses inside its own calls, and this does nothing.
     pub fn progress(&self) -> Result<()> {
-        self.inner.p2p.borrow_mut().progress().map(|_| ())
+        #[cfg(feature = "mpi")]
+        if self.host.is_some() {
+            return Ok(());
+        }
+        self.inner.p2p().borrow_mut().progress().map(|_| ())
     }
 
     /// The world rank (the message layer's rank) of rank `rank` of this communicator.
@@ -371,10 +542,17 @@ impl Communicator for SimpleCommunicator {
     }
 
     fn try_duplicate(&self) -> Result<SimpleCommunicator> {
+        #[cfg(feature = "mpi")]
+        if let Some(h) = self.host() {
+            let dup = Rc::new(h.duplicate()?);
+            return Ok(SimpleCommunicator::on_host(self.inner.clone(), dup));
+        }
         let mine = self.inner.next_context.get();
         let mut agreed = 0u32;
         self.try_all_reduce_into(&mine, &mut agreed, SystemOperation::max())?;
         Ok(SimpleCommunicator {
+            #[cfg(feature = "mpi")]
+            host: None,
             inner: self.inner.clone(),
             context: self.take_context(agreed)?,
             rank: self.rank,
@@ -388,6 +566,12 @@ impl Communicator for SimpleCommunicator {
         color: Color,
         key: Key,
     ) -> Result<Option<SimpleCommunicator>> {
+        #[cfg(feature = "mpi")]
+        if let Some(h) = self.host() {
+            let color = (!color.is_undefined()).then_some(color.0);
+            let sub = h.split(color, key)?;
+            return Ok(sub.map(|sub| SimpleCommunicator::on_host(self.inner.clone(), Rc::new(sub))));
+        }
         // One allgather of (color, key, lowest unused context) per rank.
         let mine = [
             i64::from(color.0),
@@ -413,8 +597,10 @@ impl Communicator for SimpleCommunicator {
             .position(|&(_, r)| r == self.rank)
             .expect("this rank passed its own color");
         let world: Vec<usize> = members.iter().map(|&(_, r)| self.world_rank(r)).collect();
-        let world_size = self.inner.p2p.borrow().size();
+        let world_size = self.inner.p2p().borrow().size();
         Ok(Some(SimpleCommunicator {
+            #[cfg(feature = "mpi")]
+            host: None,
             inner: self.inner.clone(),
             context,
             rank,
@@ -436,6 +622,17 @@ mod tests {
         assert_eq!((m.local_rank(3), m.local_rank(1)), (0, 1));
         assert_eq!(m.local_rank(2), 2, "a non-member keeps its world rank");
         assert!(RankMap::new(vec![1, 0], 2).is_some(), "a reordered world");
+    }
+
+    #[test]
+    fn the_mpi_transport_says_what_it_needs() {
+        // Not under mpirun here: without the feature the build is wrong, with it the launch.
+        let e = start_host_mpi().err().expect("refused").to_string();
+        if cfg!(feature = "mpi") {
+            assert!(e.contains("must be started by mpirun or mpiexec"), "{e}");
+        } else {
+            assert!(e.contains("built without the `mpi` feature"), "{e}");
+        }
     }
 
     #[test]

@@ -7,13 +7,21 @@
 //!   against a sequential reference, for several types and operations, on the world and on
 //!   a split communicator;
 //! - `pagewire_bootstrapped_by_mpi`: pagewire's own transport (the soft NIC) with ranks and
-//!   addresses from MPI, through the facade.
+//!   addresses from MPI, through the facade;
+//! - `a_rank_failing_inside_a_collective_takes_the_job_down`: on the mpi transport and on
+//!   pagewire's, a rank that panics inside an allreduce makes mpirun end the job with an
+//!   error, not hang.
+//!
+//! The facade's own suites run under mpirun in `tests/mpirun_suites.rs`, the examples in
+//! `tests/mpirun_examples.rs`.
 //!
 //! `PAGEWIRE_MPIRUN` names the launcher command (default `mpirun`; e.g.
 //! `mpirun -launcher fork`). Without one on the PATH the tests say so and pass.
 #![cfg(feature = "mpi")]
 
-use std::process::Command;
+mod mpirun_harness;
+
+use std::time::Duration;
 
 use pagewire::boot::{Bootstrap, Launcher, MpiBootstrap};
 use pagewire::host_mpi::HostMpi;
@@ -26,62 +34,9 @@ fn under_mpi() -> bool {
     matches!(Launcher::detect(), Launcher::Mpi(_))
 }
 
-/// The launcher command, if one runs here.
-fn mpirun() -> Option<Vec<String>> {
-    let cmd: Vec<String> = std::env::var("PAGEWIRE_MPIRUN")
-        .unwrap_or_else(|_| "mpirun".into())
-        .split_whitespace()
-        .map(String::from)
-        .collect();
-    let ok = Command::new(&cmd[0])
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    ok.then_some(cmd)
-}
-
-fn rank_counts() -> Vec<usize> {
-    std::env::var("PAGEWIRE_MPI_NP")
-        .unwrap_or_else(|_| "2,3".into())
-        .split(',')
-        .map(|n| {
-            n.trim()
-                .parse()
-                .expect("PAGEWIRE_MPI_NP: comma-separated rank counts")
-        })
-        .collect()
-}
-
 /// Runs test `name` of this binary under the launcher on each rank count.
 fn under_mpirun(name: &str) {
-    let Some(cmd) = mpirun() else {
-        eprintln!("{name}: skipped, no MPI launcher (set PAGEWIRE_MPIRUN or install mpich)");
-        return;
-    };
-    let exe = std::env::current_exe().unwrap();
-    for np in rank_counts() {
-        let out = Command::new(&cmd[0])
-            .args(&cmd[1..])
-            .args(["-np", &np.to_string()])
-            .arg(&exe)
-            .args(["--exact", name, "--nocapture", "--test-threads=1"])
-            .output()
-            .expect("start the MPI launcher");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success(),
-            "{name} on {np} ranks failed ({}):\n{stdout}\n{stderr}",
-            out.status
-        );
-        // Every rank ran the body (not zero tests because of a bad filter).
-        assert_eq!(
-            stdout.matches("1 passed").count(),
-            np,
-            "{name} on {np} ranks:\n{stdout}\n{stderr}"
-        );
-        eprintln!("{name}: {np} ranks passed");
-    }
+    mpirun_harness::expect_pass(name, name, &[], None);
 }
 
 #[test]
@@ -100,6 +55,67 @@ fn pagewire_bootstrapped_by_mpi() {
     } else {
         under_mpirun("pagewire_bootstrapped_by_mpi");
     }
+}
+
+#[test]
+fn a_rank_failing_inside_a_collective_takes_the_job_down() {
+    const NAME: &str = "a_rank_failing_inside_a_collective_takes_the_job_down";
+    if under_mpi() {
+        failing_rank_body();
+        return;
+    }
+    let transports: [(&str, &[(&str, &str)]); 2] = [
+        ("mpi transport", &[("PAGEWIRE_TRANSPORT", "mpi")]),
+        ("pagewire bootstrapped by MPI", &[]),
+    ];
+    for (label, env) in transports {
+        let Some(job) = mpirun_harness::run(NAME, 3, env, Duration::from_secs(120)) else {
+            eprintln!("{NAME}: skipped, no MPI launcher");
+            return;
+        };
+        assert!(
+            job.code.is_some(),
+            "{label}: the job hung until killed after {:.0} s:\n{}\n{}",
+            job.seconds,
+            job.stdout,
+            job.stderr
+        );
+        assert!(
+            !job.success(),
+            "{label}: the job succeeded:\n{}",
+            job.stderr
+        );
+        for needle in ["rank 1 fails inside the allreduce", "aborting the MPI job"] {
+            assert!(
+                job.stderr.contains(needle),
+                "{label}: no {needle:?} in:\n{}\n{}",
+                job.stdout,
+                job.stderr
+            );
+        }
+        eprintln!(
+            "{label}: mpirun ended the job with status {:?} after {:.1} s",
+            job.code, job.seconds
+        );
+    }
+}
+
+/// Rank 1's reduction panics inside an allreduce; the others go on to a barrier that only
+/// the launcher ends.
+fn failing_rank_body() {
+    let universe = pagewire::initialize().expect("first initialisation");
+    let world = universe.world();
+    let me = world.rank();
+    let add = pagewire::UserOperation::commutative(move |a: &[i64], b: &mut [i64]| {
+        assert!(me != 1, "rank 1 fails inside the allreduce");
+        for (y, x) in b.iter_mut().zip(a) {
+            *y += x;
+        }
+    });
+    let mut out = [0i64; 4];
+    world.all_reduce_into(&[1i64; 4][..], &mut out[..], &add);
+    world.barrier();
+    unreachable!("rank {me} passed a barrier that rank 1 never reached");
 }
 
 // ---- pagewire's transport, bootstrapped by MPI ---------------------------------------------

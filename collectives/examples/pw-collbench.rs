@@ -1,33 +1,43 @@
-//! `pw-collbench`: collective latencies in IMB's columns
+//! `pw-collbench`: collective latencies (and a ping-pong) in IMB's columns
 //! (`#bytes #repetitions t_min[usec] t_max[usec] t_avg[usec]`: each rank's mean time per
 //! call, then the minimum, maximum and mean over the ranks).
 //!
 //! ```text
 //! cargo run --release -p pagewire-collectives --example pw-collbench -- \
 //!     [--np N] [--sizes 8,64K,1M,4M] [--iters N] [allreduce] [bcast] [allgather] [reduce]
-//!     [alltoall] [reduce_scatter]
+//!     [alltoall] [reduce_scatter] [pingpong]
 //! ```
 //!
-//! Started without a launcher it starts itself on `--np` ranks (default 2). The buffer mode
-//! comes from `PAGEWIRE_MODE` (`copy` or `odp`), the algorithms from the `PAGEWIRE_*_ALGO`
-//! variables ([`pagewire_collectives::tuning`]). Allreduce, reduce and reduce_scatter
-//! (`reduce_scatter_block`) sum `f32`s; sizes are bytes (rounded down to whole elements):
-//! the whole vector for the reductions and bcast, each rank's contribution for allgather,
-//! each block for alltoall.
+//! It runs on the rsmpi-shaped facade, so it measures whatever carries the facade's calls:
+//! pagewire's message layer in the buffer mode of `PAGEWIRE_MODE` (`copy`, `pindown` or
+//! `odp`; the algorithms from the `PAGEWIRE_*_ALGO` variables, see
+//! [`pagewire_collectives::tuning`]), or, built with `--features pagewire/mpi` and started
+//! by `mpirun` with `PAGEWIRE_TRANSPORT=mpi`, the host MPI library. Started without a
+//! launcher it starts itself on `--np` ranks (default 2); under `mpirun` it takes mpirun's
+//! ranks.
+//!
+//! Allreduce, reduce and reduce_scatter (`reduce_scatter_block`) sum `f32`s; sizes are bytes
+//! (rounded down to whole elements): the whole vector for the reductions and bcast, each
+//! rank's contribution for allgather, each block for alltoall, the message for pingpong.
+//! `pingpong` is IMB's PingPong between ranks 0 and 1 (half the round trip of a blocking
+//! send and receive; the other ranks wait): its three time columns are rank 0's time.
 
 use std::time::Instant;
 
-use pagewire_collectives::{Group, Op, Tuning};
-use pagewire_odp::{OdpConfig, OdpMode};
-use pagewire_transport::boot;
-use pagewire_transport::buffer_mode::copy::{CopyConfig, CopyMode};
-use pagewire_transport::buffer_mode::BufferMode;
-use pagewire_transport::msg::{MsgConfig, PointToPoint};
-use pagewire_transport::nic;
-use pagewire_transport::nic::soft::parse_bytes;
+use pagewire::nic::soft::parse_bytes;
+use pagewire::traits::*;
+use pagewire::{SimpleCommunicator, SystemOperation};
 
-/// The collective context: the facade's world communicator uses 0 | bit 31.
-const CONTEXT: u32 = 0x8000_0000;
+/// The kernels, in the order they run when none is named.
+const KERNELS: [&str; 7] = [
+    "allreduce",
+    "bcast",
+    "allgather",
+    "reduce",
+    "alltoall",
+    "reduce_scatter",
+    "pingpong",
+];
 
 struct Args {
     np: usize,
@@ -60,15 +70,12 @@ fn parse() -> Result<Args, String> {
             }
             "-h" | "--help" => {
                 println!(
-                    "pw-collbench [--np N] [--sizes 8,64K,1M,4M] [--iters N] \
-                     [allreduce] [bcast] [allgather] [reduce] [alltoall] [reduce_scatter]"
+                    "pw-collbench [--np N] [--sizes 8,64K,1M,4M] [--iters N] [{}]",
+                    KERNELS.join("] [")
                 );
                 std::process::exit(0);
             }
-            k
-            @ ("allreduce" | "bcast" | "allgather" | "reduce" | "alltoall" | "reduce_scatter") => {
-                a.kernels.push(k.to_string())
-            }
+            k if KERNELS.contains(&k) => a.kernels.push(k.to_string()),
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -86,8 +93,9 @@ fn repetitions(size: usize) -> usize {
     }
 }
 
-fn run(g: &mut Group, kernel: &str, size: usize, reps: usize) -> f64 {
-    let p = g.size;
+/// This rank's mean microseconds per call of `kernel` over `reps` calls, after a warm-up.
+fn run(world: &SimpleCommunicator, kernel: &str, size: usize, reps: usize) -> f64 {
+    let (me, p) = (world.rank(), world.size() as usize);
     let n = size / 4;
     let send: Vec<f32> = (0..n).map(|i| (i % 1000) as f32).collect();
     let mut recv = vec![0f32; n];
@@ -96,38 +104,60 @@ fn run(g: &mut Group, kernel: &str, size: usize, reps: usize) -> f64 {
     let mut gathered = vec![0u8; size * p];
     let mut a2a_in = vec![1u8; size * p];
     let mut a2a_out = vec![0u8; size * p];
-    let mut once = |g: &mut Group| match kernel {
-        "allreduce" => g.allreduce(&send, &mut recv, &Op::Sum),
+    let root = world.process_at_rank(0);
+    let sum = SystemOperation::sum();
+    let mut once = || match kernel {
+        "allreduce" => world.all_reduce_into(&send[..], &mut recv[..], sum),
         "reduce" => {
-            let out = (g.rank == 0).then_some(&mut recv[..]);
-            g.reduce(&send, out, &Op::Sum, 0)
+            if me == 0 {
+                root.reduce_into_root(&send[..], &mut recv[..], sum)
+            } else {
+                root.reduce_into(&send[..], sum)
+            }
         }
         "bcast" => {
-            if g.rank == 0 {
+            if me == 0 {
                 bbuf.copy_from_slice(&bytes);
             }
-            g.bcast(&mut bbuf, 0)
+            root.broadcast_into(&mut bbuf[..])
         }
-        "allgather" => g.allgather(&bytes, &mut gathered),
+        "allgather" => world.all_gather_into(&bytes[..], &mut gathered[..]),
         "alltoall" => {
             a2a_in[0] = 1;
-            g.alltoall(&a2a_in, &mut a2a_out)
+            world.all_to_all_into(&a2a_in[..], &mut a2a_out[..])
         }
         "reduce_scatter" => {
             let m = n / p;
-            g.reduce_scatter_block(&send[..m * p], &mut recv[..m], &Op::Sum)
+            world.reduce_scatter_block_into(&send[..m * p], &mut recv[..m], sum)
+        }
+        "pingpong" => {
+            if me < 2 {
+                let peer = world.process_at_rank(1 - me);
+                if me == 0 {
+                    peer.send(&bbuf[..]);
+                    peer.receive_into(&mut bbuf[..]);
+                } else {
+                    peer.receive_into(&mut bbuf[..]);
+                    peer.send(&bbuf[..]);
+                }
+            }
         }
         _ => unreachable!(),
     };
     for _ in 0..reps.clamp(1, 10) {
-        once(g).expect("warm-up");
+        once();
     }
-    g.barrier().expect("barrier");
+    world.barrier();
     let t0 = Instant::now();
     for _ in 0..reps {
-        once(g).expect("collective");
+        once();
     }
-    t0.elapsed().as_secs_f64() / reps as f64 * 1e6
+    let per_call = t0.elapsed().as_secs_f64() / reps as f64 * 1e6;
+    if kernel == "pingpong" {
+        per_call / 2.0
+    } else {
+        per_call
+    }
 }
 
 fn main() {
@@ -135,7 +165,7 @@ fn main() {
         eprintln!("pw-collbench: {e}");
         std::process::exit(2)
     });
-    match boot::self_launch(args.np) {
+    match pagewire::boot::self_launch(args.np) {
         Ok(Some(code)) => std::process::exit(code),
         Ok(None) => {}
         Err(e) => {
@@ -143,65 +173,50 @@ fn main() {
             std::process::exit(1)
         }
     }
-    let start = || -> pagewire_collectives::Result<(PointToPoint, Box<dyn boot::Bootstrap>)> {
-        let b = boot::from_env()?;
-        let nic = nic::open(&*b)?;
-        let mode: Box<dyn BufferMode> = match std::env::var("PAGEWIRE_MODE").as_deref() {
-            Ok("odp") => Box::new(OdpMode::new(OdpConfig::from_env()?)),
-            Err(_) | Ok("") | Ok("copy") => Box::new(CopyMode::new(CopyConfig::from_env()?)),
-            Ok(other) => {
-                return Err(pagewire_collectives::Error::InvalidArgument(format!(
-                    "PAGEWIRE_MODE={other}: pw-collbench runs copy or odp"
-                )))
-            }
-        };
-        let p2p = PointToPoint::new(nic, &*b, mode, MsgConfig::from_env()?)?;
-        Ok((p2p, b))
+    let universe = match pagewire::try_initialize() {
+        Ok(u) => u.expect("first initialisation"),
+        Err(e) => {
+            eprintln!("pw-collbench: {e}");
+            std::process::exit(1)
+        }
     };
-    let (mut p2p, b) = start().unwrap_or_else(|e| {
-        eprintln!("pw-collbench: {e}");
-        std::process::exit(1)
-    });
-    let tuning = Tuning::from_env().unwrap_or_else(|e| {
-        eprintln!("pw-collbench: {e}");
-        std::process::exit(2)
-    });
-    let mode = p2p.mode_name();
-    {
-        let mut g = Group::world(&mut p2p, CONTEXT, tuning);
-        let p = g.size;
-        for kernel in &args.kernels {
-            if g.rank == 0 {
-                println!("#----------------------------------------------------------------");
-                println!("# Benchmarking {kernel} ({mode} mode, soft NIC)");
-                println!("# #processes = {p}");
-                println!("#----------------------------------------------------------------");
-                println!(
-                    "{:>12} {:>12} {:>12} {:>12} {:>12}",
-                    "#bytes", "#repetitions", "t_min[usec]", "t_max[usec]", "t_avg[usec]"
-                );
-            }
-            for &size in &args.sizes {
-                let reps = args.iters.unwrap_or_else(|| repetitions(size));
-                let t = run(&mut g, kernel, size, reps);
-                let (mut tmin, mut tmax, mut tsum) = ([0f64], [0f64], [0f64]);
-                g.allreduce(&[t], &mut tmin, &Op::Min).expect("min");
-                g.allreduce(&[t], &mut tmax, &Op::Max).expect("max");
-                g.allreduce(&[t], &mut tsum, &Op::Sum).expect("sum");
-                if g.rank == 0 {
-                    println!(
-                        "{:>12} {:>12} {:>12.2} {:>12.2} {:>12.2}",
-                        size,
-                        reps,
-                        tmin[0],
-                        tmax[0],
-                        tsum[0] / p as f64
-                    );
-                }
+    let world = universe.world();
+    let p = world.size();
+    if args.kernels.iter().any(|k| k == "pingpong") && p < 2 {
+        eprintln!("pw-collbench: pingpong needs at least 2 ranks");
+        std::process::exit(2);
+    }
+    let carrier = match universe.transport() {
+        pagewire::TransportKind::HostMpi => "mpi transport: the host MPI library".to_string(),
+        pagewire::TransportKind::Pagewire => format!("{} mode, pagewire", universe.mode_name()),
+    };
+    for kernel in &args.kernels {
+        if world.rank() == 0 {
+            println!("#----------------------------------------------------------------");
+            println!("# Benchmarking {kernel} ({carrier})");
+            println!("# #processes = {p}");
+            println!("#----------------------------------------------------------------");
+            println!(
+                "{:>12} {:>12} {:>12} {:>12} {:>12}",
+                "#bytes", "#repetitions", "t_min[usec]", "t_max[usec]", "t_avg[usec]"
+            );
+        }
+        for &size in &args.sizes {
+            let reps = args.iters.unwrap_or_else(|| repetitions(size));
+            let t = run(&world, kernel, size, reps);
+            let (mut tmin, mut tmax, mut tsum) = (0f64, 0f64, 0f64);
+            world.all_reduce_into(&t, &mut tmin, SystemOperation::min());
+            world.all_reduce_into(&t, &mut tmax, SystemOperation::max());
+            world.all_reduce_into(&t, &mut tsum, SystemOperation::sum());
+            if world.rank() == 0 {
+                let (lo, hi, avg) = if kernel == "pingpong" {
+                    (t, t, t)
+                } else {
+                    (tmin, tmax, tsum / f64::from(p))
+                };
+                println!("{size:>12} {reps:>12} {lo:>12.2} {hi:>12.2} {avg:>12.2}");
             }
         }
-        g.barrier().expect("final barrier");
     }
-    let _ = b.barrier();
-    p2p.shutdown();
+    world.barrier();
 }

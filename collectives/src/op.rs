@@ -197,6 +197,12 @@ pub trait Operation<T: Element> {
     }
     /// A name for messages.
     fn describe(&self) -> String;
+    /// The predefined operation this is, if it is one (`MPI_SUM` …): a layer that forwards
+    /// reductions to a library with its own predefined operations (the facade's `mpi`
+    /// transport) hands those over and combines anything else itself.
+    fn predefined(&self) -> Option<Op> {
+        None
+    }
 }
 
 impl<T: Element> Operation<T> for Op {
@@ -220,6 +226,9 @@ impl<T: Element> Operation<T> for Op {
     fn describe(&self) -> String {
         self.mpi_name().to_string()
     }
+    fn predefined(&self) -> Option<Op> {
+        Some(*self)
+    }
 }
 
 impl<T: Integer> Operation<T> for BitOp {
@@ -231,6 +240,9 @@ impl<T: Integer> Operation<T> for BitOp {
     }
     fn describe(&self) -> String {
         self.op().mpi_name().to_string()
+    }
+    fn predefined(&self) -> Option<Op> {
+        Some(self.op())
     }
 }
 
@@ -267,6 +279,9 @@ impl<T: Element, O: Operation<T> + ?Sized> Operation<T> for &O {
     }
     fn describe(&self) -> String {
         (**self).describe()
+    }
+    fn predefined(&self) -> Option<Op> {
+        (**self).predefined()
     }
 }
 
