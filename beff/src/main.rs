@@ -173,7 +173,7 @@ fn main() -> anyhow::Result<()> {
         counters: m.counters,
     };
     let info = SystemInfo::read();
-    let date = report::ctime_utc(time_seed() as u64);
+    let date = pagewire_tools::timestamp::ctime_local(time_seed());
     print!("{}", report::length_table(&run.lengths, run.shortened));
     print!(
         "{}",

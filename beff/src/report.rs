@@ -51,36 +51,6 @@ impl SystemInfo {
     }
 }
 
-/// `Sun Nov 22 05:34:38 2026`: `ctime`'s format, in UTC, of `secs` since the epoch.
-pub fn ctime_utc(secs: u64) -> String {
-    const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Civil date from days since 1970-01-01 (the proleptic Gregorian calendar).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{} {} {:2} {:02}:{:02}:{:02} {}",
-        DAYS[(days.rem_euclid(7)) as usize],
-        MONTHS[(month - 1) as usize],
-        day,
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60,
-        year
-    )
-}
-
 /// b_eff's name for how it was built: `SHORT`, `TEST`, `SHORT&TEST` or nothing.
 pub fn variant(short: bool, test: bool) -> &'static str {
     match (short, test) {
@@ -523,13 +493,5 @@ b_effSHORT&TEST =   3831.865 MB/s = 1915.933 *   2 PEs with 128 MB/PE on Linux v
         assert!(t.contains(
             "          |  bandwidth| crt,rnd     only     only   Sndrcv  Alltoal  non-blk\n"
         ));
-    }
-
-    #[test]
-    fn ctime_in_utc() {
-        assert_eq!(ctime_utc(0), "Thu Jan  1 00:00:00 1970");
-        // 2026-11-22 05:34:38 UTC, the reference run's date.
-        assert_eq!(ctime_utc(1_795_325_678), "Sun Nov 22 05:34:38 2026");
-        assert_eq!(ctime_utc(951_782_400), "Tue Feb 29 00:00:00 2000");
     }
 }

@@ -175,11 +175,8 @@ impl HeaderInfo {
                 .map(|s| s.trim().to_string())
                 .unwrap_or_default()
         };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
         HeaderInfo {
-            date: asctime(now),
+            date: pagewire_tools::timestamp::ctime_now(),
             machine: std::env::consts::ARCH.to_string(),
             system: read("ostype"),
             release: read("osrelease"),
@@ -222,33 +219,3 @@ impl HeaderInfo {
 
 /// IMB's last lines (after the last table).
 pub const FINALIZE: &str = "\n\n# All processes entering MPI_Finalize\n";
-
-/// `secs` since the epoch as C's `asctime` prints it (`Sun Nov 22 05:58:31 2026`), in UTC.
-pub fn asctime(secs: u64) -> String {
-    const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{} {} {:2} {:02}:{:02}:{:02} {}",
-        DAYS[days.rem_euclid(7) as usize],
-        MONTHS[(month - 1) as usize],
-        day,
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60,
-        year
-    )
-}

@@ -233,21 +233,17 @@ fn run_table(
                 let before = || counters.then(|| RowCounters::now(universe));
                 let m = measure(b, comm, size, opts, &mut previous_repetitions, before);
                 let delta = match (m.before, counters.then(|| RowCounters::now(universe))) {
-                    (Some(a), Some(z)) => counter_array(&z)
-                        .iter()
-                        .zip(counter_array(&a))
-                        .map(|(z, a)| z.wrapping_sub(a))
-                        .collect(),
-                    _ => vec![0; COUNTERS],
+                    (Some(a), Some(z)) => z.zip(a, u64::wrapping_sub),
+                    _ => RowCounters::default(),
                 };
                 (m.seconds, m.repetitions, delta)
             }
-            None => (-1.0, 0, vec![0; COUNTERS]),
+            None => (-1.0, 0, RowCounters::default()),
         };
         // The others wait here, as IMB's wait in MPI_Barrier.
         world.barrier();
         let times = gather(world, seconds);
-        let all_counters = gather_counters(world, &delta);
+        let all_counters = gather_counters(world, &delta.to_array());
         if me == 0 {
             let scale = 1e6 * b.time_scale();
             let ts: Vec<f64> = times
@@ -275,20 +271,13 @@ fn run_table(
             };
             out(&output::row(layout, &values));
             let row_counters = counters.then(|| {
-                let mut sum = [0u64; COUNTERS];
-                for rank in all_counters.chunks(COUNTERS) {
-                    for (s, v) in sum.iter_mut().zip(rank) {
-                        *s = s.wrapping_add(*v);
-                    }
-                }
-                let c = counters_from(&sum);
-                summed = counters_from(
-                    &counter_array(&summed)
-                        .iter()
-                        .zip(sum)
-                        .map(|(a, b)| a + b)
-                        .collect::<Vec<_>>(),
-                );
+                let c = all_counters
+                    .chunks(RowCounters::N)
+                    .map(|rank| {
+                        RowCounters::from_array(rank.try_into().expect("one rank's counters"))
+                    })
+                    .fold(RowCounters::default(), |a, b| a.zip(b, u64::wrapping_add));
+                summed = summed.zip(c, u64::wrapping_add);
                 c
             });
             rows.push(Row {
@@ -325,39 +314,6 @@ fn run_table(
         invalid: false,
         rows,
         summary,
-    }
-}
-
-/// The fields of [`RowCounters`], in order, for sending them.
-const COUNTERS: usize = 10;
-
-fn counter_array(c: &RowCounters) -> [u64; COUNTERS] {
-    [
-        c.messages,
-        c.hits,
-        c.misses,
-        c.evictions,
-        c.fallbacks,
-        c.invalidations,
-        c.npf_requester,
-        c.npf_responder,
-        c.npf_pages,
-        c.prefetch_pages,
-    ]
-}
-
-fn counters_from(a: &[u64]) -> RowCounters {
-    RowCounters {
-        messages: a[0],
-        hits: a[1],
-        misses: a[2],
-        evictions: a[3],
-        fallbacks: a[4],
-        invalidations: a[5],
-        npf_requester: a[6],
-        npf_responder: a[7],
-        npf_pages: a[8],
-        prefetch_pages: a[9],
     }
 }
 

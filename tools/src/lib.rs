@@ -12,5 +12,6 @@ pub mod msgperf;
 pub mod perftest;
 pub mod placement;
 pub mod plot;
+pub mod timestamp;
 
 pub use error::{Error, Result};
