@@ -998,3 +998,41 @@ fn mismatched_arguments_are_errors_not_hangs() {
         mismatches,
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// A rank that fails inside a collective.
+
+/// Rank 1 exits with status 3 in the middle of a run of allreduces, while the others are
+/// inside one: the launcher reports rank 1's status and ends the job, nobody hangs.
+fn dies_inside_allreduce(u: &pagewire::Universe) {
+    let world = u.world();
+    let big = vec![1.0f32; 1 << 18];
+    let mut out = vec![0.0f32; 1 << 18];
+    for i in 0..20 {
+        if world.rank() == 1 && i == 10 {
+            std::process::exit(3);
+        }
+        world.all_reduce_into(&big[..], &mut out[..], SystemOperation::sum());
+    }
+    unreachable!("the job should have ended when rank 1 exited");
+}
+
+#[test]
+fn a_rank_failing_inside_a_collective_takes_the_job_down() {
+    let name = "a_rank_failing_inside_a_collective_takes_the_job_down";
+    if std::env::var(util::ROLE).as_deref() == Ok(name) {
+        let universe = pagewire::initialize().expect("first initialisation");
+        dies_inside_allreduce(&universe);
+        return;
+    }
+    for mode in ["copy", "odp"] {
+        let t0 = Instant::now();
+        let o = util::launch(name, 3, &[("PAGEWIRE_MODE", mode)]);
+        assert_eq!((o.exit_code, o.failed_rank), (3, Some(1)), "{mode}: {o:?}");
+        assert!(
+            t0.elapsed().as_secs() < 60,
+            "{mode}: took {:?}",
+            t0.elapsed()
+        );
+    }
+}
