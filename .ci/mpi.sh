@@ -40,7 +40,7 @@ fi
 mpirun=(mpirun)
 command -v ssh >/dev/null 2>&1 || mpirun+=(-launcher fork)
 export PAGEWIRE_MPIRUN="${mpirun[*]}"
-mpirun --version | head -n 2
+mpirun --version | sed -n 1,2p  # sed reads to the end: no SIGPIPE under pipefail
 
 T=(--target-dir target/mpi)
 cargo build -p pagewire-transport -p pagewire --features mpi "${T[@]}"

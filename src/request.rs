@@ -9,7 +9,7 @@
 //! leaked with `mem::forget`.
 //!
 //! On the mpi transport the same holds for the host MPI library's requests
-//! ([`HostRequest`]): the scope owns them, so one leaked with `mem::forget` is still
+//! (`host_mpi::HostRequest`): the scope owns them, so one leaked with `mem::forget` is still
 //! cancelled or waited for at the scope's end, and MPI never touches a buffer after its
 //! borrow ends.
 //!

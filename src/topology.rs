@@ -18,9 +18,9 @@
 //!
 //! **Transports.** A universe runs on pagewire's own message layer ([`PointToPoint`] on a
 //! NIC provider), or, with `PAGEWIRE_TRANSPORT=mpi` (feature `mpi`, under `mpirun`), on the
-//! host MPI library: then each communicator holds a [`HostMpi`] on its own MPI communicator
-//! (`MPI_Comm_dup`/`MPI_Comm_split` of its parent's), and every point-to-point call, request,
-//! probe and collective of the facade is forwarded to it (the `host` branches of
+//! host MPI library: then each communicator holds a `host_mpi::HostMpi` on its own MPI
+//! communicator (`MPI_Comm_dup`/`MPI_Comm_split` of its parent's), and every point-to-point
+//! call, request, probe and collective of the facade is forwarded to it (the `host` branches of
 //! `point_to_point`, `request` and `collective`). Context ids and rank maps then play no
 //! part: MPI keeps communicators apart, and its ranks are already the communicator's.
 
@@ -395,8 +395,31 @@ impl Drop for Universe {
         // receive, and the launcher must see the failure and stop the job.
         if !std::thread::panicking() {
             let _ = self.inner.boot.barrier();
+        } else {
+            #[cfg(feature = "mpi")]
+            if self.inner.boot.as_mpi().is_some() {
+                remove_job_shm(self.inner.boot.job_id());
+            }
         }
         INITIALIZED.with(|i| i.set(false));
+    }
+}
+
+/// Removes job `job`'s shared-memory objects (the soft NIC's rings and tables of every
+/// rank). pwrun does this after a failed job; under mpirun nobody would, and the ranks that
+/// `MPI_Abort` kills leave theirs behind. So the failing rank removes them all before its
+/// bootstrap aborts: the others keep their mappings until they are killed, and a rank
+/// still starting up fails to open a peer's, which ends it as the abort would.
+#[cfg(feature = "mpi")]
+fn remove_job_shm(job: &str) {
+    let prefix = boot::shm_prefix(job);
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    for entry in dir.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            let _ = std::fs::remove_file(entry.path());
+        }
     }
 }
 

@@ -31,7 +31,7 @@ run() { # CONFIG NP ARGS... -> the benchmark's output in $out/CONFIG-npNP-KERNEL
 
 {
   echo "# $(date -u +%FT%TZ) $(uname -sr), $(nproc) cores, load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-  mpirun --version | head -n 2 | tr '\n' ' '
+  mpirun --version | sed -n 1,2p | tr '\n' ' '
   echo
 } > "$out/machine.txt"
 for np in 2 4; do
