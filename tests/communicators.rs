@@ -548,19 +548,21 @@ fn matched_probe(u: &pagewire::Universe) {
         }
         assert_eq!(msg.status(), probed);
         // 2. ...then, while the handle is held, an ordinary receive from any source for a
-        // tag that other messages still carry (the held message's own tag when it can),
-        // posted before the matched receive: it must get one of those, never the held one.
+        // tag of a message that has already arrived (the held message's own tag when one
+        // has), posted before the matched receive: it must get one of those, never the held
+        // one. Only arrived messages: a sender sends its next tag only once its previous
+        // rendezvous message was taken, so waiting for a later tag could deadlock.
         let held = (probed.source_rank(), probed.tag());
-        let left: Vec<(i32, i32)> = all
-            .difference(&seen)
-            .filter(|&&m| m != held)
-            .copied()
-            .collect();
-        let other_tag = left
-            .iter()
-            .find(|m| m.1 == held.1)
-            .or(left.first())
-            .map(|m| m.1);
+        let arrived = |tag: Option<i32>| {
+            let p = world.any_process();
+            match tag {
+                Some(t) => p.immediate_probe_with_tag(t),
+                None => p.immediate_probe(),
+            }
+            .map(|s| s.tag())
+            .filter(|&t| t != 99)
+        };
+        let other_tag = arrived(Some(held.1)).or_else(|| arrived(None));
         let mut other = vec![0u8; 100_000];
         let (mine, other_status) = request::scope(|scope| {
             let req = other_tag.map(|t| {

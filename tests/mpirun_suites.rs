@@ -71,18 +71,15 @@ const NEUTRAL: &[(&str, &str, Option<&[usize]>)] = &[
         "a_duplicate_never_matches_its_parents_messages_on_1_to_5_ranks",
         None,
     ),
+    (
+        "communicators",
+        "matched_probe_takes_the_message_out_of_matching_on_3_and_4_ranks",
+        Some(&[3, 4]),
+    ),
 ];
 
 /// Tests that check pagewire's own behaviour (counters, `Error::Truncated`), run on its
 /// transport only.
-///
-/// Not run under mpirun at all: `communicators.rs`'s
-/// `matched_probe_takes_the_message_out_of_matching_on_3_and_4_ranks`. Its rank 0 waits in
-/// a wildcard receive for a tag that a later message of some sender carries, while that
-/// sender may still be blocked sending an earlier 70 KB (rendezvous) message that only rank
-/// 0's next matched probe would take: a deadlock on any transport, which under mpirun
-/// happened on 4 ranks on both (rank 0 in `Request::wait`, the senders in `send` and
-/// `synchronous_send`). Under pwrun the timing has so far let it pass.
 const PAGEWIRE_ONLY: &[(&str, &str, Option<&[usize]>)] = &[
     (
         "point_to_point",
