@@ -159,7 +159,8 @@ impl UniverseConfig {
     /// settings.
     pub fn from_env() -> Result<UniverseConfig> {
         let transport = match std::env::var("PAGEWIRE_TRANSPORT").as_deref() {
-            Ok("mpi") => TransportKind::HostMpi,
+            Ok("mpi") if cfg!(feature = "mpi") => TransportKind::HostMpi,
+            Ok("mpi") => return Err(no_mpi_feature()),
             _ => TransportKind::Pagewire,
         };
         let mode = match std::env::var("PAGEWIRE_MODE").as_deref() {
@@ -254,13 +255,18 @@ fn start_host_mpi() -> Result<Inner> {
 /// Without the feature there is no host MPI library to forward to.
 #[cfg(not(feature = "mpi"))]
 fn start_host_mpi() -> Result<Inner> {
-    Err(Error::InvalidArgument(
+    Err(no_mpi_feature())
+}
+
+/// What `PAGEWIRE_TRANSPORT=mpi` gives in a build without the `mpi` feature.
+fn no_mpi_feature() -> Error {
+    Error::InvalidArgument(
         "PAGEWIRE_TRANSPORT=mpi, but pagewire was built without the `mpi` feature; rebuild \
          with `--features mpi` (it needs an MPI library: Debian's libmpich-dev, libclang-dev \
          and pkg-config) and start the program with mpirun, or use pagewire's own transport \
          (PAGEWIRE_TRANSPORT=soft)"
             .into(),
-    ))
+    )
 }
 
 thread_local! {

@@ -65,9 +65,10 @@ impl RowCounters {
     /// How many counters (the length of [`RowCounters::to_array`]).
     pub const N: usize = 10;
 
-    /// This rank's totals so far.
+    /// This rank's totals so far (zeros on the mpi transport, which has no pagewire
+    /// counters).
     pub fn now(u: &pagewire::Universe) -> RowCounters {
-        u.with_p2p(|p| {
+        u.try_with_p2p(|p| {
             let (c, m, n) = (p.counters(), p.mode_counters(), p.nic_counters());
             RowCounters {
                 messages: c.eager_sent + c.rndv_sent, // replaced by the kernel's own count
@@ -82,6 +83,7 @@ impl RowCounters {
                 prefetch_pages: n.prefetch_pages,
             }
         })
+        .unwrap_or_default()
     }
 
     /// The counters in field order, e.g. to send or reduce them as one buffer.

@@ -61,6 +61,8 @@ fn main() -> anyhow::Result<()> {
                 args.msglog
             )
         })?;
+    // A bad PAGEWIRE_* setting is reported once, here, not by every rank started below.
+    pagewire::UniverseConfig::from_env()?;
     if let Some(code) = pagewire::boot::self_launch(args.np)? {
         std::process::exit(code);
     }
@@ -138,16 +140,17 @@ fn main() -> anyhow::Result<()> {
             all.push((k, rows));
         }
     }
-    if world.rank() == 0 {
-        let (mode, eager, counters, mode_counters, nic) = universe.with_p2p(|p| {
-            (
-                p.mode_name(),
-                p.eager_limit(),
-                p.counters(),
-                p.mode_counters(),
-                p.nic_counters(),
-            )
-        });
+    // The mpi transport has no pagewire counters: nothing more to say there.
+    let report = universe.try_with_p2p(|p| {
+        (
+            p.mode_name(),
+            p.eager_limit(),
+            p.counters(),
+            p.mode_counters(),
+            p.nic_counters(),
+        )
+    });
+    if let (0, Ok((mode, eager, counters, mode_counters, nic))) = (world.rank(), report) {
         if args.json {
             let v = serde_json::json!({
                 "mode": mode,
