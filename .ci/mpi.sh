@@ -105,3 +105,13 @@ if out=$(timeout 120 "${mpirun[@]}" -np 2 "${imb[@]}" --mode all PingPong 2>&1);
   exit 1
 fi
 grep -q -- '--mode all needs one job per buffer mode' <<<"$out" || { echo "$out" >&2; exit 1; }
+
+# ---- beff (issue 6): a short b_eff under mpirun on both transports ------------------------
+cargo build --release -p beff --features mpi "${T[@]}"
+for tr in soft mpi; do
+  out=$(timeout 300 "${mpirun[@]}" -np 2 target/mpi/release/beff --short --test --verify \
+    --memory-per-process 8 --transport "$tr" --seed 1 2>/dev/null)
+  grep -q '^b_effSHORT&TEST = .* \*   2 PEs with   8 MB/PE' <<<"$out" ||
+    { echo "mpi: beff --transport $tr failed" >&2; echo "$out" >&2; exit 1; }
+  echo "mpi: beff --transport $tr: $(grep -m1 '^b_eff' <<<"$out")"
+done
