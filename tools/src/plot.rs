@@ -51,8 +51,19 @@ const FAMILY: &str = "sans-serif";
 /// Canvas size in pixels.
 const WIDTH: u32 = 960;
 const HEIGHT: u32 = 600;
-/// Width of the legend column at the right.
+/// Narrowest legend column at the right; wider for long labels.
 const LEGEND_WIDTH: u32 = 170;
+
+/// The legend column's width for these labels: the line sample (46 px) and about 9 px per
+/// character of the 16 px font, so no label is cut at the picture's edge.
+fn legend_width(series: &[Series]) -> u32 {
+    let longest = series
+        .iter()
+        .map(|s| s.label.chars().count())
+        .max()
+        .unwrap_or(0) as u32;
+    (46 + 9 * longest + 12).clamp(LEGEND_WIDTH, WIDTH / 2)
+}
 
 /// One line of a plot: `(x, y)` points, drawn in order.
 #[derive(Clone, Debug, PartialEq)]
@@ -168,14 +179,15 @@ impl LinePlot {
         y_range: (f64, f64),
     ) -> std::result::Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
         root.fill(&WHITE)?;
+        let legend = legend_width(series);
         let title_style =
             TextStyle::from((FAMILY, 22).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
         root.draw(&Text::new(
             self.title.clone(),
-            (((WIDTH - LEGEND_WIDTH) / 2) as i32, 10),
+            (((WIDTH - legend) / 2) as i32, 10),
             title_style,
         ))?;
-        let (chart_area, legend_area) = root.split_horizontally(WIDTH - LEGEND_WIDTH);
+        let (chart_area, legend_area) = root.split_horizontally(WIDTH - legend);
         let chart_area = chart_area.margin(45, 10, 10, 20);
         let mut chart = ChartBuilder::on(&chart_area)
             .x_label_area_size(50)
