@@ -24,6 +24,44 @@ use crate::request::{self, LocalScope, Request};
 use crate::topology::{Inner, Rank, RankMap, SimpleCommunicator, Tag};
 use crate::{Error, Result};
 
+/// How long a blocking probe finds nothing before it checks that a sender is still alive.
+const PROBE_LIVENESS_AFTER: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// A blocking probe's watch on its senders: every [`PROBE_LIVENESS_AFTER`] without a
+/// message, the message layer checks that a rank that could send it is alive, so a probe
+/// on a dead sender ends in [`Error::Communication`] instead of spinning.
+struct SenderWatch {
+    since: std::time::Instant,
+}
+
+impl SenderWatch {
+    fn new() -> SenderWatch {
+        SenderWatch {
+            since: std::time::Instant::now(),
+        }
+    }
+
+    fn check<S: Source + ?Sized>(&mut self, src: &S) -> Result<()> {
+        if self.since.elapsed() < PROBE_LIVENESS_AFTER {
+            return Ok(());
+        }
+        self.since = std::time::Instant::now();
+        let c = src.comm();
+        #[cfg(feature = "mpi")]
+        if c.host().is_some() {
+            // MPI reports its own failures.
+            return Ok(());
+        }
+        let senders: Vec<usize> = match src.source()? {
+            Some(r) => vec![c.world_rank(r)],
+            None => (0..crate::topology::Communicator::size(c) as usize)
+                .map(|r| c.world_rank(r))
+                .collect(),
+        };
+        c.inner.p2p().borrow_mut().check_probe_senders(&senders)
+    }
+}
+
 /// What a completed receive reports (`MPI_Status`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Status {
@@ -294,10 +332,12 @@ pub trait Source {
     }
     /// `probe_with_tag`, returning errors.
     fn try_probe_with_tag(&self, tag: Option<Tag>) -> Result<Status> {
+        let mut idle = SenderWatch::new();
         loop {
             if let Some(s) = self.try_immediate_probe_with_tag(tag)? {
                 return Ok(s);
             }
+            idle.check(self)?;
         }
     }
     /// `immediate_probe`, returning errors.
@@ -314,10 +354,12 @@ pub trait Source {
     }
     /// `matched_probe_with_tag`, returning errors.
     fn try_matched_probe_with_tag(&self, tag: Option<Tag>) -> Result<(Message, Status)> {
+        let mut idle = SenderWatch::new();
         loop {
             if let Some(m) = self.try_immediate_matched_probe_with_tag(tag)? {
                 return Ok(m);
             }
+            idle.check(self)?;
         }
     }
     /// `immediate_matched_probe_with_tag`, returning errors.

@@ -825,3 +825,38 @@ fn odp_rendezvous_prefetch_removes_the_faults_of_cold_buffers() {
         }
     }
 }
+
+/// The only sender exits: a blocking probe, from it or from any source, and a matched probe
+/// end in an error naming it instead of spinning (MPI_Probe on a dead peer).
+fn probe_on_a_dead_sender(u: &pagewire::Universe) {
+    let world = u.world();
+    if world.rank() == 1 {
+        std::process::exit(0);
+    }
+    let start = std::time::Instant::now();
+    let from_1 = world.process_at_rank(1).try_probe_with_tag(None);
+    assert!(
+        matches!(from_1, Err(Error::Communication { peer: 1, .. })),
+        "{from_1:?}"
+    );
+    let any = world.any_process().try_probe_with_tag(Some(7));
+    assert!(matches!(any, Err(Error::Communication { .. })), "{any:?}");
+    let matched = world.any_process().try_matched_probe_with_tag(None);
+    assert!(
+        matches!(matched, Err(Error::Communication { .. })),
+        "{:?}",
+        matched.map(|(_, s)| s)
+    );
+    assert!(start.elapsed() < std::time::Duration::from_secs(20));
+    std::process::exit(0); // no collective finalise with a dead peer
+}
+
+#[test]
+fn a_blocking_probe_on_a_dead_sender_is_an_error_not_a_hang() {
+    ranks(
+        "a_blocking_probe_on_a_dead_sender_is_an_error_not_a_hang",
+        2,
+        &[],
+        probe_on_a_dead_sender,
+    );
+}

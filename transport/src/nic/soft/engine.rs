@@ -832,8 +832,14 @@ impl Inner {
             }
         };
         if op.total == 0 {
-            // Zero-length RDMA: no key is checked and nothing moves (IB spec 9.4.x).
-            finish(op);
+            // Zero-length RDMA: no key is checked and nothing moves (IB spec 9.4.x), but the
+            // request still needs the peer's acknowledgement: to a dead peer it times out,
+            // which is what liveness probes rely on.
+            if peer_alive(peer) {
+                finish(op);
+            } else {
+                op.state = OpState::Done(WcStatus::RetryExceeded);
+            }
             return;
         }
         let need = if write {
