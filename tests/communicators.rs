@@ -10,38 +10,11 @@
 mod util;
 
 use std::collections::BTreeSet;
-use std::sync::Mutex;
-use std::time::Instant;
 
 use pagewire::request;
 use pagewire::traits::*;
 use pagewire::{Color, Error, Key, SimpleCommunicator, SystemOperation};
-use util::pattern;
-
-/// Serialises the jobs of this file.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// Runs `body` on each of `rank_counts` in turn (one job each) with `env`; in a rank, runs
-/// `body`.
-fn jobs(name: &str, rank_counts: &[usize], env: &[(&str, &str)], body: fn(&pagewire::Universe)) {
-    if std::env::var(util::ROLE).as_deref() == Ok(name) {
-        let universe = pagewire::initialize().expect("first initialisation");
-        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&universe)));
-        if ran.is_err() {
-            // Dropping the universe would wait for the other ranks in a barrier; leave now
-            // so the launcher stops the job at once.
-            std::process::exit(101);
-        }
-        return;
-    }
-    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    for &n in rank_counts {
-        let t = Instant::now();
-        let outcome = util::launch(name, n, env);
-        eprintln!("{name}: {n} ranks in {:.1} s", t.elapsed().as_secs_f64());
-        assert!(outcome.success(), "{name} on {n} ranks failed: {outcome:?}");
-    }
-}
+use util::{jobs, pattern};
 
 // ---------------------------------------------------------------------------------------
 // Sequential references.

@@ -3,7 +3,8 @@
 //! `PAGEWIRE_TEST_ROLE=NAME` set; in those processes the test function plays a rank.
 #![allow(dead_code)]
 
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use pagewire::boot::{self, JobOutcome, LaunchConfig};
 
@@ -20,6 +21,35 @@ pub fn ranks(name: &str, n: usize, env: &[(&str, &str)], body: fn(&pagewire::Uni
     }
     let outcome = launch(name, n, env);
     assert!(outcome.success(), "job of test {name} failed: {outcome:?}");
+}
+
+/// Serialises the jobs of [`jobs`] within one test binary.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Runs `body` on each of `rank_counts` in turn (one job each, one job of this binary at a
+/// time) with `env`; in a rank, runs `body`, leaving at once if it panics (dropping the
+/// universe would wait for the other ranks in a barrier) so the launcher stops the job.
+pub fn jobs(
+    name: &str,
+    rank_counts: &[usize],
+    env: &[(&str, &str)],
+    body: fn(&pagewire::Universe),
+) {
+    if std::env::var(ROLE).as_deref() == Ok(name) {
+        let universe = pagewire::initialize().expect("first initialisation");
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&universe)));
+        if ran.is_err() {
+            std::process::exit(101);
+        }
+        return;
+    }
+    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for &n in rank_counts {
+        let t = Instant::now();
+        let outcome = launch(name, n, env);
+        eprintln!("{name}: {n} ranks in {:.1} s", t.elapsed().as_secs_f64());
+        assert!(outcome.success(), "{name} on {n} ranks failed: {outcome:?}");
+    }
 }
 
 /// Launches `n` ranks of test `name` and returns the outcome.
