@@ -4,13 +4,13 @@
 //! prints the three side by side (seed 000 Table 6).
 
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::Context;
 use clap::Parser;
 use pagewire::traits::*;
 use pagewire::{TransportKind, Universe};
-use pagewire_tools::mode_all::{self, AllModesPlan, BufferMode, ModeChoice, TransportChoice};
+use pagewire_tools::mode_all::{self, AllModesPlan, BenchArgs, BufferMode, ModeChoice};
 use pagewire_tools::msgperf;
 use pagewire_tools::plot::{LinePlot, Series};
 
@@ -51,22 +51,8 @@ struct Args {
     /// Check every byte of every message (b_eff checks the first and the last).
     #[arg(long)]
     verify: bool,
-    /// Buffer mode (default: PAGEWIRE_MODE, else copy); `all` runs each and compares them.
-    #[arg(long, value_enum)]
-    mode: Option<ModeChoice>,
-    /// pagewire's own transport (soft NIC) or the host MPI library (feature `mpi`, under
-    /// mpirun).
-    #[arg(long, value_enum)]
-    transport: Option<TransportChoice>,
-    /// Also write the results as JSON to FILE.
-    #[arg(long, value_name = "FILE")]
-    json: Option<PathBuf>,
-    /// Plot b_eff per message length to FILE (.svg or .png).
-    #[arg(long, value_name = "FILE")]
-    plot: Option<PathBuf>,
-    /// Ranks to start when not under a launcher.
-    #[arg(long, default_value_t = 2)]
-    np: usize,
+    #[command(flatten)]
+    bench: BenchArgs,
 }
 
 impl Args {
@@ -104,13 +90,16 @@ fn time_seed() -> i64 {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let started = std::time::Instant::now();
-    if args.mode == Some(ModeChoice::All) {
+    if args.bench.mode == Some(ModeChoice::All) {
         return all_modes(&args);
     }
-    if let Some(code) = pagewire::boot::self_launch(args.np)? {
+    if let Some(code) = pagewire::boot::self_launch(args.bench.np)? {
         std::process::exit(code);
     }
-    let cfg = mode_all::universe_config(args.mode.and_then(ModeChoice::single), args.transport)?;
+    let cfg = mode_all::universe_config(
+        args.bench.mode.and_then(ModeChoice::single),
+        args.bench.transport,
+    )?;
     let universe = Universe::from_config(cfg)?.context("pagewire is already initialised")?;
     let world = universe.world();
     let n = world.size() as usize;
@@ -208,10 +197,10 @@ fn main() -> anyhow::Result<()> {
         println!("# per length, all processes (timed and untimed loops):");
         msgperf::print_counters(&rows);
     }
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.bench.json {
         write_json(path, &run)?;
     }
-    if let Some(path) = &args.plot {
+    if let Some(path) = &args.bench.plot {
         plot_one(&run).write(path)?;
         println!("# plot written to {}", path.display());
     }
@@ -251,7 +240,7 @@ fn plot_one(run: &RunReport) -> LinePlot {
 
 /// `--mode all`: one job per buffer mode with the same seed, then the modes side by side.
 fn all_modes(args: &Args) -> anyhow::Result<()> {
-    let ranks = match mode_all::all_modes_plan(args.np, "beff")? {
+    let ranks = match mode_all::all_modes_plan(args.bench.np, "beff")? {
         AllModesPlan::Idle => return Ok(()),
         AllModesPlan::Launch { ranks } => ranks,
     };
@@ -308,14 +297,14 @@ fn all_modes(args: &Args) -> anyhow::Result<()> {
             .collect(),
     };
     print!("{}", per_length.render());
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.bench.json {
         let all: serde_json::Map<String, serde_json::Value> = runs
             .iter()
             .map(|r| Ok((r.mode.name().to_string(), serde_json::to_value(&r.result)?)))
             .collect::<anyhow::Result<_>>()?;
         write_json(path, &serde_json::json!({ "seed": seed, "modes": all }))?;
     }
-    if let Some(path) = &args.plot {
+    if let Some(path) = &args.bench.plot {
         let plot = LinePlot {
             title: format!(
                 "b_eff per message length, {} processes, {} MB per process",

@@ -4,7 +4,6 @@
 //! spells them (`-msglog 0:22`, `-off_cache -1`, ...).
 
 use std::ffi::OsString;
-use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
@@ -15,7 +14,9 @@ use imb_bench::run::{self, Options, RunResult};
 use imb_bench::settings::{self, IterPolicy, Iterations, OffCache};
 use pagewire::boot::Launcher;
 use pagewire::traits::*;
-use pagewire_tools::mode_all::{self, AllModesPlan, BufferMode, ModeChoice, TransportChoice};
+use pagewire_tools::mode_all::{
+    self, AllModesPlan, BenchArgs, BufferMode, ModeChoice, TransportChoice,
+};
 
 /// IMB's flags, which IMB spells with one dash; `normalise` gives them a second one.
 const IMB_FLAGS: [&str; 6] = [
@@ -66,24 +67,8 @@ struct Args {
         allow_hyphen_values = true
     )]
     off_cache: Option<String>,
-    /// Buffer mode (default: PAGEWIRE_MODE, else copy); `all` runs the job once per mode and
-    /// then prints the modes side by side.
-    #[arg(long, value_enum)]
-    mode: Option<ModeChoice>,
-    /// What carries the calls: pagewire on its soft NIC, or the host MPI library (feature
-    /// `mpi`, under mpirun). Default: PAGEWIRE_TRANSPORT, else soft.
-    #[arg(long, value_enum)]
-    transport: Option<TransportChoice>,
-    /// Write the results as JSON to FILE.
-    #[arg(long, value_name = "FILE")]
-    json: Option<PathBuf>,
-    /// Plot bandwidth (or time) against size, one line per mode, to FILE.svg or FILE.png
-    /// (several benchmarks: one file each, named FILE-NAME-npN.svg).
-    #[arg(long, value_name = "FILE")]
-    plot: Option<PathBuf>,
-    /// Ranks to start when started without a launcher.
-    #[arg(long, default_value_t = 2)]
-    np: usize,
+    #[command(flatten)]
+    bench: BenchArgs,
     /// No progress bar on stderr (it appears only when stderr is a terminal).
     #[arg(long)]
     no_progress: bool,
@@ -158,9 +143,9 @@ fn main() -> anyhow::Result<()> {
     let normalised = normalise(&raw);
     let args = Args::parse_from(&normalised);
     let opts = options(&args)?;
-    if args.transport == Some(TransportChoice::Mpi) {
+    if args.bench.transport == Some(TransportChoice::Mpi) {
         anyhow::ensure!(
-            args.mode != Some(ModeChoice::All),
+            args.bench.mode != Some(ModeChoice::All),
             "--mode all compares pagewire's buffer modes; with --transport mpi the host MPI \
              library moves the data and there is no buffer mode: leave out one of the two"
         );
@@ -171,14 +156,14 @@ fn main() -> anyhow::Result<()> {
              mpirun -np 2 imb-bench --transport mpi PingPong"
         );
     }
-    if args.mode == Some(ModeChoice::All) {
+    if args.bench.mode == Some(ModeChoice::All) {
         return all_modes(&args, &normalised);
     }
-    if let Some(code) = pagewire::boot::self_launch(args.np)? {
+    if let Some(code) = pagewire::boot::self_launch(args.bench.np)? {
         std::process::exit(code);
     }
-    let mode = args.mode.and_then(ModeChoice::single);
-    let cfg = mode_all::universe_config(mode, args.transport)?;
+    let mode = args.bench.mode.and_then(ModeChoice::single);
+    let cfg = mode_all::universe_config(mode, args.bench.transport)?;
     let universe = pagewire::Universe::from_config(cfg)?.context("pagewire already initialised")?;
     let world = universe.world();
     let transport = match universe.transport() {
@@ -218,11 +203,11 @@ fn main() -> anyhow::Result<()> {
     };
     print!("{}", report::counters_section(&result));
     println!("{FINALIZE}");
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.bench.json {
         std::fs::write(path, serde_json::to_string_pretty(&result)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    if let Some(path) = &args.plot {
+    if let Some(path) = &args.bench.plot {
         for file in report::plot(&[(result.mode.clone(), &result)], path)? {
             eprintln!("imb-bench: wrote {}", file.display());
         }
@@ -233,14 +218,14 @@ fn main() -> anyhow::Result<()> {
 /// `--mode all`: one job per mode through the launcher (each prints its own IMB output),
 /// then the side-by-side, the combined JSON and the plots.
 fn all_modes(args: &Args, normalised: &[OsString]) -> anyhow::Result<()> {
-    let ranks = match mode_all::all_modes_plan(args.np, "imb-bench")? {
+    let ranks = match mode_all::all_modes_plan(args.bench.np, "imb-bench")? {
         AllModesPlan::Idle => return Ok(()),
         AllModesPlan::Launch { ranks } => ranks,
     };
     let child_args = mode_all::strip_options(&normalised[1..], &["--mode", "--json", "--plot"]);
     let runs = mode_all::run_each_mode::<RunResult>(ranks, &child_args, &BufferMode::ALL)?;
     print!("{}", report::side_by_side(&runs));
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.bench.json {
         let all: Vec<_> = runs
             .iter()
             .map(|r| serde_json::json!({ "mode": r.mode, "result": r.result }))
@@ -248,7 +233,7 @@ fn all_modes(args: &Args, normalised: &[OsString]) -> anyhow::Result<()> {
         std::fs::write(path, serde_json::to_string_pretty(&all)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    if let Some(path) = &args.plot {
+    if let Some(path) = &args.bench.plot {
         let labelled: Vec<(String, &RunResult)> = runs
             .iter()
             .map(|r| (r.mode.name().to_string(), &r.result))
@@ -286,7 +271,7 @@ mod tests {
         assert_eq!(args.msglog, "0:4");
         assert_eq!(args.off_cache.as_deref(), Some("-1"));
         assert_eq!(args.npmin, 1);
-        assert_eq!(args.mode, Some(ModeChoice::All));
+        assert_eq!(args.bench.mode, Some(ModeChoice::All));
         let opts = options(&args).unwrap();
         assert_eq!(opts.benchmarks, [Benchmark::PingPong]);
         assert_eq!(opts.sizes, [0, 1, 2, 4, 8, 16]);

@@ -27,6 +27,30 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+/// The flags every self-launching benchmark shares (flattened into its own `clap` parser):
+/// the buffer mode (or `all`), the transport, JSON and plot output, and the ranks to start.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct BenchArgs {
+    /// Buffer mode (default: PAGEWIRE_MODE, else copy); `all` runs the job once per mode and
+    /// then prints the modes side by side.
+    #[arg(long, value_enum)]
+    pub mode: Option<ModeChoice>,
+    /// What carries the calls: pagewire on its soft NIC, or the host MPI library (feature
+    /// `mpi`, under mpirun). Default: PAGEWIRE_TRANSPORT, else soft.
+    #[arg(long, value_enum)]
+    pub transport: Option<TransportChoice>,
+    /// Write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Plot the results against message size, one line per mode, to FILE.svg or FILE.png
+    /// (imb-bench with several benchmarks: one file each, named FILE-NAME-npN.svg).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+    /// Ranks to start when started without a launcher.
+    #[arg(long, default_value_t = 2)]
+    pub np: usize,
+}
+
 /// A buffer mode (DESIGN.md "Buffer modes").
 #[derive(
     Clone,
