@@ -7,58 +7,22 @@
 //! test binary's profile and target directory (`cargo test --test examples` alone does
 //! not build examples).
 
-use std::path::{Path, PathBuf};
+mod util;
+
 use std::process::Command;
-use std::sync::OnceLock;
 
 /// The buffer modes every example runs in.
 const MODES: [&str; 3] = ["copy", "pindown", "odp"];
 /// Rank counts every example runs on.
 const RANKS: std::ops::RangeInclusive<usize> = 1..=4;
 
-/// `target/<profile>`, where this test binary, the examples and `pwrun` live.
-fn profile_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let exe = std::env::current_exe().expect("current_exe");
-        // target/<profile>/deps/examples-HASH
-        exe.parent()
-            .and_then(Path::parent)
-            .expect("target/<profile>/deps")
-            .to_path_buf()
-    })
-}
-
-/// Builds the examples and `pwrun` once per test process.
-fn build() {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let profile = profile_dir();
-        let target = profile.parent().expect("target dir");
-        let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
-        cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
-            .args(["build", "--quiet", "-p", "pagewire", "--examples"])
-            .args(["-p", "pagewire-tools", "--bin", "pwrun"])
-            .arg("--target-dir")
-            .arg(target);
-        if profile.file_name().is_some_and(|p| p == "release") {
-            cmd.arg("--release");
-        }
-        if cfg!(feature = "hwloc") {
-            cmd.args(["--features", "pagewire/hwloc"]);
-        }
-        let status = cmd.status().expect("run cargo build");
-        assert!(status.success(), "building the examples failed: {status}");
-    });
-}
-
 /// Runs `example ARGS` under `pwrun -n RANKS` with `PAGEWIRE_MODE=mode`; returns stdout,
 /// after checking that the job succeeded.
 fn run(example: &str, ranks: usize, mode: &str, args: &[&str]) -> String {
-    build();
-    let out = Command::new(profile_dir().join("pwrun"))
+    util::build_examples(&[]);
+    let out = Command::new(util::profile_dir().join("pwrun"))
         .args(["-n", &ranks.to_string(), "--timeout", "300", "--"])
-        .arg(profile_dir().join("examples").join(example))
+        .arg(util::profile_dir().join("examples").join(example))
         .args(args)
         .env("PAGEWIRE_MODE", mode)
         .env("RUST_BACKTRACE", "0")

@@ -9,10 +9,9 @@
 #![cfg(feature = "mpi")]
 
 mod mpirun_harness;
+mod util;
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
 /// The transports: (label, environment).
 const TRANSPORTS: [(&str, &[(&str, &str)]); 2] = [
@@ -26,46 +25,13 @@ const TRANSPORTS: [(&str, &[(&str, &str)]); 2] = [
 /// Rank counts under mpirun.
 const RANKS: [usize; 2] = [2, 4];
 
-/// `target/<profile>`, where this test binary, the examples and `pwrun` live.
-fn profile_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let exe = std::env::current_exe().expect("current_exe");
-        exe.parent()
-            .and_then(Path::parent)
-            .expect("target/<profile>/deps")
-            .to_path_buf()
-    })
-}
-
-/// Builds the examples (with the `mpi` feature) and `pwrun` once per test process.
-fn build() {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let profile = profile_dir();
-        let target = profile.parent().expect("target dir");
-        let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
-        cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
-            .args(["build", "--quiet", "-p", "pagewire", "--examples"])
-            .args(["-p", "pagewire-tools", "--bin", "pwrun"])
-            .args(["--features", "pagewire/mpi"])
-            .arg("--target-dir")
-            .arg(target);
-        if profile.file_name().is_some_and(|p| p == "release") {
-            cmd.arg("--release");
-        }
-        let status = cmd.status().expect("run cargo build");
-        assert!(status.success(), "building the examples failed: {status}");
-    });
-}
-
 /// Runs `example ARGS` under `launcher` (a command line ending before the program); returns
 /// stdout after checking that the job succeeded.
 fn run(launcher: &[String], example: &str, env: &[(&str, &str)], args: &[&str]) -> String {
-    build();
+    util::build_examples(&["pagewire/mpi"]);
     let out = Command::new(&launcher[0])
         .args(&launcher[1..])
-        .arg(profile_dir().join("examples").join(example))
+        .arg(util::profile_dir().join("examples").join(example))
         .args(args)
         .envs(env.iter().copied())
         .env("RUST_BACKTRACE", "0")
@@ -89,7 +55,10 @@ fn mpirun(np: usize) -> Option<Vec<String>> {
 
 fn pwrun(np: usize) -> Vec<String> {
     vec![
-        profile_dir().join("pwrun").to_string_lossy().into_owned(),
+        util::profile_dir()
+            .join("pwrun")
+            .to_string_lossy()
+            .into_owned(),
         "-n".into(),
         np.to_string(),
         "--timeout".into(),

@@ -3,7 +3,9 @@
 //! `PAGEWIRE_TEST_ROLE=NAME` set; in those processes the test function plays a rank.
 #![allow(dead_code)]
 
-use std::sync::Mutex;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use pagewire::boot::{self, JobOutcome, LaunchConfig};
@@ -81,4 +83,46 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// `target/<profile>`, where this test binary, the examples and `pwrun` live.
+pub fn profile_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("current_exe");
+        // target/<profile>/deps/NAME-HASH
+        exe.parent()
+            .and_then(Path::parent)
+            .expect("target/<profile>/deps")
+            .to_path_buf()
+    })
+}
+
+/// Builds the examples and `pwrun` once per test process, with the cargo that runs the tests,
+/// this test binary's profile and target directory, and `features` (e.g. `pagewire/mpi`;
+/// `pagewire/hwloc` follows this binary's own feature). `cargo test --test NAME` alone does
+/// not build examples.
+pub fn build_examples(features: &[&str]) {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let profile = profile_dir();
+        let target = profile.parent().expect("target dir");
+        let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
+        cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["build", "--quiet", "-p", "pagewire", "--examples"])
+            .args(["-p", "pagewire-tools", "--bin", "pwrun"])
+            .arg("--target-dir")
+            .arg(target);
+        for f in features {
+            cmd.args(["--features", f]);
+        }
+        if profile.file_name().is_some_and(|p| p == "release") {
+            cmd.arg("--release");
+        }
+        if cfg!(feature = "hwloc") {
+            cmd.args(["--features", "pagewire/hwloc"]);
+        }
+        let status = cmd.status().expect("run cargo build");
+        assert!(status.success(), "building the examples failed: {status}");
+    });
 }
