@@ -24,10 +24,7 @@ use crate::request::{self, LocalScope, Request};
 use crate::topology::{Inner, Rank, RankMap, SimpleCommunicator, Tag};
 use crate::{Error, Result};
 
-/// How long a blocking probe finds nothing before it checks that a sender is still alive.
-const PROBE_LIVENESS_AFTER: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// A blocking probe's watch on its senders: every [`PROBE_LIVENESS_AFTER`] without a
+/// A blocking probe's watch on its senders: every [`msg::LIVENESS_CHECK_AFTER`] without a
 /// message, the message layer checks that a rank that could send it is alive, so a probe
 /// on a dead sender ends in [`Error::Communication`] instead of spinning.
 struct SenderWatch {
@@ -42,7 +39,7 @@ impl SenderWatch {
     }
 
     fn check<S: Source + ?Sized>(&mut self, src: &S) -> Result<()> {
-        if self.since.elapsed() < PROBE_LIVENESS_AFTER {
+        if self.since.elapsed() < msg::LIVENESS_CHECK_AFTER {
             return Ok(());
         }
         self.since = std::time::Instant::now();

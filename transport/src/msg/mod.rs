@@ -84,6 +84,10 @@ pub struct MsgConfig {
     pub wait: WaitPolicy,
 }
 
+/// How long a blocking call (a wait, a probe) finds nothing before it checks with liveness
+/// probes that the ranks it waits for are alive.
+pub const LIVENESS_CHECK_AFTER: Duration = Duration::from_millis(500);
+
 /// What a blocked rank does between polls that found nothing (`PAGEWIRE_WAIT`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum WaitPolicy {
@@ -747,7 +751,7 @@ impl PointToPoint {
             }
             if self.last_progress_made {
                 idle_since = Instant::now();
-            } else if idle_since.elapsed() > Duration::from_millis(500) {
+            } else if idle_since.elapsed() > LIVENESS_CHECK_AFTER {
                 self.probe_peers_of(id)?;
                 idle_since = Instant::now();
             }
