@@ -110,10 +110,7 @@ impl PointToPoint {
                 let sync = h.flags & wire::SYNC != 0;
                 match self.matcher.take_posted(&env) {
                     Some(rid) => {
-                        let payload = self.slot_bytes_of(peer, slot)
-                            [HEADER_BYTES..HEADER_BYTES + size]
-                            .to_vec();
-                        self.deliver_eager(rid, env, &payload);
+                        self.deliver_eager_from_slot(rid, env, peer, slot, size);
                         self.repost_data_slot(peer, slot)?;
                         if sync {
                             self.sync_ack(peer, h.sreq)?;
@@ -185,6 +182,9 @@ impl PointToPoint {
     fn repost_data_slot(&mut self, peer: usize, slot: usize) -> Result<()> {
         self.post_slot(peer, slot)?;
         self.peers[peer].to_return += 1;
+        if self.peers[peer].to_return >= self.cfg.credits / 2 {
+            self.needs_service(peer);
+        }
         Ok(())
     }
 
@@ -192,6 +192,28 @@ impl PointToPoint {
         let mut h = Header::new(MsgKind::SyncAck);
         h.sreq = sreq;
         self.send_control(peer, h)
+    }
+
+    /// Copies the eager payload of `size` bytes in receive slot `slot` of `peer` into
+    /// receive `rid` and completes it (straight from the slot: one copy).
+    fn deliver_eager_from_slot(
+        &mut self,
+        rid: RequestId,
+        env: Envelope,
+        peer: usize,
+        slot: usize,
+        size: usize,
+    ) {
+        let Some(Req::Recv(r)) = self.reqs.get(rid) else {
+            return;
+        };
+        let buf = r.buf;
+        let n = size.min(buf.len());
+        buf.write(
+            0,
+            &self.slot_bytes_of(peer, slot)[HEADER_BYTES..HEADER_BYTES + n],
+        );
+        self.complete_eager(rid, env, size, buf.len());
     }
 
     /// Copies an eager payload into receive `rid` and completes it; a payload longer than
@@ -202,12 +224,20 @@ impl PointToPoint {
         };
         let n = payload.len().min(r.buf.len());
         r.buf.write(0, &payload[..n]);
-        let result = if payload.len() > r.buf.len() {
+        let len = r.buf.len();
+        self.complete_eager(rid, env, payload.len(), len);
+    }
+
+    /// Completes eager receive `rid` of a `size`-byte message into a `buffer_bytes` buffer:
+    /// its status, or `Error::Truncated` when the message was longer.
+    fn complete_eager(&mut self, rid: RequestId, env: Envelope, size: usize, buffer_bytes: usize) {
+        let n = size.min(buffer_bytes);
+        let result = if size > buffer_bytes {
             Err(Error::Truncated {
                 source_rank: env.source,
                 tag: env.tag,
-                message_bytes: payload.len(),
-                buffer_bytes: r.buf.len(),
+                message_bytes: size,
+                buffer_bytes,
             })
         } else {
             Ok(Status {
@@ -239,10 +269,7 @@ impl PointToPoint {
                         self.deliver_eager(rid, env, &bytes);
                     }
                     EagerData::Held { slot } => {
-                        let bytes = self.slot_bytes_of(env.source, slot)
-                            [HEADER_BYTES..HEADER_BYTES + size]
-                            .to_vec();
-                        self.deliver_eager(rid, env, &bytes);
+                        self.deliver_eager_from_slot(rid, env, env.source, slot, size);
                         self.repost_data_slot(env.source, slot)?;
                     }
                 }

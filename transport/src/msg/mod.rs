@@ -88,6 +88,13 @@ pub struct MsgConfig {
 /// probes that the ranks it waits for are alive.
 pub const LIVENESS_CHECK_AFTER: Duration = Duration::from_millis(500);
 
+/// Empty polls in a row between two readings of the clock in a blocking wait: waiting costs
+/// no clock reading per poll (issue 12).
+const IDLE_POLLS_PER_CLOCK_READ: u32 = 256;
+
+/// Completions taken from the NIC per poll.
+const POLL_BATCH: usize = 64;
+
 /// What a blocked rank does between polls that found nothing (`PAGEWIRE_WAIT`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum WaitPolicy {
@@ -350,6 +357,9 @@ pub(crate) struct Peer {
     pub unexpected_bytes: usize,
     /// Set once the NIC reported the peer unreachable.
     pub dead: Option<WcStatus>,
+    /// In `PointToPoint::service` (it has queued sends, queued control messages or credits
+    /// to return).
+    pub in_service: bool,
 }
 
 /// Per-layer counters (eager/rendezvous traffic, flow control).
@@ -392,6 +402,9 @@ pub struct PointToPoint {
     yield_when_idle: bool,
     /// Rendezvous requests with work that may wait for leases.
     pub(crate) active: Vec<RequestId>,
+    /// Peers with queued sends, queued control messages or credits to return: what a
+    /// progress pass visits besides completions (O(active peers), not O(ranks)).
+    service: Vec<usize>,
     pub(crate) counters: MsgCounters,
     max_inline: usize,
     max_send_wr: u32,
@@ -481,6 +494,7 @@ impl PointToPoint {
                 in_flight: 0,
                 unexpected_bytes: 0,
                 dead: None,
+                in_service: false,
             })
             .collect();
         let mut p2p = PointToPoint {
@@ -504,6 +518,7 @@ impl PointToPoint {
             last_progress_made: false,
             yield_when_idle: false,
             active: Vec::new(),
+            service: Vec::new(),
             counters: MsgCounters::default(),
             max_inline,
             max_send_wr,
@@ -614,6 +629,9 @@ impl PointToPoint {
         }));
         self.peers[dest].queued.push_back(id);
         self.drain_queued(dest)?;
+        if !self.peers[dest].queued.is_empty() {
+            self.needs_service(dest);
+        }
         Ok(id)
     }
 
@@ -744,16 +762,25 @@ impl PointToPoint {
     /// Waits for `id` and returns its outcome (`MPI_Wait`). If the peer stops answering,
     /// the NIC's error completion ends the wait with [`Error::Communication`].
     pub fn wait(&mut self, id: RequestId) -> Result<Status> {
-        let mut idle_since = Instant::now();
+        // The clock is read only after IDLE_POLLS_PER_CLOCK_READ empty polls in a row.
+        let mut idle_polls = 0u32;
+        let mut idle_since: Option<Instant> = None;
         loop {
             if let Some(r) = self.test(id)? {
                 return r;
             }
             if self.last_progress_made {
-                idle_since = Instant::now();
-            } else if idle_since.elapsed() > LIVENESS_CHECK_AFTER {
-                self.probe_peers_of(id)?;
-                idle_since = Instant::now();
+                idle_polls = 0;
+                idle_since = None;
+                continue;
+            }
+            idle_polls += 1;
+            if idle_polls % IDLE_POLLS_PER_CLOCK_READ == 0 {
+                let since = *idle_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > LIVENESS_CHECK_AFTER {
+                    self.probe_peers_of(id)?;
+                    idle_since = Some(Instant::now());
+                }
             }
         }
     }
@@ -786,30 +813,61 @@ impl PointToPoint {
     /// anything happened.
     pub fn progress(&mut self) -> Result<bool> {
         let mut events = 0usize;
+        let mut first_err = None;
         loop {
             self.scratch.clear();
-            let n = self.nic.poll_cq(self.cq, &mut self.scratch, 64)?;
-            if n == 0 {
-                break;
-            }
+            let n = self.nic.poll_cq(self.cq, &mut self.scratch, POLL_BATCH)?;
             events += n;
             let batch = std::mem::take(&mut self.scratch);
             for c in &batch {
-                self.handle_completion(c)?;
+                // Every completion of the batch is handled, even after an error.
+                if let Err(e) = self.handle_completion(c) {
+                    first_err.get_or_insert(e);
+                }
             }
             self.scratch = batch;
+            if n < POLL_BATCH {
+                break;
+            }
         }
-        for peer in 0..self.size {
+        let mut i = 0;
+        while i < self.service.len() {
+            let peer = self.service[i];
             self.flush_control(peer)?;
             self.drain_queued(peer)?;
             self.return_credits(peer)?;
+            let p = &mut self.peers[peer];
+            let done = p.queued.is_empty()
+                && p.control.is_empty()
+                && (p.to_return < self.cfg.credits / 2 || p.dead.is_some());
+            if done {
+                p.in_service = false;
+                self.service.swap_remove(i);
+            } else {
+                i += 1;
+            }
         }
-        events += self.advance_rendezvous()?;
+        if !self.active.is_empty() {
+            events += self.advance_rendezvous()?;
+        }
         self.last_progress_made = events > 0;
         if events == 0 && self.yield_when_idle {
             std::thread::yield_now();
         }
-        Ok(events > 0)
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(events > 0),
+        }
+    }
+
+    /// `peer` has queued sends, queued control messages or credits to return: progress
+    /// visits it until it has none.
+    pub(crate) fn needs_service(&mut self, peer: usize) {
+        let p = &mut self.peers[peer];
+        if !p.in_service {
+            p.in_service = true;
+            self.service.push(peer);
+        }
     }
 
     fn handle_completion(&mut self, c: &Completion) -> Result<()> {
@@ -977,18 +1035,29 @@ impl PointToPoint {
         h.credits = credits as u16;
         let total = HEADER_BYTES + payload;
         if total <= self.max_inline {
-            let mut buf = [0u8; 1024];
-            buf[..HEADER_BYTES].copy_from_slice(&h.encode());
-            fill_payload(&src, &mut buf[HEADER_BYTES..total]);
-            let sge = [Sge {
-                addr: buf.as_ptr() as u64,
-                len: total as u32,
-                lkey: 0,
-            }];
+            // Inline: the NIC copies the header and the payload at post time.
+            let header = h.encode();
+            let (addr, len) = match src {
+                Payload::None => (0, 0),
+                Payload::User(ub, off, len) => (ub.addr() + off as u64, len),
+                Payload::Bytes(b) => (b.as_ptr() as u64, b.len()),
+            };
+            let sge = [
+                Sge {
+                    addr: header.as_ptr() as u64,
+                    len: HEADER_BYTES as u32,
+                    lkey: 0,
+                },
+                Sge {
+                    addr,
+                    len: len as u32,
+                    lkey: 0,
+                },
+            ];
             let wr = SendWr {
                 wr_id: wr_id(WrKind::SendInline, peer, 0),
                 opcode: Opcode::Send,
-                sgl: &sge,
+                sgl: if len == 0 { &sge[..1] } else { &sge },
                 inline: true,
                 signaled: true,
             };
@@ -1030,6 +1099,7 @@ impl PointToPoint {
             return Ok(());
         }
         self.peers[peer].control.push_back(h);
+        self.needs_service(peer);
         Ok(())
     }
 

@@ -375,7 +375,8 @@ impl PointToPoint {
     /// Drives every active rendezvous as far as leases and queue room allow.
     pub(crate) fn advance_rendezvous(&mut self) -> Result<usize> {
         let mut events = 0;
-        for id in self.active.clone() {
+        let active: smallvec::SmallVec<[RequestId; 8]> = self.active.iter().copied().collect();
+        for id in active {
             events += match self.reqs.get(id) {
                 Some(Req::Send(s)) => match &s.state {
                     SendState::Rndv(rs) if rs.get => self.advance_get_send(id)?,

@@ -2,8 +2,13 @@
 //! kernel (DESIGN.md "The soft provider"). It enforces verbs semantics and charges what the
 //! OS really charges; it adds no artificial delay.
 //!
-//! - **Wire**: one shared-memory ring per (sender, receiver) pair ([`ring`]).
-//! - **DMA engine**: payloads move with one kernel copy between address spaces
+//! - **Wire**: one shared-memory ring per (sender, receiver) pair ([`ring`]); the receiver
+//!   polls the rings that carried packets recently and learns of the others from a bitmap
+//!   ([`inbox`]); responders acknowledge by writing the requester's memory ([`ack`]).
+//! - **No kernel on the fast path** (issue 12): posting and polling are loads, stores and
+//!   memory copies ([`dma`]); a waiting driver thread is woken only when it said it sleeps
+//!   and its application is not polling.
+//! - **DMA engine**: payloads between processes move with one kernel copy
 //!   (`process_vm_readv`/`writev`) when the kernel allows it, else they are staged through
 //!   the ring; `PAGEWIRE_SOFT_DMA=staged` forces the fallback.
 //! - **TPT**: each rank's region table lives in its shared segment, so RDMA WRITE and READ
@@ -24,7 +29,10 @@
 //!   ([`odp_watch`]); without a monitor, initiators check the owner's `/proc/PID/pagemap`
 //!   before DMA into present pages. A fault on unmapped memory ends in an error completion.
 
+mod ack;
+mod dma;
 mod engine;
+mod inbox;
 mod odp_watch;
 mod pin;
 mod present;
@@ -36,7 +44,7 @@ pub use odp_watch::OdpCheck;
 pub use pin::MemlockLimit;
 
 use std::fs::File;
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -52,7 +60,9 @@ use crate::nic::{
 };
 use crate::sys::{self, CmaDirection, Extent, ProcessHandle};
 
+use ack::{AckLine, ACK_LINE_BYTES, ACK_WORDS};
 use engine::Engine;
+use inbox::PendingBits;
 use odp_watch::PresentWatch;
 use pin::PinAccount;
 use present::{PresentBits, PRESENT_BYTES};
@@ -60,24 +70,38 @@ use ring::RING_BYTES;
 use shm::SharedSegment;
 use tpt::{Tpt, Translation, ADDRESS_SPACE_END, MAX_MRS, TPT_BYTES};
 
-/// How long the application must have left the engine alone before the driver thread
-/// drives it.
-const DRIVER_IDLE_NS: u64 = 1_000_000;
+/// How long the driver thread sleeps between passes while it drives the engine for an
+/// application that is not polling and has work outstanding.
+const DRIVER_BUSY_SLEEP: Duration = Duration::from_micros(100);
+/// How long the driver thread sleeps when nothing needs it (it is woken earlier by a peer
+/// that files a fault, finds a ring full, or waits too long for an acknowledgement).
+const DRIVER_IDLE_SLEEP: Duration = Duration::from_millis(200);
 
 /// Queue pairs per NIC.
 pub(crate) const MAX_QPS: usize = 256;
+/// Ranks a job may have (one pending bit each, [`inbox`]).
+const MAX_RANKS: usize = 8 * PENDING_BYTES;
 const MAGIC: u64 = u64::from_le_bytes(*b"pagewire");
 const HEADER_BYTES: usize = 4096;
+/// Header word (32-bit): the driver thread's futex, bumped to wake it.
 const DOORBELL: usize = 64;
 /// Header word counting faults filed on this rank's memory (by peers and itself).
 const FAULTS_FILED: usize = 128;
 /// Header word: 1 when this rank's memory monitor keeps its present bits true, 0 when
 /// initiators must check its pagemap.
 const ODP_MONITORED: usize = 192;
-const TPT_OFFSET: usize = HEADER_BYTES;
+/// Header word: 1 while the driver thread sleeps (or is about to): peers wake it only then.
+const DRIVER_ASLEEP: usize = 256;
+/// Header word: how many times the application has polled (a heartbeat peers read to tell
+/// whether it is polling before they wake its driver).
+const APP_POLLS: usize = 320;
+const PENDING_OFFSET: usize = HEADER_BYTES;
+const PENDING_BYTES: usize = 4096;
+const TPT_OFFSET: usize = PENDING_OFFSET + PENDING_BYTES;
 const NPF_OFFSET: usize = TPT_OFFSET + TPT_BYTES;
 const NPF_WORDS: usize = 8;
-const RINGS_OFFSET: usize = NPF_OFFSET + MAX_QPS * NPF_WORDS * 8;
+const ACK_OFFSET: usize = NPF_OFFSET + MAX_QPS * NPF_WORDS * 8;
+const RINGS_OFFSET: usize = ACK_OFFSET + MAX_QPS * ACK_LINE_BYTES;
 
 /// How payload bytes move between ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -157,6 +181,8 @@ pub fn parse_bytes(s: &str) -> Option<Option<u64>> {
 pub(crate) struct RankMemory {
     seg: SharedSegment,
     present: SharedSegment,
+    /// Ranks in the job (bounds the pending bitmap).
+    size: usize,
 }
 
 impl RankMemory {
@@ -166,6 +192,11 @@ impl RankMemory {
     }
 
     fn create(job: &str, rank: usize, size: usize) -> Result<RankMemory> {
+        if size > MAX_RANKS {
+            return Err(Error::InvalidArgument(format!(
+                "{size} ranks; the soft NIC supports at most {MAX_RANKS}"
+            )));
+        }
         let (nic, odp) = Self::names(job, rank);
         let seg = SharedSegment::create(&nic, RINGS_OFFSET + size * RING_BYTES)?;
         let present = SharedSegment::create(&odp, PRESENT_BYTES)?;
@@ -174,7 +205,7 @@ impl RankMemory {
         h[2].store(rank as u64, Relaxed);
         h[3].store(size as u64, Relaxed);
         h[0].store(MAGIC, Release);
-        Ok(RankMemory { seg, present })
+        Ok(RankMemory { seg, present, size })
     }
 
     fn open(job: &str, rank: usize) -> Result<RankMemory> {
@@ -186,7 +217,13 @@ impl RankMemory {
                 "/dev/shm/{nic} is not a pagewire NIC segment"
             )));
         }
-        Ok(RankMemory { seg, present })
+        let size = seg.words(24, 1)[0].load(Relaxed) as usize;
+        if size == 0 || size > MAX_RANKS || seg.len() < RINGS_OFFSET + size * RING_BYTES {
+            return Err(Error::Bootstrap(format!(
+                "/dev/shm/{nic} has a malformed NIC header ({size} ranks)"
+            )));
+        }
+        Ok(RankMemory { seg, present, size })
     }
 
     pub(crate) fn tpt(&self) -> Tpt<'_> {
@@ -199,6 +236,42 @@ impl RankMemory {
 
     pub(crate) fn ring_from(&self, src: usize) -> ring::Ring<'_> {
         ring::Ring::at(&self.seg, RINGS_OFFSET + src * RING_BYTES)
+    }
+
+    /// The bitmap in which senders announce packets in rings this rank does not watch.
+    pub(crate) fn pending(&self) -> PendingBits<'_> {
+        PendingBits::new(self.seg.words(PENDING_OFFSET, self.size.div_ceil(64)))
+    }
+
+    /// The acknowledgement line of this rank's queue pair `qpn` (written by its peer).
+    pub(crate) fn ack_line(&self, qpn: u32) -> AckLine<'_> {
+        AckLine::new(
+            self.seg
+                .words(ACK_OFFSET + qpn as usize * ACK_LINE_BYTES, ACK_WORDS),
+        )
+    }
+
+    /// The application's poll count (see [`APP_POLLS`]).
+    pub(crate) fn app_polls(&self) -> u64 {
+        self.seg.words(APP_POLLS, 1)[0].load(Relaxed)
+    }
+
+    /// The owner: one more poll.
+    fn note_app_poll(&self) {
+        let w = &self.seg.words(APP_POLLS, 1)[0];
+        w.store(w.load(Relaxed) + 1, Relaxed);
+    }
+
+    fn asleep_word(&self) -> &AtomicU64 {
+        &self.seg.words(DRIVER_ASLEEP, 1)[0]
+    }
+
+    /// Wakes this rank's driver thread if it sleeps (no system call otherwise). Callers
+    /// publish what the driver must see (a filed fault, a packet) before calling.
+    pub(crate) fn wake_driver_if_asleep(&self) {
+        if self.asleep_word().load(SeqCst) != 0 {
+            self.ring_doorbell();
+        }
     }
 
     pub(crate) fn npf_slot(&self, qpn: u32) -> NpfSlot<'_> {
@@ -223,9 +296,9 @@ impl RankMemory {
         self.seg.word32(DOORBELL)
     }
 
-    /// Wakes this rank's driver thread.
+    /// Wakes this rank's driver thread, asleep or not.
     pub(crate) fn ring_doorbell(&self) {
-        self.doorbell().fetch_add(1, Release);
+        self.doorbell().fetch_add(1, SeqCst);
         sys::futex_wake(self.doorbell());
     }
 }
@@ -282,7 +355,6 @@ pub(crate) struct RegionBook {
 
 pub(crate) struct Inner {
     pub rank: usize,
-    pub pid: u32,
     pub caps: Capabilities,
     pub counters: Counters,
     pub own: Arc<RankMemory>,
@@ -291,11 +363,10 @@ pub(crate) struct Inner {
     pub peers: Vec<Peer>,
     regions: Mutex<RegionBook>,
     pub engine: Mutex<Engine>,
-    /// Faults filed on this rank's memory that have been served (held while serving).
-    faults_served: Mutex<u64>,
-    /// When the application last drove the engine (`CLOCK_MONOTONIC` ns): the driver thread
-    /// stays out of the engine while the application is polling.
-    last_app_progress: AtomicU64,
+    /// Faults filed on this rank's memory that have been served.
+    faults_served: AtomicU64,
+    /// Held by the thread serving faults (one at a time).
+    serving_faults: Mutex<()>,
     shutdown: AtomicBool,
 }
 
@@ -321,6 +392,8 @@ impl SoftNic {
     /// driver thread. Collective: every rank of the job must call it.
     pub fn new(boot: &dyn Bootstrap, config: SoftConfig) -> Result<SoftNic> {
         let (rank, size, job) = (boot.rank(), boot.size(), boot.job_id().to_string());
+        // Local DMA faults become error completions from here on (see `sys::guarded_copy`).
+        sys::install_fault_guard();
         let own = Arc::new(RankMemory::create(&job, rank, size)?);
         let watch = PresentWatch::new(own.clone(), config.odp_check)?;
         own.seg.words(ODP_MONITORED, 1)[0].store(watch.uses_monitor() as u64, Release);
@@ -388,7 +461,6 @@ impl SoftNic {
         };
         let inner = Arc::new(Inner {
             rank,
-            pid: std::process::id(),
             caps,
             counters: Counters::default(),
             own,
@@ -399,8 +471,8 @@ impl SoftNic {
                 pins: PinAccount::new(config.memlock),
             }),
             engine: Mutex::new(Engine::new(size)),
-            faults_served: Mutex::new(0),
-            last_app_progress: AtomicU64::new(0),
+            faults_served: AtomicU64::new(0),
+            serving_faults: Mutex::new(()),
             shutdown: AtomicBool::new(false),
         });
         let d = inner.clone();
@@ -478,51 +550,59 @@ impl Drop for SoftNic {
 }
 
 impl Inner {
+    /// The driver thread: the interrupt-handler analogue. It sleeps on the doorbell until a
+    /// peer (or a timeout) wakes it, serves the faults filed on this rank's memory, and
+    /// drives the engine while the application is not polling and work is outstanding
+    /// (acknowledging peers' requests, streaming staged READ responses). While the
+    /// application polls, it does all of this itself and the driver stays asleep.
     fn driver_loop(&self) {
         let bell = self.own.doorbell();
+        let asleep = self.own.asleep_word();
+        let mut polls_seen = self.own.app_polls();
         loop {
-            let seen = bell.load(Acquire);
+            let seen = bell.load(SeqCst);
             if self.shutdown.load(Acquire) {
                 return;
             }
             self.serve_faults();
-            // Run the engine only for an application that is not polling: if it is, it does
-            // the work itself, and a driver preempted while holding the engine lock on a busy
-            // machine would stall it for a scheduler time slice.
-            let idle_ns = sys::monotonic_ns().saturating_sub(self.last_app_progress.load(Relaxed));
-            let busy = if idle_ns < DRIVER_IDLE_NS {
-                true
-            } else {
-                match self.engine.try_lock() {
-                    Some(mut eng) => {
-                        self.progress(&mut eng);
-                        eng.has_responder_work()
-                    }
-                    None => true,
+            let polls = self.own.app_polls();
+            let app_polling = polls != polls_seen;
+            polls_seen = polls;
+            let mut work = false;
+            if !app_polling {
+                if let Some(mut eng) = self.engine.try_lock() {
+                    self.progress(&mut eng);
+                    work = eng.has_work();
                 }
-            };
-            if bell.load(Acquire) == seen {
-                let wait = if busy {
-                    Duration::from_micros(200)
-                } else {
-                    Duration::from_millis(20)
-                };
-                sys::futex_wait(bell, seen, wait);
             }
+            asleep.store(1, SeqCst);
+            // A fault filed or a bell rung after the checks above: go round again.
+            let faults_waiting = self.own.faults_filed() != self.faults_served.load(SeqCst);
+            if faults_waiting || bell.load(SeqCst) != seen {
+                asleep.store(0, SeqCst);
+                continue;
+            }
+            let wait = if work && !app_polling {
+                DRIVER_BUSY_SLEEP
+            } else {
+                DRIVER_IDLE_SLEEP
+            };
+            sys::futex_wait(bell, seen, wait);
+            asleep.store(0, SeqCst);
         }
     }
 
     /// The driver's fault handler: resolves every filed fault on this rank's memory. Cheap
     /// when none is pending; one thread serves at a time.
     pub(crate) fn serve_faults(&self) {
-        let filed = self.own.faults_filed();
-        let Some(mut served) = self.faults_served.try_lock() else {
-            return;
-        };
-        if *served == filed {
+        if self.faults_served.load(Acquire) == self.own.faults_filed() {
             return;
         }
-        *served = filed;
+        let Some(_serving) = self.serving_faults.try_lock() else {
+            return;
+        };
+        let filed = self.own.faults_filed();
+        self.faults_served.store(filed, SeqCst);
         for qpn in 0..MAX_QPS as u32 {
             let slot = self.own.npf_slot(qpn);
             let req = slot.w[NPF_REQ].load(Acquire);
@@ -743,9 +823,7 @@ impl Nic for SoftNic {
 
     fn poll_cq(&self, cq: u32, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
         self.inner.watch.on_post();
-        self.inner
-            .last_app_progress
-            .store(sys::monotonic_ns(), Relaxed);
+        self.inner.own.note_app_poll();
         let mut eng = self.inner.engine.lock();
         self.inner.progress(&mut eng);
         eng.drain_cq(cq, out, max)

@@ -39,6 +39,7 @@ impl<'a> PresentBits<'a> {
     }
 
     /// Pages of the range that are not present, in order.
+    #[cfg(test)]
     pub(crate) fn missing(&self, addr: u64, len: u64) -> Vec<u64> {
         let mut out = Vec::new();
         let r = pages(addr, len);
@@ -55,6 +56,31 @@ impl<'a> PresentBits<'a> {
             p += 1;
         }
         out
+    }
+
+    /// The first and last page of the range that are not present, if any (no allocation:
+    /// the data path's check).
+    pub(crate) fn missing_span(&self, addr: u64, len: u64) -> Option<(u64, u64)> {
+        let r = pages(addr, len);
+        let mut first = None;
+        let mut last = 0;
+        let mut p = r.start;
+        while p < r.end {
+            let bits_here = (64 - p % 64).min(r.end - p);
+            let mask = if bits_here == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << bits_here) - 1) << (p % 64)
+            };
+            let absent = !self.words[(p / 64) as usize].load(Acquire) & mask;
+            if absent != 0 {
+                let base = p - p % 64;
+                first.get_or_insert(base + absent.trailing_zeros() as u64);
+                last = base + 63 - absent.leading_zeros() as u64;
+            }
+            p += bits_here;
+        }
+        first.map(|f| (f, last))
     }
 
     /// Marks the range present; returns how many pages were newly marked.
@@ -120,7 +146,11 @@ mod tests {
         assert_eq!(b.set(base, PAGE_SIZE), 0);
         assert!(b.clear_page(100));
         assert_eq!(b.missing(base, 101 * PAGE_SIZE), vec![100]);
+        assert_eq!(b.missing_span(base, 101 * PAGE_SIZE), Some((100, 100)));
         assert_eq!(b.clear(base, 101 * PAGE_SIZE), 100);
+        assert_eq!(b.missing_span(base + 5, 70 * PAGE_SIZE), Some((60, 130)));
+        b.set(base + 64 * PAGE_SIZE, PAGE_SIZE);
+        assert_eq!(b.missing_span(base + 64 * PAGE_SIZE, 1), None);
         assert_eq!(
             b.missing(base, 0),
             Vec::<u64>::new(),

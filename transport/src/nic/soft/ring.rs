@@ -3,11 +3,16 @@
 //!
 //! Across processes there is exactly one producer (the sender's NIC) and one consumer (the
 //! receiver's NIC); inside a process the NIC serialises its threads with a lock, so the
-//! protocol is the classic SPSC one: the producer fills a slot and publishes it by advancing
-//! `tail` with release ordering; the consumer acquires `tail`, reads, and frees the slot by
-//! advancing `head`. A full ring is back-pressure: the sender keeps the packet and retries.
+//! protocol is the classic SPSC one, arranged so that a packet costs as few cache-line
+//! transfers as it can: the producer fills a slot and publishes it by writing the slot's
+//! sequence word (the last word of its header) last; the consumer polls the sequence word
+//! of the slot at `head` — so the line that says "a packet is here" is the packet's own
+//! header — and frees the slot by advancing `head`. The producer keeps its `tail` and a
+//! cached copy of `head` on a line of its own and reads the real `head` only when the
+//! cached one says the ring is full. A full ring is back-pressure: the sender keeps the
+//! packet and retries. The consumer's *watched* flag ([`super::inbox`]) has a line too.
 
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 
 use super::shm::SharedSegment;
 
@@ -19,8 +24,10 @@ pub(crate) const SLOTS: u64 = 64;
 pub(crate) const HEADER_BYTES: usize = 64;
 /// Payload bytes one packet carries.
 pub(crate) const MTU: usize = SLOT_BYTES - HEADER_BYTES;
-/// Bytes of one ring: two cache lines of indices, then the slots.
-pub(crate) const RING_BYTES: usize = 128 + SLOTS as usize * SLOT_BYTES;
+/// Bytes of the ring's index lines before its slots.
+const INDEX_BYTES: usize = 256;
+/// Bytes of one ring: the index lines, then the slots.
+pub(crate) const RING_BYTES: usize = INDEX_BYTES + SLOTS as usize * SLOT_BYTES;
 
 /// Packet kinds, after the RC opcodes they stand for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,10 +43,6 @@ pub(crate) enum Kind {
     ReadRequest = 4,
     /// An RDMA READ response segment (staged path).
     ReadResponse = 5,
-    /// Positive or negative acknowledgement of a request, with a status.
-    Ack = 6,
-    /// Receiver not ready: no receive posted, or a receive-side network page fault.
-    RnrNack = 7,
 }
 
 impl Kind {
@@ -50,8 +53,6 @@ impl Kind {
             3 => Kind::WriteImm,
             4 => Kind::ReadRequest,
             5 => Kind::ReadResponse,
-            6 => Kind::Ack,
-            7 => Kind::RnrNack,
             _ => return None,
         })
     }
@@ -73,7 +74,8 @@ pub(crate) struct Header {
     pub kind: u8,
     /// FIRST | LAST | HAS_IMM | CMA_DESCRIPTOR.
     pub flags: u8,
-    /// For Ack: a status code; for RnrNack: 1 if caused by a page fault.
+    /// Non-zero: the sender could not read the payload (a `WcStatus` wire code); the
+    /// message it belongs to is dropped. For READ responses: the READ failed with it.
     pub code: u16,
     /// Immediate data.
     pub imm: u32,
@@ -100,7 +102,8 @@ impl Header {
         Kind::from_u8(self.kind)
     }
 
-    fn encode(&self) -> [u64; 8] {
+    /// Words 0..7 of the slot (word 7 is the sequence word, written by `publish`).
+    fn encode(&self) -> [u64; 7] {
         [
             self.kind as u64
                 | (self.flags as u64) << 8
@@ -112,11 +115,10 @@ impl Header {
             self.offset,
             self.remote_addr,
             self.rkey as u64 | (self.payload_len as u64) << 32,
-            0,
         ]
     }
 
-    fn decode(w: [u64; 8]) -> Header {
+    fn decode(w: [u64; 7]) -> Header {
         Header {
             kind: w[0] as u8,
             flags: (w[0] >> 8) as u8,
@@ -152,19 +154,41 @@ impl<'a> Ring<'a> {
         &self.seg.words(self.base, 1)[0]
     }
 
-    fn tail(&self) -> &'a std::sync::atomic::AtomicU64 {
-        &self.seg.words(self.base + 64, 1)[0]
+    /// The producer's line: `[tail, cached head]`.
+    fn producer(&self) -> &'a [std::sync::atomic::AtomicU64] {
+        self.seg.words(self.base + 64, 2)
+    }
+
+    fn watch_word(&self) -> &'a std::sync::atomic::AtomicU64 {
+        &self.seg.words(self.base + 128, 1)[0]
     }
 
     fn slot(&self, index: u64) -> usize {
-        self.base + 128 + (index % SLOTS) as usize * SLOT_BYTES
+        self.base + INDEX_BYTES + (index % SLOTS) as usize * SLOT_BYTES
+    }
+
+    /// Whether the consumer polls this ring directly (so a publish needs no announcement).
+    pub(crate) fn watched(&self) -> bool {
+        self.watch_word().load(SeqCst) != 0
+    }
+
+    /// Consumer: starts or stops polling this ring directly.
+    pub(crate) fn set_watched(&self, on: bool) {
+        self.watch_word().store(on as u64, SeqCst);
     }
 
     /// Producer: the free slot to fill next, if the ring is not full.
     pub(crate) fn reserve(&self) -> Option<Slot<'a>> {
-        let tail = self.tail().load(Relaxed);
-        let head = self.head().load(Acquire);
-        (tail - head < SLOTS).then(|| Slot {
+        let p = self.producer();
+        let tail = p[0].load(Relaxed);
+        if tail - p[1].load(Relaxed) >= SLOTS {
+            let head = self.head().load(Acquire);
+            p[1].store(head, Relaxed);
+            if tail - head >= SLOTS {
+                return None;
+            }
+        }
+        Some(Slot {
             seg: self.seg,
             offset: self.slot(tail),
         })
@@ -176,18 +200,23 @@ impl<'a> Ring<'a> {
         for (w, v) in words.iter().zip(header.encode()) {
             w.store(v, Relaxed);
         }
-        self.tail().fetch_add(1, Release);
+        let p = self.producer();
+        let tail = p[0].load(Relaxed) + 1;
+        p[0].store(tail, Relaxed);
+        // Sequentially consistent: it releases the packet, and the producer reads the
+        // watched flag next (see `inbox`).
+        words[7].store(tail, SeqCst);
     }
 
     /// Consumer: the oldest published packet, if any.
     pub(crate) fn peek(&self) -> Option<(Header, Slot<'a>)> {
         let head = self.head().load(Relaxed);
-        let tail = self.tail().load(Acquire);
-        if head == tail {
-            return None;
-        }
         let offset = self.slot(head);
         let words = self.seg.words(offset, 8);
+        // Sequentially consistent: pairs with `publish` for the watched flag (see `inbox`).
+        if words[7].load(SeqCst) != head + 1 {
+            return None;
+        }
         let header = Header::decode(std::array::from_fn(|i| words[i].load(Relaxed)));
         Some((
             header,
@@ -200,13 +229,14 @@ impl<'a> Ring<'a> {
 
     /// Consumer: frees the slot returned by `peek`.
     pub(crate) fn pop(&self) {
-        self.head().fetch_add(1, Release);
+        let head = self.head().load(Relaxed);
+        self.head().store(head + 1, Release);
     }
 
     /// Packets published and not yet consumed.
     #[cfg(test)]
     pub(crate) fn occupancy(&self) -> u64 {
-        self.tail().load(Acquire) - self.head().load(Acquire)
+        self.producer()[0].load(Acquire) - self.head().load(Acquire)
     }
 }
 
@@ -268,27 +298,30 @@ mod tests {
     fn fifo_order_and_back_pressure() {
         let seg = segment();
         let ring = Ring::at(&seg, 0);
-        for i in 0..SLOTS {
-            let s = ring.reserve().expect("space");
-            s.write_payload(&i.to_le_bytes());
-            ring.publish(
-                s,
-                &Header {
-                    msn: i,
-                    payload_len: 8,
-                    ..Header::default()
-                },
-            );
+        // Three laps: a slot's sequence word from an earlier lap never reads as a packet.
+        for lap in 0..3 {
+            for i in 0..SLOTS {
+                let s = ring.reserve().expect("space");
+                s.write_payload(&i.to_le_bytes());
+                ring.publish(
+                    s,
+                    &Header {
+                        msn: lap * SLOTS + i,
+                        payload_len: 8,
+                        ..Header::default()
+                    },
+                );
+            }
+            assert!(ring.reserve().is_none(), "a full ring refuses");
+            assert_eq!(ring.occupancy(), SLOTS);
+            for i in 0..SLOTS {
+                let (h, s) = ring.peek().expect("packet");
+                let mut b = [0u8; 8];
+                s.read_payload(&mut b);
+                assert_eq!((h.msn, u64::from_le_bytes(b)), (lap * SLOTS + i, i));
+                ring.pop();
+            }
+            assert!(ring.peek().is_none(), "lap {lap}: empty");
         }
-        assert!(ring.reserve().is_none(), "a full ring refuses");
-        assert_eq!(ring.occupancy(), SLOTS);
-        for i in 0..SLOTS {
-            let (h, s) = ring.peek().expect("packet");
-            let mut b = [0u8; 8];
-            s.read_payload(&mut b);
-            assert_eq!((h.msn, u64::from_le_bytes(b)), (i, i));
-            ring.pop();
-        }
-        assert!(ring.peek().is_none());
     }
 }

@@ -1,9 +1,13 @@
 //! The system calls the soft NIC stands on, wrapped once (one of the few modules with
 //! `unsafe`; every block carries a `// SAFETY:` note).
 //!
-//! The soft NIC never dereferences a user address itself: payload bytes move with
-//! `process_vm_readv`/`process_vm_writev` (CMA), also within one process, so the kernel
-//! validates every access and an unmapped address becomes `EFAULT`, not a crash.
+//! The soft NIC never dereferences a user address with plain Rust: payload bytes move with
+//! `process_vm_readv`/`process_vm_writev` (CMA) between processes and with
+//! [`guarded_copy`] inside one, so an unmapped address becomes `EFAULT`, not a crash.
+
+mod guarded_copy;
+
+pub use guarded_copy::{guarded_copy, install as install_fault_guard};
 
 use std::fs::File;
 use std::io;

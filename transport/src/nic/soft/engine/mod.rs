@@ -1,0 +1,497 @@
+//! The soft NIC's engine: queue pairs, completion queues and the RC protocol over the rings.
+//!
+//! It costs what a NIC costs (issue 12). Posting and polling are loads and stores: a SEND
+//! up to the inline size is copied into the work request at post time, a SEND up to
+//! [`SEND_CMA_MIN`] is copied into the peer's ring at post time (from registered memory, by
+//! the NIC's DMA, [`super::dma`]) and out of it into the posted receive buffer by the
+//! receiver's engine, and acknowledgements are written into the requester's memory
+//! ([`super::ack`]). The kernel is entered only to move bytes between address spaces (RDMA
+//! WRITE and READ, and larger SENDs, with one kernel copy), to fault pages in and to sleep.
+//! A pass costs O(active work): the rings with packets ([`super::inbox`]) and the queue
+//! pairs with requests outstanding, and it reads the clock only when a timer could be due.
+//!
+//! - [`requester`]: the send queue, processed strictly in order. SENDs (and, on the staged
+//!   path, WRITEs and READs) become packets; RDMA WRITE and READ to a CMA-capable peer are
+//!   executed by this engine after checking the target's TPT, once every earlier request of
+//!   the queue pair has completed (so a WRITE after a SEND lands after it). Completions are
+//!   delivered in posting order.
+//! - [`responder`]: requests are accepted only in message-sequence order; one that cannot be
+//!   taken (no receive posted, or its pages are not present) is answered receiver-not-ready
+//!   and every later packet of the queue pair is dropped until the requester goes back and
+//!   retransmits from it (go-back-N, as RC does).
+
+mod requester;
+mod responder;
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use smallvec::SmallVec;
+
+use super::inbox::Inbox;
+use super::MAX_QPS;
+use crate::error::{Error, Result};
+use crate::nic::{Completion, QpCaps, Sge, WcOpcode, WcStatus};
+use crate::sys::Extent;
+
+/// SENDs of at least this many bytes to a CMA-capable peer are pulled by the receiver with
+/// one kernel copy; smaller ones are copied through the ring (two CPU copies, no system
+/// call). Measured on the development machine: a 64 KiB SEND through the ring took about
+/// as long as the system call and its copy (README, "Choosing the defaults").
+pub(crate) const SEND_CMA_MIN: u64 = 64 << 10;
+
+/// Packets taken from one inbound ring per pass (fairness between peers).
+const RX_BUDGET: usize = 64;
+
+/// How many clock readings a pass may skip: the engine's clock is read again after this
+/// many uses (timers are checked against a time at most this stale).
+const CLOCK_REUSE: u32 = 64;
+
+/// The engine's view of the time: the OS clock read at most every [`CLOCK_REUSE`] uses.
+#[derive(Debug)]
+pub(crate) struct CoarseClock {
+    now: Instant,
+    uses: u32,
+}
+
+impl CoarseClock {
+    fn new() -> CoarseClock {
+        CoarseClock {
+            now: Instant::now(),
+            uses: 0,
+        }
+    }
+
+    /// The time, possibly a few passes old.
+    pub(crate) fn now(&mut self) -> Instant {
+        self.uses += 1;
+        if self.uses >= CLOCK_REUSE {
+            self.fresh()
+        } else {
+            self.now
+        }
+    }
+
+    /// The time, but only on every [`CLOCK_REUSE`]th use (when the OS clock is read): timers
+    /// are checked then, and cost a counter otherwise.
+    pub(crate) fn tick(&mut self) -> Option<Instant> {
+        self.uses += 1;
+        (self.uses >= CLOCK_REUSE).then(|| self.fresh())
+    }
+
+    /// The time now (for setting a deadline).
+    pub(crate) fn fresh(&mut self) -> Instant {
+        self.uses = 0;
+        self.now = Instant::now();
+        self.now
+    }
+}
+
+pub(crate) struct Engine {
+    cqs: Vec<Option<CompletionQueue>>,
+    qps: Vec<Option<QueuePair>>,
+    /// Queue pairs with requests in their send queue or READ responses to stream.
+    busy: Vec<u32>,
+    inbox: Inbox,
+    clock: CoarseClock,
+}
+
+struct CompletionQueue {
+    entries: VecDeque<Completion>,
+}
+
+pub(crate) struct QueuePair {
+    qpn: u32,
+    pub(crate) peer: usize,
+    send_cq: u32,
+    recv_cq: u32,
+    caps: QpCaps,
+    pub(crate) remote_qpn: Option<u32>,
+    error: Option<String>,
+    /// In `Engine::busy`.
+    busy: bool,
+    // --- requester ---
+    sq: VecDeque<SendOp>,
+    /// Index in `sq` of the first request not completely transmitted.
+    cursor: usize,
+    next_msn: u64,
+    /// The responder's cumulative acknowledgement as last read.
+    acked: u64,
+    /// The serial of the last NAK handled.
+    nak_seen: u64,
+    /// The peer application's poll count when this queue pair last looked (see `nudge`).
+    peer_polls_seen: u64,
+    // --- responder ---
+    rq: VecDeque<RecvOp>,
+    /// Next request sequence number this responder accepts.
+    expected_msn: u64,
+    /// A multi-packet request being received.
+    rx: Option<Incoming>,
+    /// Packets of this message are dropped until its first packet comes again.
+    discard_msn: Option<u64>,
+    /// The last receive-side fault filed: (msn, fault sequence number).
+    rx_fault: Option<(u64, u64)>,
+    /// An error NAK was sent: nothing more is accepted (the requester's queue pair is in
+    /// the error state once it reads it).
+    refusing: bool,
+    /// READ responses being sent (staged path).
+    reads_out: VecDeque<ReadOut>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OpKind {
+    Send {
+        imm: Option<u32>,
+    },
+    Write {
+        addr: u64,
+        rkey: u32,
+        imm: Option<u32>,
+    },
+    Read {
+        addr: u64,
+        rkey: u32,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OpState {
+    /// To be transmitted from `sent`.
+    Pending,
+    /// Partly transmitted: the ring filled up.
+    Transmitting,
+    /// On the wire: waiting for the responder's acknowledgement (or READ response).
+    AwaitingResponse,
+    /// Refused receiver-not-ready: retransmit at `retry_at`, or once the fault the
+    /// responder filed is resolved.
+    Rnr {
+        retry_at: Instant,
+        /// (rank owning the faulting memory, its NPF slot, fault sequence number).
+        fault: Option<(usize, u32, u64)>,
+    },
+    Done(WcStatus),
+}
+
+struct SendOp {
+    wr_id: u64,
+    kind: OpKind,
+    signaled: bool,
+    /// Message sequence number, given when the request first goes on the wire (requests
+    /// executed directly by CMA never do).
+    msn: Option<u64>,
+    sgl: SmallVec<[Sge; 2]>,
+    /// The payload of an inline request, copied at post time.
+    inline: Option<SmallVec<[u8; 128]>>,
+    total: u64,
+    state: OpState,
+    sent: u64,
+    /// The payload of a WRITE WITH IMM already went by CMA; only the immediate is left.
+    data_placed: bool,
+    rnr_count: u32,
+    /// When it was last transmitted (the engine's coarse clock).
+    since: Instant,
+    checked_alive: Instant,
+}
+
+struct RecvOp {
+    wr_id: u64,
+    sgl: SmallVec<[Sge; 2]>,
+    capacity: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum IncomingKind {
+    Send { wr_id: u64 },
+    Write,
+    WriteImm { wr_id: u64 },
+}
+
+struct Incoming {
+    msn: u64,
+    kind: IncomingKind,
+    imm: Option<u32>,
+    targets: SmallVec<[Extent; 2]>,
+    total: u64,
+    /// The receive it consumed (put back if the message is abandoned part-way).
+    recv: Option<RecvOp>,
+}
+
+struct ReadOut {
+    msn: u64,
+    dst_qpn: u32,
+    source: Extent,
+    sent: u64,
+}
+
+impl Engine {
+    pub(crate) fn new(ranks: usize) -> Engine {
+        Engine {
+            cqs: Vec::new(),
+            qps: (0..MAX_QPS).map(|_| None).collect(),
+            busy: Vec::new(),
+            inbox: Inbox::new(ranks),
+            clock: CoarseClock::new(),
+        }
+    }
+
+    pub(crate) fn create_cq(&mut self, depth: u32) -> Result<u32> {
+        if depth == 0 {
+            return Err(Error::InvalidArgument("completion queue depth 0".into()));
+        }
+        self.cqs.push(Some(CompletionQueue {
+            entries: VecDeque::with_capacity((depth as usize).min(4096)),
+        }));
+        Ok(self.cqs.len() as u32 - 1)
+    }
+
+    pub(crate) fn create_qp(
+        &mut self,
+        peer: usize,
+        send_cq: u32,
+        recv_cq: u32,
+        caps: QpCaps,
+    ) -> Result<u32> {
+        for cq in [send_cq, recv_cq] {
+            if self.cqs.get(cq as usize).is_none_or(Option::is_none) {
+                return Err(Error::InvalidArgument(format!("no completion queue {cq}")));
+            }
+        }
+        let qpn = self
+            .qps
+            .iter()
+            .position(Option::is_none)
+            .ok_or(Error::Exhausted {
+                what: "queue pairs",
+                limit: MAX_QPS as u64,
+                hint: "use one queue pair per peer",
+            })? as u32;
+        self.qps[qpn as usize] = Some(QueuePair {
+            qpn,
+            peer,
+            send_cq,
+            recv_cq,
+            caps,
+            remote_qpn: None,
+            error: None,
+            busy: false,
+            sq: VecDeque::new(),
+            cursor: 0,
+            next_msn: 0,
+            acked: 0,
+            nak_seen: 0,
+            peer_polls_seen: 0,
+            rq: VecDeque::new(),
+            expected_msn: 0,
+            rx: None,
+            discard_msn: None,
+            rx_fault: None,
+            refusing: false,
+            reads_out: VecDeque::new(),
+        });
+        Ok(qpn)
+    }
+
+    pub(crate) fn qp(&self, qpn: u32) -> Result<&QueuePair> {
+        self.qps
+            .get(qpn as usize)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| Error::InvalidArgument(format!("no queue pair {qpn}")))
+    }
+
+    pub(crate) fn qp_mut(&mut self, qpn: u32) -> Result<&mut QueuePair> {
+        self.qps
+            .get_mut(qpn as usize)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| Error::InvalidArgument(format!("no queue pair {qpn}")))
+    }
+
+    pub(crate) fn drain_cq(
+        &mut self,
+        cq: u32,
+        out: &mut Vec<Completion>,
+        max: usize,
+    ) -> Result<usize> {
+        let q = self
+            .cqs
+            .get_mut(cq as usize)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| Error::InvalidArgument(format!("no completion queue {cq}")))?;
+        let n = max.min(q.entries.len());
+        for _ in 0..n {
+            out.push(q.entries.pop_front().expect("counted"));
+        }
+        Ok(n)
+    }
+
+    /// Whether requests or READ responses are outstanding (the driver thread keeps
+    /// driving the engine for an application that is not polling while there are).
+    pub(crate) fn has_work(&self) -> bool {
+        !self.busy.is_empty()
+    }
+
+    fn push_completion(&mut self, cq: u32, c: Completion) {
+        if let Some(Some(q)) = self.cqs.get_mut(cq as usize) {
+            // An overrun queue grows (verbs would raise an asynchronous CQ error instead);
+            // the depth is a sizing hint here.
+            q.entries.push_back(c);
+        }
+    }
+
+    /// Puts `qpn` on the busy list (it has requests or READ responses outstanding).
+    fn mark_busy(&mut self, qpn: u32) {
+        if let Some(Some(qp)) = self.qps.get_mut(qpn as usize) {
+            if !qp.busy {
+                qp.busy = true;
+                self.busy.push(qpn);
+            }
+        }
+    }
+
+    /// The queue pair enters the error state: every request not yet completed and every
+    /// posted receive complete flushed, and what is posted later too. Returns how many
+    /// receives were flushed.
+    fn enter_error(&mut self, qpn: u32, why: String) -> u64 {
+        let Some(qp) = self.qps[qpn as usize].as_mut() else {
+            return 0;
+        };
+        if qp.error.is_some() {
+            return 0;
+        }
+        qp.error = Some(why);
+        for op in qp.sq.iter_mut() {
+            if !matches!(op.state, OpState::Done(_)) {
+                op.state = OpState::Done(WcStatus::WrFlushError);
+            }
+        }
+        let cq = qp.recv_cq;
+        let flushed: SmallVec<[u64; 16]> = qp.rq.drain(..).map(|r| r.wr_id).collect();
+        for &wr_id in &flushed {
+            self.push_completion(
+                cq,
+                completion(wr_id, WcStatus::WrFlushError, WcOpcode::Recv, 0, None, qpn),
+            );
+        }
+        self.mark_busy(qpn);
+        flushed.len() as u64
+    }
+}
+
+fn total_len(sgl: &[Sge]) -> u64 {
+    sgl.iter().map(|s| s.len as u64).sum()
+}
+
+pub(super) fn completion(
+    wr_id: u64,
+    status: WcStatus,
+    opcode: WcOpcode,
+    byte_len: u32,
+    imm: Option<u32>,
+    qp_num: u32,
+) -> Completion {
+    Completion {
+        wr_id,
+        status,
+        opcode,
+        byte_len,
+        imm,
+        qp_num,
+    }
+}
+
+/// The batch to fault in, as pages: from the first to the last missing page.
+fn fault_extent(span: (u64, u64)) -> Extent {
+    let page = crate::nic::PAGE_SIZE;
+    Extent {
+        addr: span.0 * page,
+        len: (span.1 - span.0 + 1) * page,
+    }
+}
+
+impl super::Inner {
+    /// One pass of the engine: inbound packets from the rings that have them, then the
+    /// queue pairs with work outstanding.
+    pub(crate) fn progress(&self, eng: &mut Engine) {
+        // The driver's work, done by whichever thread of the owner gets there first: a
+        // polling application serves faults on its memory at once, and the driver thread
+        // serves them while the application computes.
+        self.serve_faults();
+        let mut inbox = std::mem::replace(&mut eng.inbox, Inbox::new(0));
+        inbox.pass(
+            self.own.pending(),
+            |src| self.own.ring_from(src),
+            |src| self.drain_ring(eng, src),
+        );
+        eng.inbox = inbox;
+        let mut i = 0;
+        while i < eng.busy.len() {
+            let qpn = eng.busy[i];
+            self.progress_qp(eng, qpn);
+            let idle = eng.qps[qpn as usize]
+                .as_ref()
+                .is_none_or(|q| q.sq.is_empty() && q.reads_out.is_empty());
+            if idle {
+                if let Some(q) = eng.qps[qpn as usize].as_mut() {
+                    q.busy = false;
+                }
+                eng.busy.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Takes the packets waiting in the ring from `src`; whether there were any.
+    fn drain_ring(&self, eng: &mut Engine, src: usize) -> bool {
+        if src >= self.peers.len() {
+            return false;
+        }
+        let ring = self.own.ring_from(src);
+        let mut any = false;
+        for _ in 0..RX_BUDGET {
+            let Some((h, slot)) = ring.peek() else { break };
+            self.handle_packet(eng, src, h, slot);
+            ring.pop();
+            any = true;
+        }
+        any
+    }
+
+    fn progress_qp(&self, eng: &mut Engine, qpn: u32) {
+        self.send_read_responses(eng, qpn);
+        self.check_acknowledgements(eng, qpn);
+        self.complete_front(eng, qpn);
+        self.transmit(eng, qpn);
+        self.complete_front(eng, qpn);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_batches_span_first_to_last_missing_page() {
+        assert_eq!(
+            fault_extent((3, 7)),
+            Extent {
+                addr: 3 * crate::nic::PAGE_SIZE,
+                len: 5 * crate::nic::PAGE_SIZE
+            }
+        );
+    }
+
+    #[test]
+    fn the_coarse_clock_is_read_again_after_its_reuse_count() {
+        let mut c = CoarseClock::new();
+        let t0 = c.fresh();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        for _ in 0..CLOCK_REUSE - 1 {
+            assert_eq!(c.now(), t0);
+        }
+        assert!(c.now() > t0);
+        for _ in 0..CLOCK_REUSE - 1 {
+            assert_eq!(c.tick(), None);
+        }
+        assert!(c.tick().is_some());
+    }
+}

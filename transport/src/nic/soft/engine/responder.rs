@@ -1,0 +1,593 @@
+//! The responder side of a queue pair: receives, packets from the rings, placing SENDs and
+//! staged WRITEs, answering staged READs, and acknowledging through the requester's
+//! acknowledgement line.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use smallvec::SmallVec;
+
+use super::{
+    completion, fault_extent, total_len, Engine, Incoming, IncomingKind, OpState, ReadOut, RecvOp,
+};
+use crate::error::{Error, Result};
+use crate::nic::soft::ack::Nak;
+use crate::nic::soft::dma;
+use crate::nic::soft::ring::{Header, Kind, Slot, CMA_DESCRIPTOR, FIRST, HAS_IMM, LAST, MTU};
+use crate::nic::soft::Inner;
+use crate::nic::{Access, DataPath, RecvWr, WcOpcode, WcStatus};
+use crate::sys::{self, CmaDirection, Extent};
+
+/// Extents a CMA descriptor can name (the device's `max_sge`).
+const MAX_DESCRIPTOR_EXTENTS: usize = 16;
+
+enum Accept {
+    Taken,
+    Refused,
+}
+
+impl Inner {
+    pub(crate) fn post_recv(&self, qpn: u32, wr: &RecvWr<'_>) -> Result<()> {
+        let mut eng = self.engine.lock();
+        let qp = eng.qp_mut(qpn)?;
+        if qp.rq.len() >= qp.caps.max_recv_wr as usize {
+            return Err(Error::Exhausted {
+                what: "receive queue",
+                limit: qp.caps.max_recv_wr as u64,
+                hint: "poll the receive completion queue before posting more",
+            });
+        }
+        if wr.sgl.len() > qp.caps.max_sge as usize {
+            return Err(Error::InvalidArgument(format!(
+                "{} scatter-gather entries; the queue pair allows {}",
+                wr.sgl.len(),
+                qp.caps.max_sge
+            )));
+        }
+        let op = RecvOp {
+            wr_id: wr.wr_id,
+            sgl: SmallVec::from_slice(wr.sgl),
+            capacity: total_len(wr.sgl),
+        };
+        if qp.error.is_some() {
+            let (cq, qpn) = (qp.recv_cq, qp.qpn);
+            eng.push_completion(
+                cq,
+                completion(
+                    op.wr_id,
+                    WcStatus::WrFlushError,
+                    WcOpcode::Recv,
+                    0,
+                    None,
+                    qpn,
+                ),
+            );
+        } else {
+            qp.rq.push_back(op);
+        }
+        Ok(())
+    }
+
+    /// Accepted every request below `msn_end` of the requester's queue pair `src_qpn` at
+    /// rank `from`.
+    fn ack(&self, from: usize, src_qpn: u32, msn_end: u64) {
+        self.peers[from].mem.ack_line(src_qpn).ack(msn_end);
+    }
+
+    /// Refused request `msn` of the requester's queue pair `src_qpn` at rank `from`.
+    fn nak(&self, from: usize, src_qpn: u32, msn: u64, why: Nak) {
+        if matches!(why, Nak::Rnr { .. }) {
+            self.counters.rnr_nacks_sent.fetch_add(1, Relaxed);
+        }
+        self.peers[from].mem.ack_line(src_qpn).nak(msn, why);
+    }
+
+    /// Refuses request `msn` for good with `status`: the requester's queue pair will enter
+    /// the error state, so nothing after it is accepted either.
+    fn refuse(&self, eng: &mut Engine, from: usize, qpn: u32, h: &Header, status: WcStatus) {
+        let qp = eng.qps[qpn as usize].as_mut().expect("exists");
+        qp.refusing = true;
+        qp.rx = None;
+        self.nak(from, h.src_qpn, h.msn, Nak::Error(status.code()));
+    }
+
+    pub(super) fn handle_packet(&self, eng: &mut Engine, from: usize, h: Header, slot: Slot<'_>) {
+        let Some(kind) = h.kind() else { return };
+        if h.payload_len as usize > MTU {
+            return; // malformed: no packet carries more than a slot
+        }
+        // Only packets of a queue pair connected to the sender's queue pair count.
+        match eng.qps.get(h.dst_qpn as usize).and_then(Option::as_ref) {
+            Some(qp) if qp.peer == from && qp.remote_qpn == Some(h.src_qpn) => {}
+            _ => return,
+        }
+        match kind {
+            Kind::Send | Kind::Write | Kind::WriteImm | Kind::ReadRequest => {
+                self.handle_request(eng, from, kind, &h, slot)
+            }
+            Kind::ReadResponse => self.handle_read_response(eng, &h, slot),
+        }
+    }
+
+    fn handle_request(
+        &self,
+        eng: &mut Engine,
+        from: usize,
+        kind: Kind,
+        h: &Header,
+        slot: Slot<'_>,
+    ) {
+        let qpn = h.dst_qpn;
+        let qp = eng.qps[qpn as usize].as_mut().expect("checked by caller");
+        if qp.refusing {
+            return;
+        }
+        if qp.error.is_some() {
+            if h.flags & FIRST != 0 {
+                self.refuse(eng, from, qpn, h, WcStatus::RemoteOperationError);
+            }
+            return;
+        }
+        if h.msn != qp.expected_msn {
+            return; // behind a refused request (go-back-N) or a duplicate
+        }
+        if qp.discard_msn == Some(h.msn) {
+            if h.flags & FIRST == 0 {
+                return;
+            }
+            qp.discard_msn = None;
+        }
+        if h.flags & FIRST != 0 {
+            if let Some(rx) = qp.rx.take() {
+                // A retransmission of a message whose first packets were taken: the receive
+                // it consumed is posted again.
+                if let Some(r) = rx.recv {
+                    qp.rq.push_front(r);
+                }
+            }
+            if h.code != 0 {
+                // The requester could not read its own buffer: nothing of it is taken.
+                qp.discard_msn = Some(h.msn);
+                return;
+            }
+            match self.accept_request(eng, from, kind, h) {
+                Accept::Taken => {}
+                Accept::Refused => return,
+            }
+        }
+        let recv_cq = eng.qps[qpn as usize].as_ref().expect("exists").recv_cq;
+        let qp = eng.qps[qpn as usize].as_mut().expect("exists");
+        let Some(rx) = qp.rx.as_mut() else { return };
+        if rx.msn != h.msn {
+            return;
+        }
+        if h.code != 0 {
+            // The requester failed mid-message: drop it; its receive stays posted.
+            let rx = qp.rx.take().expect("present");
+            if let Some(r) = rx.recv {
+                qp.rq.push_front(r);
+            }
+            qp.discard_msn = Some(h.msn);
+            return;
+        }
+        // Move the payload.
+        let moved = if h.flags & CMA_DESCRIPTOR != 0 {
+            if kind == Kind::WriteImm {
+                Ok(()) // data already placed by the initiator
+            } else {
+                let mut desc = [0u8; 16 * MAX_DESCRIPTOR_EXTENTS];
+                let n = (h.payload_len as usize).min(desc.len()) / 16 * 16;
+                slot.read_payload(&mut desc[..n]);
+                let src: SmallVec<[Extent; 4]> = desc[..n]
+                    .chunks_exact(16)
+                    .map(|c| Extent {
+                        addr: u64::from_le_bytes(c[0..8].try_into().expect("8")),
+                        len: u64::from_le_bytes(c[8..16].try_into().expect("8")),
+                    })
+                    .collect();
+                let described: u64 = src.iter().map(|e| e.len).sum();
+                if described != rx.total {
+                    Err(WcStatus::RemoteOperationError)
+                } else {
+                    let dst = dma::slice(&rx.targets, 0, rx.total);
+                    match sys::cma_copy(self.peers[from].pid, CmaDirection::Read, &dst, &src) {
+                        Ok(n) => {
+                            self.counters.add_bytes(DataPath::Cma, n);
+                            Ok(())
+                        }
+                        Err(_) if !sys::is_mapped_all(&dst) => Err(WcStatus::LocalProtectionError),
+                        Err(_) => Err(WcStatus::RemoteOperationError),
+                    }
+                }
+            }
+        } else if h.payload_len > 0 {
+            let len = h.payload_len as u64;
+            if h.offset.checked_add(len).is_none_or(|end| end > rx.total) {
+                Err(WcStatus::RemoteOperationError)
+            } else {
+                match dma::scatter(&rx.targets, h.offset, slot.payload_addr(), len) {
+                    Ok(()) => {
+                        self.counters.add_bytes(DataPath::Staged, len);
+                        Ok(())
+                    }
+                    Err(_) => Err(WcStatus::LocalProtectionError),
+                }
+            }
+        } else {
+            Ok(())
+        };
+        if let Err(status) = moved {
+            let rx = qp.rx.take().expect("present");
+            qp.expected_msn += 1;
+            let remote = match status {
+                WcStatus::LocalProtectionError if rx.kind == IncomingKind::Write => {
+                    WcStatus::RemoteAccessError
+                }
+                WcStatus::LocalProtectionError => WcStatus::RemoteOperationError,
+                s => s,
+            };
+            if let IncomingKind::Send { wr_id } | IncomingKind::WriteImm { wr_id } = rx.kind {
+                let c = completion(wr_id, status, WcOpcode::Recv, 0, None, qpn);
+                self.counters.error_completions.fetch_add(1, Relaxed);
+                eng.push_completion(recv_cq, c);
+            }
+            self.refuse(eng, from, qpn, h, remote);
+            return;
+        }
+        if h.flags & LAST != 0 {
+            let rx = qp.rx.take().expect("present");
+            qp.expected_msn += 1;
+            let msn_end = qp.expected_msn;
+            let c = match rx.kind {
+                IncomingKind::Send { wr_id } => Some(completion(
+                    wr_id,
+                    WcStatus::Success,
+                    WcOpcode::Recv,
+                    rx.total as u32,
+                    rx.imm,
+                    qpn,
+                )),
+                IncomingKind::WriteImm { wr_id } => Some(completion(
+                    wr_id,
+                    WcStatus::Success,
+                    WcOpcode::RecvRdmaWithImm,
+                    rx.total as u32,
+                    rx.imm,
+                    qpn,
+                )),
+                IncomingKind::Write => None,
+            };
+            if let Some(c) = c {
+                eng.push_completion(recv_cq, c);
+            }
+            self.ack(from, h.src_qpn, msn_end);
+        }
+    }
+
+    /// The first packet of a request: checks keys, lengths and pages, takes a receive.
+    fn accept_request(&self, eng: &mut Engine, from: usize, kind: Kind, h: &Header) -> Accept {
+        let qpn = h.dst_qpn;
+        let src_qpn = h.src_qpn;
+        let me = &self.peers[self.rank];
+        let qp = eng.qps[qpn as usize].as_mut().expect("exists");
+        let recv_cq = qp.recv_cq;
+        let data_placed = kind == Kind::WriteImm && h.flags & CMA_DESCRIPTOR != 0;
+        // Where the bytes go.
+        let targets: SmallVec<[Extent; 2]>;
+        // The parts of `targets` that lie in ODP regions (checked for faults below).
+        let mut odp_targets: SmallVec<[Extent; 2]> = SmallVec::new();
+        let mut take_recv = false;
+        match kind {
+            Kind::Send | Kind::WriteImm => {
+                let Some(r) = qp.rq.front() else {
+                    qp.discard_msn = Some(h.msn);
+                    self.nak(from, src_qpn, h.msn, Nak::Rnr { fault: None });
+                    return Accept::Refused;
+                };
+                if kind == Kind::Send {
+                    let failure = if h.total_len > r.capacity {
+                        Some((
+                            WcStatus::LocalLengthError,
+                            WcStatus::RemoteInvalidRequest,
+                            format!(
+                                "a {}-byte send arrived for a {}-byte receive",
+                                h.total_len, r.capacity
+                            ),
+                        ))
+                    } else {
+                        None
+                    };
+                    let local = if failure.is_none() {
+                        self.local_targets(&r.sgl)
+                    } else {
+                        Err(())
+                    };
+                    let failure = failure.or_else(|| {
+                        local.is_err().then(|| {
+                            (
+                                WcStatus::LocalProtectionError,
+                                WcStatus::RemoteOperationError,
+                                "a receive buffer failed its key check".to_string(),
+                            )
+                        })
+                    });
+                    if let Some((local_status, remote_status, why)) = failure {
+                        let r = qp.rq.pop_front().expect("front");
+                        qp.expected_msn += 1;
+                        self.counters.error_completions.fetch_add(1, Relaxed);
+                        let len = if local_status == WcStatus::LocalLengthError {
+                            h.total_len as u32
+                        } else {
+                            0
+                        };
+                        eng.push_completion(
+                            recv_cq,
+                            completion(r.wr_id, local_status, WcOpcode::Recv, len, None, qpn),
+                        );
+                        let flushed = eng.enter_error(qpn, why);
+                        self.counters.error_completions.fetch_add(flushed, Relaxed);
+                        self.refuse(eng, from, qpn, h, remote_status);
+                        return Accept::Refused;
+                    }
+                    let (extents, odp) = local.expect("checked");
+                    // Fault-check only the ODP parts of what this message fills.
+                    let mut at = 0u64;
+                    for (e, on_demand) in extents.iter().zip(&odp) {
+                        let take = e.len.min(h.total_len.saturating_sub(at));
+                        if *on_demand && take > 0 {
+                            odp_targets.push(Extent {
+                                addr: e.addr,
+                                len: take,
+                            });
+                        }
+                        at += e.len;
+                    }
+                    targets = dma::pieces(&extents, 0, h.total_len)
+                        .map(|(addr, len)| Extent { addr, len })
+                        .collect();
+                } else {
+                    targets = smallvec::smallvec![Extent {
+                        addr: h.remote_addr,
+                        len: h.total_len,
+                    }];
+                }
+                take_recv = true;
+            }
+            Kind::Write | Kind::ReadRequest => {
+                targets = smallvec::smallvec![Extent {
+                    addr: h.remote_addr,
+                    len: h.total_len,
+                }];
+            }
+            Kind::ReadResponse => unreachable!("not a request"),
+        }
+        // Remote key checks for WRITE / READ / WRITE WITH IMM (not for zero length).
+        if kind != Kind::Send && h.total_len > 0 && !data_placed {
+            let need = if kind == Kind::ReadRequest {
+                Access::REMOTE_READ
+            } else {
+                Access::REMOTE_WRITE
+            };
+            match me
+                .mem
+                .tpt()
+                .acquire(h.rkey, h.remote_addr, h.total_len, need)
+            {
+                Ok(g) => {
+                    if g.translation.on_demand() {
+                        odp_targets = targets.clone();
+                    }
+                }
+                Err(_) => {
+                    eng.qps[qpn as usize].as_mut().expect("exists").expected_msn += 1;
+                    self.refuse(eng, from, qpn, h, WcStatus::RemoteAccessError);
+                    return Accept::Refused;
+                }
+            }
+        }
+        // Receive-side network page faults: answer receiver-not-ready, let the driver map
+        // the pages, and take the retransmission (seed 000 section 4, "rNPFs").
+        if !odp_targets.is_empty() && !data_placed {
+            let span =
+                odp_targets
+                    .iter()
+                    .fold(None, |acc, e| match (acc, self.missing_span(me, *e)) {
+                        (None, s) => s,
+                        (a, None) => a,
+                        (Some((a0, a1)), Some((b0, b1))) => Some((a0.min(b0), a1.max(b1))),
+                    });
+            if let Some(span) = span {
+                let range = fault_extent(span);
+                let qp = eng.qps[qpn as usize].as_mut().expect("exists");
+                if let Some((m, seq)) = qp.rx_fault {
+                    if m == h.msn && me.mem.npf_slot(qpn).outcome(seq) == Some(false) {
+                        // The memory is not mapped: the request fails.
+                        qp.rx_fault = None;
+                        qp.expected_msn += 1;
+                        let status = if kind == Kind::Send {
+                            WcStatus::RemoteOperationError
+                        } else {
+                            WcStatus::RemoteAccessError
+                        };
+                        if take_recv {
+                            let r = qp.rq.pop_front().expect("front");
+                            self.counters.error_completions.fetch_add(1, Relaxed);
+                            eng.push_completion(
+                                recv_cq,
+                                completion(
+                                    r.wr_id,
+                                    WcStatus::LocalProtectionError,
+                                    WcOpcode::Recv,
+                                    0,
+                                    None,
+                                    qpn,
+                                ),
+                            );
+                            let flushed =
+                                eng.enter_error(qpn, "a receive buffer is not mapped".into());
+                            self.counters.error_completions.fetch_add(flushed, Relaxed);
+                        }
+                        self.refuse(eng, from, qpn, h, status);
+                        return Accept::Refused;
+                    }
+                }
+                let write = kind != Kind::ReadRequest;
+                // Filed on this rank's own memory: the next pass (this application's or
+                // the driver thread's) serves it.
+                let seq = me.mem.npf_slot(qpn).file(range.addr, range.len, write);
+                let qp = eng.qps[qpn as usize].as_mut().expect("exists");
+                qp.rx_fault = Some((h.msn, seq));
+                qp.discard_msn = Some(h.msn);
+                self.nak(from, src_qpn, h.msn, Nak::Rnr { fault: Some(seq) });
+                return Accept::Refused;
+            }
+        }
+        let qp = eng.qps[qpn as usize].as_mut().expect("exists");
+        qp.rx_fault = None;
+        match kind {
+            Kind::ReadRequest => {
+                qp.reads_out.push_back(ReadOut {
+                    msn: h.msn,
+                    dst_qpn: src_qpn,
+                    source: targets[0],
+                    sent: 0,
+                });
+                qp.expected_msn += 1;
+                let msn_end = qp.expected_msn;
+                self.ack(from, src_qpn, msn_end);
+                eng.mark_busy(qpn);
+                Accept::Refused // nothing more to receive for it
+            }
+            Kind::Write => {
+                qp.rx = Some(Incoming {
+                    msn: h.msn,
+                    kind: IncomingKind::Write,
+                    imm: None,
+                    targets,
+                    total: h.total_len,
+                    recv: None,
+                });
+                Accept::Taken
+            }
+            Kind::Send | Kind::WriteImm => {
+                let r = qp.rq.pop_front().expect("checked above");
+                let k = if kind == Kind::Send {
+                    IncomingKind::Send { wr_id: r.wr_id }
+                } else {
+                    IncomingKind::WriteImm { wr_id: r.wr_id }
+                };
+                let imm = (h.flags & HAS_IMM != 0).then_some(h.imm);
+                qp.rx = Some(Incoming {
+                    msn: h.msn,
+                    kind: k,
+                    imm,
+                    targets,
+                    total: h.total_len,
+                    recv: Some(r),
+                });
+                Accept::Taken
+            }
+            Kind::ReadResponse => unreachable!(),
+        }
+    }
+
+    /// Receive buffers: key and LOCAL_WRITE checks (faults are handled by the caller).
+    /// Returns the extents and, for each, whether it lies in an ODP region.
+    #[allow(clippy::type_complexity)]
+    fn local_targets(
+        &self,
+        sgl: &[crate::nic::Sge],
+    ) -> Result<(SmallVec<[Extent; 2]>, SmallVec<[bool; 2]>), ()> {
+        let tpt = self.own.tpt();
+        let mut extents = SmallVec::new();
+        let mut odp = SmallVec::new();
+        for s in sgl.iter().filter(|s| s.len > 0) {
+            let g = tpt
+                .acquire(s.lkey, s.addr, s.len as u64, Access::LOCAL_WRITE)
+                .map_err(|_| ())?;
+            extents.push(Extent {
+                addr: s.addr,
+                len: s.len as u64,
+            });
+            odp.push(g.translation.on_demand());
+        }
+        Ok((extents, odp))
+    }
+
+    /// Staged READ responses: stream the requested bytes back as ring space allows.
+    pub(super) fn send_read_responses(&self, eng: &mut Engine, qpn: u32) {
+        let Some(qp) = eng.qps[qpn as usize].as_mut() else {
+            return;
+        };
+        let peer = qp.peer;
+        while let Some(r) = qp.reads_out.front_mut() {
+            loop {
+                let chunk = (r.source.len - r.sent).min(MTU as u64);
+                let last = r.sent + chunk == r.source.len;
+                let h = Header {
+                    kind: Kind::ReadResponse as u8,
+                    flags: if last { LAST } else { 0 } | if r.sent == 0 { FIRST } else { 0 },
+                    dst_qpn: r.dst_qpn,
+                    src_qpn: qpn,
+                    msn: r.msn,
+                    total_len: r.source.len,
+                    offset: r.sent,
+                    payload_len: chunk as u32,
+                    ..Header::default()
+                };
+                let src = r.source.addr + r.sent;
+                let pushed =
+                    self.push_packet(peer, &h, |s| dma::copy(s.payload_addr(), src, chunk));
+                if !pushed {
+                    // Ring full: the requester drains it when it polls, or its driver.
+                    self.peers[peer].mem.wake_driver_if_asleep();
+                    return;
+                }
+                self.counters.add_bytes(DataPath::Staged, chunk);
+                r.sent += chunk;
+                if last {
+                    break;
+                }
+            }
+            qp.reads_out.pop_front();
+        }
+    }
+
+    /// The requester's side of a staged READ: a response packet.
+    fn handle_read_response(&self, eng: &mut Engine, h: &Header, slot: Slot<'_>) {
+        let Ok(qp) = eng.qp_mut(h.dst_qpn) else {
+            return;
+        };
+        let Some(op) = qp.sq.iter_mut().find(|o| o.msn == Some(h.msn)) else {
+            return;
+        };
+        if op.state != OpState::AwaitingResponse {
+            return;
+        }
+        if h.code != 0 {
+            op.state = OpState::Done(WcStatus::from_code(h.code));
+            return;
+        }
+        let len = h.payload_len as u64;
+        if h.offset.checked_add(len).is_none_or(|end| end > op.total) {
+            op.state = OpState::Done(WcStatus::RemoteOperationError);
+            return;
+        }
+        let dst: SmallVec<[Extent; 2]> = op
+            .sgl
+            .iter()
+            .map(|s| Extent {
+                addr: s.addr,
+                len: s.len as u64,
+            })
+            .collect();
+        if dma::scatter(&dst, h.offset, slot.payload_addr(), len).is_err() {
+            op.state = OpState::Done(WcStatus::LocalProtectionError);
+            return;
+        }
+        self.counters.add_bytes(DataPath::Staged, len);
+        op.sent = op.sent.max(h.offset + len);
+        if h.flags & LAST != 0 {
+            op.state = OpState::Done(WcStatus::Success);
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! Which inbound rings have packets, found in O(active peers) (issue 12: progress costs
+//! O(active work), not O(ranks)).
+//!
+//! A rank's segment holds one ring per sender. The receiving engine polls a small *hot set*
+//! of rings directly — those that carried packets recently — and learns of the others from
+//! a *pending* bitmap in its segment, one bit per sender: a sender that publishes into a
+//! ring the receiver is not watching sets its bit. A ring joins the hot set when its bit is
+//! found and leaves it after [`DEMOTE_AFTER`] passes without a packet. So a pair of ranks
+//! exchanging messages touches no shared word besides the ring itself, and a rank with many
+//! idle peers reads one bitmap word per 64 of them.
+//!
+//! The sender's "publish, then read the watch flag" and the receiver's "clear the watch
+//! flag, then read the ring" are sequentially consistent, so at least one side sees the
+//! other: a packet is never left unannounced in an unwatched ring.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+
+use super::ring::Ring;
+
+/// Passes without a packet after which a ring leaves the hot set.
+pub(crate) const DEMOTE_AFTER: u32 = 4096;
+
+/// The pending bitmap of one rank (in its segment).
+#[derive(Clone, Copy)]
+pub(crate) struct PendingBits<'a> {
+    words: &'a [AtomicU64],
+}
+
+impl<'a> PendingBits<'a> {
+    pub(crate) fn new(words: &'a [AtomicU64]) -> PendingBits<'a> {
+        PendingBits { words }
+    }
+
+    /// Sender `src`: says its ring has packets (no write when the bit is already set).
+    pub(crate) fn announce(&self, src: usize) {
+        let w = &self.words[src / 64];
+        let bit = 1u64 << (src % 64);
+        if w.load(SeqCst) & bit == 0 {
+            w.fetch_or(bit, SeqCst);
+        }
+    }
+}
+
+/// Publishes into `ring` (sender `src`'s ring in the receiver's segment) have been made; tells
+/// the receiver if it is not watching that ring.
+pub(crate) fn announce(ring: &Ring<'_>, pending: PendingBits<'_>, src: usize) {
+    if !ring.watched() {
+        pending.announce(src);
+    }
+}
+
+/// The receiving side's view: which rings it polls.
+#[derive(Debug)]
+pub(crate) struct Inbox {
+    /// Rings polled every pass, with passes since each last had a packet.
+    hot: Vec<(usize, u32)>,
+    is_hot: Vec<bool>,
+}
+
+impl Inbox {
+    pub(crate) fn new(senders: usize) -> Inbox {
+        Inbox {
+            hot: Vec::new(),
+            is_hot: vec![false; senders],
+        }
+    }
+
+    /// Rings polled directly now.
+    #[cfg(test)]
+    pub(crate) fn hot_len(&self) -> usize {
+        self.hot.len()
+    }
+
+    /// One pass: calls `drain(src)` for every ring that may have packets (the hot set, then
+    /// senders whose pending bit was set); `drain` returns whether it found any. `ring(src)`
+    /// is sender `src`'s ring.
+    pub(crate) fn pass<'r>(
+        &mut self,
+        pending: PendingBits<'_>,
+        ring: impl Fn(usize) -> Ring<'r>,
+        mut drain: impl FnMut(usize) -> bool,
+    ) {
+        let mut i = 0;
+        while i < self.hot.len() {
+            let src = self.hot[i].0;
+            if drain(src) {
+                self.hot[i].1 = 0;
+            } else {
+                self.hot[i].1 += 1;
+                if self.hot[i].1 >= DEMOTE_AFTER {
+                    let r = ring(src);
+                    r.set_watched(false);
+                    // A packet published while the sender still saw the flag set.
+                    drain(src);
+                    self.is_hot[src] = false;
+                    self.hot.swap_remove(i);
+                    continue;
+                }
+            }
+            i += 1;
+        }
+        for (wi, w) in pending.words.iter().enumerate() {
+            if w.load(Relaxed) == 0 {
+                continue;
+            }
+            let mut bits = w.swap(0, SeqCst);
+            while bits != 0 {
+                let src = wi * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if src >= self.is_hot.len() {
+                    continue;
+                }
+                if !self.is_hot[src] {
+                    self.is_hot[src] = true;
+                    ring(src).set_watched(true);
+                    self.hot.push((src, 0));
+                }
+                drain(src);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nic::soft::ring::{Header, RING_BYTES};
+    use crate::nic::soft::shm::SharedSegment;
+
+    #[test]
+    fn announced_rings_join_the_hot_set_and_idle_ones_leave_it() {
+        let name = format!("pagewire-unittest-inbox-{:x}", rand::random::<u64>());
+        let seg = SharedSegment::create(&name, 2 * RING_BYTES + 64).unwrap();
+        let bits_words = seg.words(2 * RING_BYTES, 1);
+        let pending = PendingBits::new(bits_words);
+        let ring = |src: usize| Ring::at(&seg, src * RING_BYTES);
+        let mut inbox = Inbox::new(2);
+        // Sender 1 publishes; the receiver is not watching, so the bit is set.
+        let r1 = ring(1);
+        let s = r1.reserve().unwrap();
+        r1.publish(s, &Header::default());
+        announce(&r1, pending, 1);
+        assert_eq!(bits_words[0].load(Relaxed), 0b10);
+        let mut seen = Vec::new();
+        inbox.pass(pending, ring, |src| {
+            let mut any = false;
+            while ring(src).peek().is_some() {
+                ring(src).pop();
+                seen.push(src);
+                any = true;
+            }
+            any
+        });
+        assert_eq!(seen, vec![1]);
+        assert_eq!(bits_words[0].load(Relaxed), 0);
+        assert!(r1.watched());
+        assert_eq!(inbox.hot_len(), 1);
+        // Watched now: publishing sets no bit, and the next pass still finds the packet.
+        let s = r1.reserve().unwrap();
+        r1.publish(s, &Header::default());
+        announce(&r1, pending, 1);
+        assert_eq!(bits_words[0].load(Relaxed), 0);
+        let mut n = 0;
+        inbox.pass(pending, ring, |src| {
+            let mut any = false;
+            while ring(src).peek().is_some() {
+                ring(src).pop();
+                n += 1;
+                any = true;
+            }
+            any
+        });
+        assert_eq!(n, 1);
+        // Idle: it leaves the hot set, and is no longer watched.
+        for _ in 0..DEMOTE_AFTER {
+            inbox.pass(pending, ring, |_| false);
+        }
+        assert_eq!(inbox.hot_len(), 0);
+        assert!(!r1.watched());
+    }
+}
