@@ -385,13 +385,15 @@ impl VerbsNic {
                 qp_num: wc.qp_num,
             };
         }
-        let with_imm = wc.wc_flags & rdma_sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+        // Only the fields the verbs contract defines for this opcode: `wcs` is reused across
+        // polls, and a provider leaves the others as an earlier completion wrote them.
+        let fields = wr::success_fields(wc, posted_as);
         Completion {
             wr_id,
             status,
-            opcode: wr::wc_opcode(wc.opcode).unwrap_or(posted_as),
-            byte_len: wc.byte_len,
-            imm: with_imm.then(|| u32::from_be(ffi::wc_imm_raw(wc))),
+            opcode: fields.opcode,
+            byte_len: fields.byte_len,
+            imm: fields.imm,
             qp_num: wc.qp_num,
         }
     }

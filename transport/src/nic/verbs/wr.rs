@@ -30,14 +30,14 @@
 #![forbid(unsafe_code)]
 
 use rdma_sys::{
-    ibv_access_flags as A, ibv_recv_wr, ibv_send_flags as F, ibv_send_wr, ibv_sge,
-    ibv_wc_opcode as O, ibv_wc_status as S, ibv_wr_opcode as W, rdma_t,
+    ibv_access_flags as A, ibv_recv_wr, ibv_send_flags as F, ibv_send_wr, ibv_sge, ibv_wc,
+    ibv_wc_flags, ibv_wc_opcode as O, ibv_wc_status as S, ibv_wr_opcode as W, rdma_t,
 };
 
 use crate::error::{Error, Result};
 use crate::nic::{Access, Opcode, RecvWr, SendWr, WcOpcode, WcStatus};
 
-use super::ffi::zeroed;
+use super::ffi::{wc_imm_raw, zeroed};
 
 /// Marks a receive-queue sequence number in the `wr_id` given to the NIC.
 pub(crate) const RECV_BIT: u64 = 1 << 63;
@@ -110,6 +110,45 @@ pub(crate) fn wc_opcode(raw: u32) -> Option<WcOpcode> {
         O::IBV_WC_RECV => Some(WcOpcode::Recv),
         O::IBV_WC_RECV_RDMA_WITH_IMM => Some(WcOpcode::RecvRdmaWithImm),
         _ => None,
+    }
+}
+
+/// What a successful completion says beyond its `wr_id` and status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SuccessFields {
+    /// The completion's opcode (the posted one when `ibv_wc::opcode` is not one pagewire
+    /// posts).
+    pub opcode: WcOpcode,
+    /// Bytes received (receives) or read (RDMA READ); 0 for sends and writes.
+    pub byte_len: u32,
+    /// The immediate data of a receive that carried one.
+    pub imm: Option<u32>,
+}
+
+/// The opcode, length and immediate of a successful `wc`, reading only the fields the verbs
+/// contract defines for its opcode. `posted_as` is what the provider's own record says the
+/// request was.
+///
+/// A provider writes `byte_len` and `imm_data` only where they mean something: mlx5's
+/// `handle_good_req` (`providers/mlx5/cq.c`) writes `byte_len` for RDMA READ and atomics
+/// only, never writes `imm_data` for a send-queue completion, yet sets `IBV_WC_WITH_IMM` on
+/// the sender's own SEND_WITH_IMM and RDMA_WRITE_WITH_IMM completions. An `ibv_wc` reused
+/// across polls therefore still holds an earlier receive's length and immediate when a send
+/// completes into it. So: `imm` only for receive opcodes with `IBV_WC_WITH_IMM`, `byte_len`
+/// only for receives and RDMA READ (`ibv_poll_cq(3)`: "byte_len: Number of bytes
+/// transferred"; `Completion::byte_len`: "bytes received (receives) or transferred (READ)").
+pub(crate) fn success_fields(wc: &ibv_wc, posted_as: WcOpcode) -> SuccessFields {
+    let opcode = wc_opcode(wc.opcode).unwrap_or(posted_as);
+    let receive = matches!(opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+    let byte_len = match opcode {
+        WcOpcode::Recv | WcOpcode::RecvRdmaWithImm | WcOpcode::RdmaRead => wc.byte_len,
+        WcOpcode::Send | WcOpcode::RdmaWrite => 0,
+    };
+    let with_imm = wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+    SuccessFields {
+        opcode,
+        byte_len,
+        imm: (receive && with_imm).then(|| u32::from_be(wc_imm_raw(wc))),
     }
 }
 
@@ -406,6 +445,88 @@ mod tests {
             WcOpcode::RdmaWrite
         );
         assert_eq!(completes_as(&Opcode::SendWithImm(1)), WcOpcode::Send);
+    }
+
+    /// One `ibv_wc` written the way mlx5 writes it (`mlx5_parse_cqe`: `wc_flags` and
+    /// `qp_num` reset, then `handle_good_req` for a send-queue entry): a receive with an
+    /// immediate first, then the sender's own SEND_WITH_IMM and RDMA_WRITE_WITH_IMM
+    /// completions into the same entry, which leave `byte_len` and `imm_data` as they were.
+    #[test]
+    fn send_completions_in_a_reused_wc_array_carry_no_stale_length_or_immediate() {
+        let mut wcs: [ibv_wc; 2] = std::array::from_fn(|_| zeroed());
+        let with_imm = ibv_wc_flags::IBV_WC_WITH_IMM.0;
+        // A receive of a SEND_WITH_IMM: length and immediate are the receive's.
+        wcs[1].opcode = O::IBV_WC_RECV;
+        wcs[1].wc_flags = with_imm;
+        wcs[1].byte_len = 8192;
+        wcs[1].imm_data_invalidated_rkey_union.imm_data = 0xfeed_f00du32.to_be();
+        assert_eq!(
+            success_fields(&wcs[1], WcOpcode::Recv),
+            SuccessFields {
+                opcode: WcOpcode::Recv,
+                byte_len: 8192,
+                imm: Some(0xfeed_f00d)
+            }
+        );
+        // The next poll reuses the entry for this side's own SEND_WITH_IMM.
+        wcs[1].opcode = O::IBV_WC_SEND;
+        wcs[1].wc_flags = with_imm;
+        assert_eq!(
+            success_fields(&wcs[1], WcOpcode::Send),
+            SuccessFields {
+                opcode: WcOpcode::Send,
+                byte_len: 0,
+                imm: None
+            }
+        );
+        // ... and for an RDMA_WRITE_WITH_IMM.
+        wcs[1].opcode = O::IBV_WC_RDMA_WRITE;
+        assert_eq!(
+            success_fields(&wcs[1], WcOpcode::RdmaWrite),
+            SuccessFields {
+                opcode: WcOpcode::RdmaWrite,
+                byte_len: 0,
+                imm: None
+            }
+        );
+        // An RDMA READ's length is its own (handle_good_req writes it).
+        wcs[1].opcode = O::IBV_WC_RDMA_READ;
+        wcs[1].wc_flags = 0;
+        wcs[1].byte_len = 4096;
+        assert_eq!(
+            success_fields(&wcs[1], WcOpcode::RdmaRead),
+            SuccessFields {
+                opcode: WcOpcode::RdmaRead,
+                byte_len: 4096,
+                imm: None
+            }
+        );
+        // A receive without IBV_WC_WITH_IMM has no immediate, whatever the union holds; a
+        // receive consumed by a WRITE_WITH_IMM has one.
+        wcs[1].opcode = O::IBV_WC_RECV;
+        wcs[1].byte_len = 64;
+        assert_eq!(success_fields(&wcs[1], WcOpcode::Recv).imm, None);
+        wcs[1].opcode = O::IBV_WC_RECV_RDMA_WITH_IMM;
+        wcs[1].wc_flags = with_imm;
+        assert_eq!(
+            success_fields(&wcs[1], WcOpcode::Recv),
+            SuccessFields {
+                opcode: WcOpcode::RecvRdmaWithImm,
+                byte_len: 64,
+                imm: Some(0xfeed_f00d)
+            }
+        );
+        // An opcode pagewire never posts falls back to the provider's own record.
+        wcs[0].opcode = O::IBV_WC_COMP_SWAP;
+        wcs[0].byte_len = 8;
+        assert_eq!(
+            success_fields(&wcs[0], WcOpcode::Send),
+            SuccessFields {
+                opcode: WcOpcode::Send,
+                byte_len: 0,
+                imm: None
+            }
+        );
     }
 
     #[test]
