@@ -247,6 +247,12 @@ fn send_with_immediate_into_an_odp_receive() {
     );
     assert_eq!((c[0].byte_len, c[0].imm), (8192, Some(0xfeed_f00d)));
     assert_eq!((c[1].wr_id, c[1].status), (11, WcStatus::Success));
+    // The sender's own completion carries neither the immediate nor a length (mlx5 sets
+    // IBV_WC_WITH_IMM on it but writes neither field).
+    assert_eq!(
+        (c[1].opcode, c[1].byte_len, c[1].imm),
+        (WcOpcode::Send, 0, None)
+    );
     assert_eq!(dst, src);
 }
 
@@ -367,4 +373,27 @@ fn inline_sends_need_no_key() {
     );
     assert_eq!(&dst[..msg.len()], &msg);
     assert_eq!(nic.counters().bytes_inline, msg.len() as u64);
+}
+
+#[test]
+#[ignore = "requires an RDMA device"]
+fn a_send_before_connect_is_refused_not_reported_as_a_full_queue() {
+    let nic = device();
+    let cq = nic.create_cq(16).unwrap();
+    let a = nic.create_qp(0, cq, cq, QpCaps::default()).unwrap();
+    let msg = *b"too early";
+    let send = SendWr {
+        wr_id: 50,
+        opcode: Opcode::Send,
+        sgl: &[Sge {
+            addr: msg.as_ptr() as u64,
+            len: msg.len() as u32,
+            lkey: 0,
+        }],
+        inline: true,
+        signaled: true,
+    };
+    // SAFETY: inline, and refused before anything is posted.
+    let e = unsafe { nic.post_send(a, &send) }.unwrap_err();
+    assert!(e.to_string().contains("not connected"), "{e}");
 }

@@ -73,7 +73,7 @@ use crate::nic::{
 use caps::DeviceLimits;
 use config::{GidKind, GidProbe, PortProbe};
 use endpoint::QpAddress;
-use qp_state::{QpState, RtrParams};
+use qp_state::{QpState, QpStatus, RtrParams, SendGate};
 use wr::{QueueLimits, WrRing, EMPTY_SGE, MAX_SGE, RECV_BIT};
 
 /// `IBV_QPF_GRH_REQUIRED` in `ibv_port_attr::flags`.
@@ -133,7 +133,7 @@ struct QueuePairEntry {
     psn: u32,
     caps: QpCaps,
     limits: QueueLimits,
-    state: Mutex<QpState>,
+    status: Mutex<QpStatus>,
     sq: Mutex<WrRing>,
     rq: Mutex<WrRing>,
 }
@@ -374,7 +374,14 @@ impl VerbsNic {
         if status != WcStatus::Success {
             self.record_error(wc, wr_id);
             if let Some(q) = qps.get(&wc.qp_num) {
-                *q.state.lock() = QpState::Error;
+                q.status.lock().failed(|| {
+                    format!(
+                        "work request {wr_id} ended with {} (ibv_wc_status {}, vendor syndrome {:#x})",
+                        ffi::wc_status_str(wc.status),
+                        wc.status,
+                        wc.vendor_err
+                    )
+                });
             }
             return Completion {
                 wr_id,
@@ -689,7 +696,7 @@ impl Nic for VerbsNic {
                 max_recv_sge: got.max_recv_sge,
                 max_inline: got.max_inline_data,
             },
-            state: Mutex::new(QpState::Init),
+            status: Mutex::new(QpStatus::new()),
             sq: Mutex::new(WrRing::new(got.max_send_wr)),
             rq: Mutex::new(WrRing::new(got.max_recv_wr)),
             qp,
@@ -727,11 +734,11 @@ impl Nic for VerbsNic {
                 r.rank, r.link, self.port.link
             )));
         }
-        let mut state = q.state.lock();
-        if !state.may_go_to(QpState::Rtr) {
+        let mut status = q.status.lock();
+        if !status.state.may_go_to(QpState::Rtr) {
             return Err(Error::InvalidArgument(format!(
                 "queue pair {qpn} is {:?}; only a new queue pair can be connected",
-                *state
+                status.state
             )));
         }
         let fail = |why: String| Error::QueuePairError {
@@ -749,7 +756,7 @@ impl Nic for VerbsNic {
         let (mut rtr, mask) = qp_state::rtr_attr(&params, &r).map_err(fail)?;
         q.qp.modify(&mut rtr, mask)
             .map_err(|e| fail(format!("ibv_modify_qp INIT->RTR: {e}")))?;
-        *state = QpState::Rtr;
+        status.moved_to(QpState::Rtr);
         let (mut rts, mask) = qp_state::rts_attr(
             q.psn,
             q.caps.rnr_retry,
@@ -757,13 +764,36 @@ impl Nic for VerbsNic {
         );
         q.qp.modify(&mut rts, mask)
             .map_err(|e| fail(format!("ibv_modify_qp RTR->RTS: {e}")))?;
-        *state = QpState::Rts;
+        status.moved_to(QpState::Rts);
         Ok(())
     }
 
     #[allow(unsafe_code)]
     unsafe fn post_send(&self, qpn: u32, wr: &SendWr<'_>) -> Result<()> {
         let q = self.qp(qpn)?;
+        {
+            let status = q.status.lock();
+            match status.send_gate() {
+                SendGate::Post => {}
+                SendGate::NotConnected => {
+                    return Err(Error::InvalidArgument(format!(
+                        "queue pair {qpn} is not connected (it is in {:?}; call connect with the \
+                         peer's endpoint first)",
+                        status.state
+                    )))
+                }
+                SendGate::FailedBeforeRts => {
+                    return Err(Error::QueuePairError {
+                        qpn,
+                        peer: q.peer,
+                        why: status
+                            .error
+                            .clone()
+                            .unwrap_or_else(|| "it failed before it was connected".into()),
+                    })
+                }
+            }
+        }
         let mut ring = q.sq.lock();
         let seq = ring
             .push(wr.wr_id, wr::completes_as(&wr.opcode))
@@ -788,6 +818,8 @@ impl Nic for VerbsNic {
         if let Err(e) = posted {
             ring.unpush(seq);
             return Err(match e.raw_os_error() {
+                // The send gate above let only RTS (or ERROR after RTS) through, where mlx5's
+                // ENOMEM means a full queue (or too many SGEs, which `send_wr` refused).
                 Some(libc::ENOMEM) => Error::Exhausted {
                     what: "send queue",
                     limit: u64::from(q.caps.max_send_wr),

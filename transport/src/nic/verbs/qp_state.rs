@@ -56,6 +56,73 @@ impl QpState {
     }
 }
 
+/// What the provider knows of a queue pair's life: its state, whether it ever reached RTS,
+/// and what put it into ERROR.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct QpStatus {
+    /// The state the provider last moved it to, or ERROR once an error completion or a fatal
+    /// event said so.
+    pub state: QpState,
+    /// It reached RTS at some point (its send queue was enabled then; see [`SendGate`]).
+    pub reached_rts: bool,
+    /// Why it is in ERROR (the first reason seen).
+    pub error: Option<String>,
+}
+
+/// Whether `post_send` may hand a work request to the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SendGate {
+    /// RTS, or ERROR after RTS: the device accepts it (and, in ERROR, flushes it).
+    Post,
+    /// INIT or RTR: `connect` has not brought it to RTS.
+    NotConnected,
+    /// ERROR without ever having reached RTS: no send can be posted, and none flushed.
+    FailedBeforeRts,
+}
+
+impl QpStatus {
+    /// A queue pair just moved to INIT by `create_qp`.
+    pub(crate) fn new() -> QpStatus {
+        QpStatus {
+            state: QpState::Init,
+            reached_rts: false,
+            error: None,
+        }
+    }
+
+    /// Records the move to `next` (which `ibv_modify_qp` just made).
+    pub(crate) fn moved_to(&mut self, next: QpState) {
+        self.state = next;
+        self.reached_rts |= next == QpState::Rts;
+    }
+
+    /// Records that the queue pair is in ERROR because of `why` (the first reason is kept).
+    pub(crate) fn failed(&mut self, why: impl FnOnce() -> String) {
+        self.state = QpState::Error;
+        if self.error.is_none() {
+            self.error = Some(why());
+        }
+    }
+
+    /// Whether a send may be posted now.
+    ///
+    /// Sends are refused before RTS as the soft provider refuses them on an unconnected
+    /// queue pair. mlx5 would fail them with `ENOMEM` (`set_qp_operational_state` in
+    /// `providers/mlx5/verbs.c` enables the send queue's scatter-gather limit,
+    /// `qp_state_max_gs`, only at RTS; `_mlx5_post_send` fails any request above it with
+    /// `ENOMEM`), which reads like a full queue and would make a caller that waits for room
+    /// wait forever. In ERROR after RTS the device still takes sends and completes them with
+    /// `IBV_WC_WR_FLUSH_ERR`, which is how a queue is drained.
+    pub(crate) fn send_gate(&self) -> SendGate {
+        match self.state {
+            QpState::Rts => SendGate::Post,
+            QpState::Error if self.reached_rts => SendGate::Post,
+            QpState::Error => SendGate::FailedBeforeRts,
+            QpState::Init | QpState::Rtr => SendGate::NotConnected,
+        }
+    }
+}
+
 /// `enum ibv_mtu` code to bytes (1: 256 .. 5: 4096).
 pub(crate) fn mtu_bytes(code: u32) -> u32 {
     match code {
@@ -276,6 +343,33 @@ mod tests {
         assert!(Rts.may_go_to(Error) && Init.may_go_to(Error));
         assert!(!Init.may_go_to(Rts) && !Rts.may_go_to(Rtr) && !Rts.may_go_to(Rts));
         assert_eq!(Error.raw(), ibv_qp_state::IBV_QPS_ERR);
+    }
+
+    #[test]
+    fn sends_are_posted_only_in_rts_or_to_flush_after_rts() {
+        let mut s = QpStatus::new();
+        assert_eq!(s.send_gate(), SendGate::NotConnected);
+        s.moved_to(QpState::Rtr);
+        assert_eq!(s.send_gate(), SendGate::NotConnected);
+        s.moved_to(QpState::Rts);
+        assert_eq!(s.send_gate(), SendGate::Post);
+        s.failed(|| "work request 3 ended with remote access error".into());
+        s.failed(|| "a later reason".into());
+        assert_eq!(s.state, QpState::Error);
+        assert_eq!(
+            s.send_gate(),
+            SendGate::Post,
+            "in ERROR after RTS sends are flushed"
+        );
+        assert_eq!(
+            s.error.as_deref(),
+            Some("work request 3 ended with remote access error")
+        );
+        // A queue pair whose connection failed half-way never had a send queue.
+        let mut half = QpStatus::new();
+        half.moved_to(QpState::Rtr);
+        half.failed(|| "IBV_EVENT_QP_FATAL".into());
+        assert_eq!(half.send_gate(), SendGate::FailedBeforeRts);
     }
 
     #[test]
