@@ -342,6 +342,26 @@ impl VerbsNic {
         }
     }
 
+    /// `Ok` when the device pages on demand for every RC operation a region with `access`
+    /// may take part in ([`caps::missing_odp_operations`]).
+    fn require_odp_for(&self, access: Access) -> Result<()> {
+        let missing = caps::missing_odp_operations(&self.caps, access);
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(Error::Unsupported {
+            device: self.caps.device.clone(),
+            what: format!(
+                "on-demand paging on RC queue pairs for {}, which an ODP region with {} may be \
+                 used for",
+                missing.join(", "),
+                caps::access_names(access)
+            ),
+            hint: "register without ON_DEMAND (or with fewer rights), or use the soft provider \
+                   (PAGEWIRE_TRANSPORT=soft)",
+        })
+    }
+
     fn record_error(&self, wc: &ibv_wc, wr_id: u64) {
         self.counters.error_completions.fetch_add(1, Relaxed);
         let mut recent = self.recent_errors.lock();
@@ -529,22 +549,23 @@ impl Nic for VerbsNic {
                 "REMOTE_WRITE requires LOCAL_WRITE (ibv_reg_mr(3))".into(),
             ));
         }
-        let c = &self.caps;
-        let any_rc_odp = c.odp_rc_send || c.odp_rc_recv || c.odp_rc_write || c.odp_rc_read;
-        if access.contains(Access::ON_DEMAND) && !any_rc_odp {
-            return Err(Error::Unsupported {
-                device: self.caps.device.clone(),
-                what: "on-demand paging (no RC ODP capability reported)".into(),
-                hint:
-                    "register without ON_DEMAND, or use the soft provider (PAGEWIRE_TRANSPORT=soft)",
-            });
+        if access.contains(Access::ON_DEMAND) {
+            self.require_odp_for(access)?;
         }
         self.register_raw(addr, len, access, false)
     }
 
     fn register_implicit_odp(&self, access: Access) -> Result<RegionInfo> {
-        self.caps.require_implicit_odp()?;
         let access = access | Access::ON_DEMAND;
+        self.require_odp_for(access)?;
+        if !self.caps.implicit_odp {
+            return Err(Error::Unsupported {
+                device: self.caps.device.clone(),
+                what: "implicit on-demand paging (one region for the whole address space)".into(),
+                hint: "use explicit ODP regions, the copy or pindown buffer mode, or the soft \
+                       provider (PAGEWIRE_TRANSPORT=soft)",
+            });
+        }
         if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
             return Err(Error::InvalidArgument(
                 "REMOTE_WRITE requires LOCAL_WRITE (ibv_reg_mr(3))".into(),
