@@ -626,24 +626,44 @@ impl Nic for VerbsNic {
                 rdma_sys::ib_uverbs_advise_mr_advice::IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE
             }
         };
-        let mut sges = wr::advise_sges(lkey, addr, len);
-        self.pd
-            .advise_mr(code, ffi::ADVISE_MR_FLAG_FLUSH, &mut sges)
-            .map_err(|e| match e.raw_os_error() {
-                Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Error::Unsupported {
-                    device: self.caps.device.clone(),
-                    what: "prefetch (ibv_advise_mr)".into(),
-                    hint: "run without prefetch",
-                },
-                Some(libc::EFAULT) => Error::UnmappedRange { addr, len },
-                _ => os(
-                    format!("ibv_advise_mr(lkey={lkey:#010x}, {addr:#x}+{len}, {advice:?})"),
-                    e,
-                ),
-            })?;
-        let pages = crate::sys::page_span(addr, len).1 / PAGE_SIZE;
-        self.counters.prefetch_pages.fetch_add(pages, Relaxed);
-        Ok(())
+        // In batches: one call takes at most `wr::ADVISE_MAX_SGES` entries of 1 GiB, about
+        // 4 TiB (the ioctl attribute carrying the list has a 16-bit length).
+        let batches = wr::advise_batch_count(len);
+        let mut advised = 0u64;
+        let mut result = Ok(());
+        for (i, mut sges) in wr::advise_batches(lkey, addr, len).enumerate() {
+            let batch_len: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
+            if let Err(e) = self
+                .pd
+                .advise_mr(code, ffi::ADVISE_MR_FLAG_FLUSH, &mut sges)
+            {
+                result = Err(match e.raw_os_error() {
+                    Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Error::Unsupported {
+                        device: self.caps.device.clone(),
+                        what: "prefetch (ibv_advise_mr)".into(),
+                        hint: "run without prefetch",
+                    },
+                    Some(libc::EFAULT) => Error::UnmappedRange { addr, len },
+                    _ => os(
+                        format!(
+                            "ibv_advise_mr(lkey={lkey:#010x}, {addr:#x}+{len}, {advice:?}, \
+                             batch {} of {batches})",
+                            i + 1
+                        ),
+                        e,
+                    ),
+                });
+                break;
+            }
+            advised += batch_len;
+        }
+        // Pages asked for by the calls that succeeded (the earlier batches of a failed advice
+        // did prefetch).
+        if advised > 0 {
+            let pages = crate::sys::page_span(addr, advised).1 / PAGE_SIZE;
+            self.counters.prefetch_pages.fetch_add(pages, Relaxed);
+        }
+        result
     }
 
     fn create_cq(&self, depth: u32) -> Result<u32> {

@@ -269,21 +269,58 @@ pub(crate) fn recv_wr(
     Ok(w)
 }
 
-/// The scatter-gather list `ibv_advise_mr` gets for `[addr, addr+len)` of region `lkey`,
-/// in pieces of at most [`ADVISE_CHUNK`] bytes.
-pub(crate) fn advise_sges(lkey: u32, addr: u64, len: u64) -> Vec<ibv_sge> {
-    let mut v = Vec::with_capacity(len.div_ceil(ADVISE_CHUNK) as usize);
-    let (mut at, end) = (addr, addr.saturating_add(len));
-    while at < end {
-        let n = (end - at).min(ADVISE_CHUNK);
-        v.push(ibv_sge {
-            addr: at,
-            length: n as u32,
-            lkey,
-        });
-        at += n;
+/// Most scatter-gather entries one `ibv_advise_mr` call takes: 4095. libibverbs passes the
+/// list to the kernel as one ioctl attribute whose length field is 16 bits
+/// (`struct ib_uverbs_attr::len`); `fill_attr_in` marks a longer one as a buffer error and
+/// `execute_ioctl` then fails the call with `EINVAL` (rdma-core `libibverbs/cmd_ioctl.h`,
+/// `cmd_ioctl.c`; `ibv_cmd_advise_mr` in `cmd_mr.c`, which mlx5's `advise_mr` calls).
+pub(crate) const ADVISE_MAX_SGES: usize = u16::MAX as usize / std::mem::size_of::<ibv_sge>();
+
+/// The batches of [`advise_batches`] for `len` bytes.
+pub(crate) fn advise_batch_count(len: u64) -> u64 {
+    len.div_ceil(ADVISE_CHUNK).div_ceil(ADVISE_MAX_SGES as u64)
+}
+
+/// The scatter-gather lists `ibv_advise_mr` gets for `[addr, addr+len)` of region `lkey`:
+/// pieces of at most [`ADVISE_CHUNK`] bytes, at most [`ADVISE_MAX_SGES`] of them per call
+/// (one call covers up to about 4 TiB). Made one batch at a time, so a huge range (an
+/// implicit ODP region is `u64::MAX` long) costs no more memory than one batch.
+pub(crate) fn advise_batches(lkey: u32, addr: u64, len: u64) -> AdviseBatches {
+    AdviseBatches {
+        lkey,
+        at: addr,
+        end: addr.saturating_add(len),
     }
-    v
+}
+
+/// Iterator of [`advise_batches`].
+#[derive(Clone, Debug)]
+pub(crate) struct AdviseBatches {
+    lkey: u32,
+    at: u64,
+    end: u64,
+}
+
+impl Iterator for AdviseBatches {
+    type Item = Vec<ibv_sge>;
+
+    fn next(&mut self) -> Option<Vec<ibv_sge>> {
+        if self.at >= self.end {
+            return None;
+        }
+        let pieces = (self.end - self.at).div_ceil(ADVISE_CHUNK);
+        let mut batch = Vec::with_capacity(pieces.min(ADVISE_MAX_SGES as u64) as usize);
+        while self.at < self.end && batch.len() < ADVISE_MAX_SGES {
+            let n = (self.end - self.at).min(ADVISE_CHUNK);
+            batch.push(ibv_sge {
+                addr: self.at,
+                length: n as u32,
+                lkey: self.lkey,
+            });
+            self.at += n;
+        }
+        Some(batch)
+    }
 }
 
 /// One posted work request, by ring sequence.
@@ -614,11 +651,41 @@ mod tests {
 
     #[test]
     fn advise_ranges_split_into_32_bit_pieces() {
-        assert!(advise_sges(1, 0x1000, 0).is_empty());
-        let v = advise_sges(7, 0x1000, 3 * ADVISE_CHUNK + 5);
+        assert!(advise_batches(1, 0x1000, 0).next().is_none());
+        assert_eq!(advise_batch_count(0), 0);
+        let v: Vec<ibv_sge> = advise_batches(7, 0x1000, 3 * ADVISE_CHUNK + 5)
+            .flatten()
+            .collect();
         assert_eq!(v.len(), 4);
         assert_eq!((v[0].addr, v[0].length, v[0].lkey), (0x1000, 1 << 30, 7));
         assert_eq!((v[3].addr, v[3].length), (0x1000 + 3 * ADVISE_CHUNK, 5));
+    }
+
+    #[test]
+    fn advice_above_4_tib_is_given_in_batches_the_ioctl_can_carry() {
+        // The SGE list travels in an ioctl attribute with a 16-bit length.
+        assert_eq!(ADVISE_MAX_SGES, 4095);
+        assert!(ADVISE_MAX_SGES * std::mem::size_of::<ibv_sge>() <= u16::MAX as usize);
+        assert!((ADVISE_MAX_SGES + 1) * std::mem::size_of::<ibv_sge>() > u16::MAX as usize);
+        // 5 TiB and a bit, from an address that is not 1 GiB-aligned.
+        let (addr, len) = (0x7f00_0000_1000u64, (5u64 << 40) + 12345);
+        let batches: Vec<Vec<ibv_sge>> = advise_batches(9, addr, len).collect();
+        assert_eq!(batches.len() as u64, advise_batch_count(len));
+        assert_eq!(
+            batches.iter().map(Vec::len).collect::<Vec<_>>(),
+            [4095, 5120 - 4095 + 1]
+        );
+        // Together they cover the range exactly, in order, without gaps or overlaps.
+        let mut at = addr;
+        for s in batches.iter().flatten() {
+            assert_eq!((s.addr, s.lkey), (at, 9));
+            assert!(s.length > 0 && u64::from(s.length) <= ADVISE_CHUNK);
+            at += u64::from(s.length);
+        }
+        assert_eq!(at, addr + len);
+        // An implicit ODP region's whole length is not materialised: one batch at a time.
+        let mut all = advise_batches(1, 0, u64::MAX);
+        assert_eq!(all.next().map(|b| b.len()), Some(ADVISE_MAX_SGES));
     }
 
     #[test]
