@@ -6,7 +6,12 @@
 //! `ibv_query_device_ex(3)`, `ibv_query_port(3)`, `ibv_query_gid_ex(3)`, `ibv_alloc_pd(3)`,
 //! `ibv_reg_mr(3)`, `ibv_advise_mr(3)`, `ibv_create_cq(3)`, `ibv_create_qp(3)`,
 //! `ibv_modify_qp(3)`, `ibv_post_send(3)`, `ibv_post_recv(3)`, `ibv_poll_cq(3)`,
-//! `ibv_fork_init(3)`.
+//! `ibv_fork_init(3)`, `ibv_is_fork_initialized(3)`.
+//!
+//! **Linked and looked up.** Everything is linked except the two entry points newer than
+//! libibverbs' IBVERBS_1.1 symbol version, `_ibv_query_gid_ex` (rdma-core 32) and
+//! `ibv_is_fork_initialized` (rdma-core 35): those are found with `dlsym` in the libibverbs
+//! already loaded ([`LateSymbols`]), so the binary starts against any libibverbs.
 //!
 //! **Ownership** (after rust-ibverbs, STYLE.md): each handle owns its parent through an
 //! `Arc`, so teardown order is right by construction, on error paths too: a
@@ -32,9 +37,9 @@
 use std::ffi::CStr;
 use std::io;
 use std::mem::{offset_of, size_of};
-use std::os::raw::{c_int, c_void};
+use std::os::raw::{c_int, c_uint, c_void};
 use std::ptr::{self, NonNull};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use rdma_sys::{
     _compat_ibv_port_attr, ibv_ah_attr, ibv_context, ibv_cq, ibv_device, ibv_device_attr_ex,
@@ -42,18 +47,85 @@ use rdma_sys::{
     ibv_qp_init_attr, ibv_qp_type, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc, verbs_context,
 };
 
-extern "C" {
-    /// `_ibv_query_gid_ex` (libibverbs, IBVERBS_1.11): what verbs.h's inline
-    /// `ibv_query_gid_ex` calls with `sizeof(struct ibv_gid_entry)`. rdma-sys binds only
-    /// names that start with `ibv_`, so it is declared here, as in verbs.h.
-    fn _ibv_query_gid_ex(
-        context: *mut ibv_context,
-        port_num: u32,
-        gid_index: u32,
-        entry: *mut ibv_gid_entry,
-        flags: u32,
-        entry_size: usize,
-    ) -> c_int;
+/// `_ibv_query_gid_ex` (libibverbs IBVERBS_1.11, rdma-core 32): what verbs.h's inline
+/// `ibv_query_gid_ex` calls with `sizeof(struct ibv_gid_entry)`.
+type QueryGidExFn = unsafe extern "C" fn(
+    context: *mut ibv_context,
+    port_num: u32,
+    gid_index: u32,
+    entry: *mut ibv_gid_entry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int;
+
+/// `ibv_is_fork_initialized` (libibverbs IBVERBS_1.13, rdma-core 35): returns an
+/// `enum ibv_fork_status` (`IBV_FORK_DISABLED` 0, `IBV_FORK_ENABLED` 1, `IBV_FORK_UNNEEDED` 2).
+type IsForkInitializedFn = unsafe extern "C" fn() -> c_uint;
+
+/// The libibverbs entry points newer than IBVERBS_1.1 that the provider uses, looked up at
+/// run time instead of linked.
+///
+/// Linking them would make every binary built with the `verbs` feature refuse to start
+/// against an older libibverbs (the dynamic loader wants the symbol version), even one that
+/// runs the soft provider. Looked up, the binary needs nothing newer than IBVERBS_1.1
+/// (`.ci/verbs.sh` checks), the verbs provider says at `open` which rdma-core it needs, and
+/// `ibv_is_fork_initialized` is used where it exists.
+struct LateSymbols {
+    query_gid_ex: Option<QueryGidExFn>,
+    is_fork_initialized: Option<IsForkInitializedFn>,
+}
+
+/// The soname this crate links (libibverbs' ABI major has been 1 since it began).
+const LIBIBVERBS_SONAME: &CStr = c"libibverbs.so.1";
+
+fn late_symbols() -> &'static LateSymbols {
+    static SYMBOLS: OnceLock<LateSymbols> = OnceLock::new();
+    SYMBOLS.get_or_init(|| {
+        // SAFETY: `RTLD_NOLOAD` only returns a handle to the copy of libibverbs already
+        // loaded (this crate links it, so it is); nothing is loaded or initialised. The
+        // handle is never closed, so the library and the pointers below stay valid.
+        let lib = unsafe {
+            libc::dlopen(
+                LIBIBVERBS_SONAME.as_ptr(),
+                libc::RTLD_NOW | libc::RTLD_NOLOAD,
+            )
+        };
+        if lib.is_null() {
+            return LateSymbols {
+                query_gid_ex: None,
+                is_fork_initialized: None,
+            };
+        }
+        // SAFETY: `lib` is a live handle; the names are NUL-terminated.
+        let (gid, fork) = unsafe {
+            (
+                libc::dlsym(lib, c"_ibv_query_gid_ex".as_ptr()),
+                libc::dlsym(lib, c"ibv_is_fork_initialized".as_ptr()),
+            )
+        };
+        LateSymbols {
+            // SAFETY: a non-null address of libibverbs' `_ibv_query_gid_ex`, whose C type
+            // (verbs.h) is what `QueryGidExFn` spells out.
+            query_gid_ex: (!gid.is_null())
+                .then(|| unsafe { std::mem::transmute::<*mut c_void, QueryGidExFn>(gid) }),
+            // SAFETY: likewise for `ibv_is_fork_initialized` and `IsForkInitializedFn`.
+            is_fork_initialized: (!fork.is_null())
+                .then(|| unsafe { std::mem::transmute::<*mut c_void, IsForkInitializedFn>(fork) }),
+        }
+    })
+}
+
+/// Whether the libibverbs in this process has `_ibv_query_gid_ex` (rdma-core 32 or later).
+pub(crate) fn has_query_gid_ex() -> bool {
+    late_symbols().query_gid_ex.is_some()
+}
+
+/// `ibv_is_fork_initialized(3)` as its raw `enum ibv_fork_status`; `None` when the
+/// libibverbs in this process predates it (rdma-core 34 and older).
+pub(crate) fn fork_status() -> Option<u32> {
+    // SAFETY: takes no arguments and only reads libibverbs' state (and, for copy-on-fork,
+    // the kernel's); callable at any time.
+    late_symbols().is_fork_initialized.map(|f| unsafe { f() })
 }
 
 /// `IB_UVERBS_ADVISE_MR_FLAG_FLUSH` (`IBV_ADVISE_MR_FLAG_FLUSH`, verbs_api.h): the advice
@@ -135,10 +207,14 @@ pub(crate) fn wc_status_str(status: u32) -> String {
     unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
 }
 
-/// `ibv_fork_init(3)`: must run before any registration. Returns the errno it reports.
+/// `ibv_fork_init(3)`. Returns the errno it reports: `EINVAL` once anything in the process
+/// called `ibv_dontfork_range` without fork support enabled, which every memory registration
+/// and mlx5's own queue and completion-queue buffers do (`libibverbs/memory.c`: `too_late`);
+/// before rdma-core 51 also when the kernel copies DMA pages on fork and fork support is not
+/// needed at all (see `fork::plan`).
 pub(crate) fn fork_init() -> io::Result<()> {
-    // SAFETY: takes no arguments; safe to call at any time (it fails with EINVAL once a
-    // region has been registered).
+    // SAFETY: takes no arguments; safe to call at any time (it fails, as above, when it is
+    // too late).
     errno_result(unsafe { rdma_sys::ibv_fork_init() })
 }
 
@@ -322,12 +398,15 @@ impl Context {
     }
 
     /// `ibv_query_gid_ex(context, port, index, &entry, 0)`; `Ok(None)` for an empty entry
-    /// (`ENODATA`).
+    /// (`ENODATA`); `ENOSYS` when libibverbs predates it (rdma-core 31 and older).
     pub(crate) fn query_gid_ex(&self, port: u8, index: u32) -> io::Result<Option<ibv_gid_entry>> {
+        let Some(query_gid_ex) = late_symbols().query_gid_ex else {
+            return Err(io::Error::from_raw_os_error(libc::ENOSYS));
+        };
         let mut entry: ibv_gid_entry = zeroed();
         // SAFETY: live context; `entry` is a valid out-pointer of the size passed; flags 0.
         let ret = unsafe {
-            _ibv_query_gid_ex(
+            query_gid_ex(
                 self.ctx.as_ptr(),
                 u32::from(port),
                 index,
@@ -687,6 +766,31 @@ mod tests {
         assert_eq!(size_of::<ibv_gid_entry>(), 32);
         assert_eq!(size_of::<ibv_port_attr>(), 52);
         assert_eq!(offset_of!(ibv_device_attr_ex, odp_caps), 240);
+    }
+
+    /// The build script recorded the rdma-core release pkg-config found; the libibverbs this
+    /// test runs against is that installation's.
+    #[test]
+    fn late_symbols_are_found_exactly_where_the_installed_rdma_core_has_them() {
+        let release: u32 = env!("PAGEWIRE_RDMA_CORE_RELEASE")
+            .parse()
+            .expect("set by the build script");
+        assert!(release >= super::super::rdma_core_version::MIN_RDMA_CORE);
+        assert!(
+            has_query_gid_ex(),
+            "rdma-core {release} has _ibv_query_gid_ex"
+        );
+        assert_eq!(
+            fork_status().is_some(),
+            release >= 35,
+            "ibv_is_fork_initialized exists from rdma-core 35 (IBVERBS_1.13); this is {release}"
+        );
+        if let Some(status) = fork_status() {
+            assert!(
+                status <= 2,
+                "enum ibv_fork_status has three values: {status}"
+            );
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //!
 //! | trait method | libibverbs |
 //! |---|---|
-//! | [`VerbsNic::open`] | `ibv_fork_init` (if `PAGEWIRE_FORK_SAFE=1`), `ibv_get_device_list`, `ibv_open_device`, `ibv_query_device_ex`, `ibv_query_port`, `ibv_query_gid_ex`, `ibv_alloc_pd`, probe `ibv_create_cq`/`ibv_create_qp` for the inline size |
+//! | [`VerbsNic::open`] | `ibv_is_fork_initialized`, `ibv_fork_init` (if `PAGEWIRE_FORK_SAFE=1`), `ibv_get_device_list`, `ibv_open_device`, `ibv_query_device_ex`, `ibv_query_port`, `ibv_query_gid_ex`, `ibv_alloc_pd`, probe `ibv_create_cq`/`ibv_create_qp` for the inline size |
 //! | `register` | `ibv_reg_mr(pd, addr, len, access)`, `IBV_ACCESS_ON_DEMAND` for ODP |
 //! | `register_implicit_odp` | `ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND \| ...)` |
 //! | `deregister` | `ibv_dereg_mr` |
@@ -50,7 +50,9 @@ mod caps;
 mod config;
 mod endpoint;
 mod ffi;
+mod fork;
 mod qp_state;
+mod rdma_core_version;
 mod wr;
 
 pub use config::{LinkLayer, VerbsConfig};
@@ -185,7 +187,19 @@ impl VerbsNic {
     /// [`Error::NoRdmaDevice`], whose one-line message names the soft provider.
     pub fn open(boot: &dyn Bootstrap, config: VerbsConfig) -> Result<VerbsNic> {
         if config.fork_safe {
-            ffi::fork_init().map_err(|e| os("ibv_fork_init (PAGEWIRE_FORK_SAFE=1)".into(), e))?;
+            enable_fork_safety()?;
+        }
+        if !ffi::has_query_gid_ex() {
+            return Err(Error::Unsupported {
+                device: "the libibverbs in this process".into(),
+                what: format!(
+                    "ibv_query_gid_ex (_ibv_query_gid_ex, IBVERBS_1.11), which the verbs provider \
+                     needs: it is older than rdma-core {}",
+                    rdma_core_version::MIN_RDMA_CORE
+                ),
+                hint: "install a newer rdma-core, or use the soft provider \
+                       (PAGEWIRE_TRANSPORT=soft)",
+            });
         }
         let list = ffi::DeviceList::get().map_err(|e| Error::NoRdmaDevice {
             detail: match e.raw_os_error() {
@@ -423,6 +437,17 @@ impl VerbsNic {
             imm: fields.imm,
             qp_num: wc.qp_num,
         }
+    }
+}
+
+/// `PAGEWIRE_FORK_SAFE=1`: fork support in libibverbs, unless it is on already or the kernel
+/// makes it unnecessary (see `fork`).
+fn enable_fork_safety() -> Result<()> {
+    let status = ffi::fork_status().map(fork::ForkStatus::from_raw);
+    match fork::plan(status) {
+        fork::ForkPlan::AlreadySafe => Ok(()),
+        fork::ForkPlan::CallForkInit => ffi::fork_init()
+            .map_err(|e| Error::InvalidArgument(fork::failure(e.raw_os_error(), status))),
     }
 }
 
