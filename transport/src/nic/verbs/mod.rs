@@ -146,6 +146,9 @@ pub struct VerbsNic {
     caps: Capabilities,
     limits: DeviceLimits,
     port: PortInfo,
+    /// This device may page-fault as an RC responder (ODP receive, write or read): its queue
+    /// pairs ask for longer RNR waits and tell peers to retry forever (`qp_state`).
+    responder_may_fault: bool,
     counters: Counters,
     qps: RwLock<HashMap<u32, Arc<QueuePairEntry>>>,
     cqs: RwLock<Vec<Arc<ffi::CompletionQueue>>>,
@@ -230,9 +233,11 @@ impl VerbsNic {
             });
         };
         let device = format!("{} port {}", c.port.device, c.port.port);
+        let caps = caps::capabilities(&c.attr, &device, c.max_inline);
         Ok(VerbsNic {
             rank: boot.rank(),
-            caps: caps::capabilities(&c.attr, &device, c.max_inline),
+            responder_may_fault: caps.odp_rc_recv || caps.odp_rc_write || caps.odp_rc_read,
+            caps,
             limits: caps::limits(&c.attr),
             port: c.port,
             counters: Counters::default(),
@@ -728,6 +733,8 @@ impl Nic for VerbsNic {
                 c.max_qp_wr
             )));
         }
+        // A request: `connect` raises it to 7 (forever) when the peer's device may page-fault
+        // as a responder, whose RNR NAKs would use it up (`qp_state::rnr_retry_for`).
         if caps.rnr_retry > 7 {
             return Err(Error::InvalidArgument(format!(
                 "rnr_retry {} does not fit its 3 bits (7 means retry forever)",
@@ -781,6 +788,7 @@ impl Nic for VerbsNic {
             gid: self.port.gid,
             mtu: self.port.active_mtu_code,
             link: self.port.link,
+            responder_may_fault: self.responder_may_fault,
         }
         .encode())
     }
@@ -817,7 +825,7 @@ impl Nic for VerbsNic {
             local_mtu: self.port.active_mtu_code,
             local_gid_index: self.port.gid_index,
             max_dest_rd_atomic: self.limits.max_qp_rd_atom.min(qp_state::MAX_RD_ATOMIC),
-            rnr_timer_us: q.caps.rnr_timer_us,
+            rnr_timer_us: qp_state::rnr_timer_us_for(q.caps.rnr_timer_us, self.responder_may_fault),
         };
         let (mut rtr, mask) = qp_state::rtr_attr(&params, &r).map_err(fail)?;
         q.qp.modify(&mut rtr, mask)
@@ -825,7 +833,7 @@ impl Nic for VerbsNic {
         status.moved_to(QpState::Rtr);
         let (mut rts, mask) = qp_state::rts_attr(
             q.psn,
-            q.caps.rnr_retry,
+            qp_state::rnr_retry_for(q.caps.rnr_retry, r.responder_may_fault),
             self.limits.max_qp_init_rd_atom.min(qp_state::MAX_RD_ATOMIC),
         );
         q.qp.modify(&mut rts, mask)
