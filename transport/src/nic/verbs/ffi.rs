@@ -47,6 +47,8 @@ use rdma_sys::{
     ibv_qp_init_attr, ibv_qp_type, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc, verbs_context,
 };
 
+use super::events::{self, Subject};
+
 /// `_ibv_query_gid_ex` (libibverbs IBVERBS_1.11, rdma-core 32): what verbs.h's inline
 /// `ibv_query_gid_ex` calls with `sizeof(struct ibv_gid_entry)`.
 type QueryGidExFn = unsafe extern "C" fn(
@@ -443,11 +445,129 @@ impl Context {
         };
         match NonNull::new(cq) {
             None => Err(io::Error::last_os_error()),
-            Some(cq) => Ok(Arc::new(CompletionQueue {
-                cq,
-                _ctx: self.clone(),
-            })),
+            Some(cq) => {
+                // SAFETY: a live CQ returned just now; `cqe` is the size it got, fixed until
+                // an `ibv_resize_cq`, which pagewire never calls.
+                let cqe = unsafe { (*cq.as_ptr()).cqe };
+                Ok(Arc::new(CompletionQueue {
+                    cq,
+                    cqe: u32::try_from(cqe).unwrap_or(0),
+                    _ctx: self.clone(),
+                }))
+            }
         }
+    }
+}
+
+/// `union` of `struct ibv_async_event`: which member is valid depends on the event type.
+#[repr(C)]
+#[derive(Clone, Copy)]
+union RawAsyncElement {
+    cq: *mut ibv_cq,
+    qp: *mut ibv_qp,
+    other: *mut c_void,
+    port_num: c_int,
+}
+
+/// `struct ibv_async_event` with the event type as a plain integer: rdma-sys's binding makes
+/// it a Rust `enum`, which a value from a newer kernel or library would make undefined
+/// behaviour to hold. Same layout (checked in the tests).
+#[repr(C)]
+struct RawAsyncEvent {
+    element: RawAsyncElement,
+    event_type: c_uint,
+}
+
+/// What an asynchronous event was about, read before it was acknowledged (after that the
+/// object may be destroyed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AsyncElement {
+    /// A queue pair, by number.
+    QueuePair(u32),
+    /// A completion queue, by address ([`CompletionQueue::address`]).
+    CompletionQueue(usize),
+    /// A port, by number.
+    Port(i32),
+    /// The device, or an object pagewire does not make (SRQ, WQ).
+    Other,
+}
+
+/// One asynchronous event, already acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AsyncEvent {
+    /// The `enum ibv_event_type` value.
+    pub event_type: u32,
+    /// What it was about.
+    pub element: AsyncElement,
+}
+
+impl Context {
+    /// Makes `ibv_get_async_event` return at once when no event is waiting
+    /// (`ibv_get_async_event(3)`, EXAMPLES: `O_NONBLOCK` on `context->async_fd`).
+    pub(crate) fn set_async_nonblocking(&self) -> io::Result<()> {
+        // SAFETY: reading one int field of a live context.
+        let fd = unsafe { (*self.ctx.as_ptr()).async_fd };
+        // SAFETY: `fd` is the context's open event file; F_GETFL/F_SETFL only read and set its
+        // status flags.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        if flags < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: as above.
+        if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// The next asynchronous event, acknowledged at once (`ibv_get_async_event`, then
+    /// `ibv_ack_async_event`: destroying a queue pair or completion queue waits for its
+    /// events to be acknowledged); `Ok(None)` when none is waiting (after
+    /// [`Context::set_async_nonblocking`]).
+    pub(crate) fn next_async_event(&self) -> io::Result<Option<AsyncEvent>> {
+        let mut raw = RawAsyncEvent {
+            element: RawAsyncElement {
+                other: ptr::null_mut(),
+            },
+            event_type: 0,
+        };
+        let raw_ptr = (&mut raw as *mut RawAsyncEvent).cast::<rdma_sys::ibv_async_event>();
+        // SAFETY: live context; `raw` has the layout of `struct ibv_async_event`, which
+        // libibverbs fills (the type as an int, which `RawAsyncEvent` reads as one).
+        if unsafe { rdma_sys::ibv_get_async_event(self.ctx.as_ptr(), raw_ptr) } != 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock => Ok(None),
+                _ => Err(e),
+            };
+        }
+        // Which member of the element libibverbs filled depends on the type.
+        let element = match events::subject(raw.event_type) {
+            // SAFETY: for this event type libibverbs set `element.qp` to the live queue pair
+            // the event is about; it stays alive until the event is acknowledged below.
+            Subject::QueuePair => match unsafe { raw.element.qp.as_ref() } {
+                Some(qp) => AsyncElement::QueuePair(qp.qp_num),
+                None => AsyncElement::Other,
+            },
+            Subject::CompletionQueue => {
+                // SAFETY: `element.cq` is the member set for this type (the union was
+                // initialised whole above in any case); only its address is kept.
+                AsyncElement::CompletionQueue(unsafe { raw.element.cq } as usize)
+            }
+            Subject::Port => {
+                // SAFETY: `element.port_num` is the member libibverbs sets for port events.
+                AsyncElement::Port(unsafe { raw.element.port_num })
+            }
+            Subject::Device | Subject::SharedReceiveQueue | Subject::WorkQueue => {
+                AsyncElement::Other
+            }
+        };
+        // SAFETY: the event returned just now, acknowledged once.
+        unsafe { rdma_sys::ibv_ack_async_event(raw_ptr) };
+        Ok(Some(AsyncEvent {
+            event_type: raw.event_type,
+            element,
+        }))
     }
 }
 
@@ -622,6 +742,7 @@ impl Drop for MemoryRegion {
 /// A completion queue (`ibv_create_cq`); destroyed on drop, after the queue pairs using it.
 pub(crate) struct CompletionQueue {
     cq: NonNull<ibv_cq>,
+    cqe: u32,
     _ctx: Arc<Context>,
 }
 
@@ -631,6 +752,17 @@ unsafe impl Send for CompletionQueue {}
 unsafe impl Sync for CompletionQueue {}
 
 impl CompletionQueue {
+    /// The entries it holds: `cq->cqe` after `ibv_create_cq`, which may be more than asked
+    /// for (`ibv_create_cq(3)`).
+    pub(crate) fn entries(&self) -> u32 {
+        self.cqe
+    }
+
+    /// Its address, which names it in an asynchronous event.
+    pub(crate) fn address(&self) -> usize {
+        self.cq.as_ptr() as usize
+    }
+
     /// `ibv_poll_cq(cq, wcs.len(), wcs)`: `cq->context->ops.poll_cq`, as verbs.h does.
     pub(crate) fn poll(&self, wcs: &mut [ibv_wc]) -> io::Result<usize> {
         let n = c_int::try_from(wcs.len()).unwrap_or(c_int::MAX);
@@ -791,6 +923,22 @@ mod tests {
                 "enum ibv_fork_status has three values: {status}"
             );
         }
+    }
+
+    /// `RawAsyncEvent` stands for rdma-sys's `ibv_async_event` in the calls.
+    #[test]
+    fn the_raw_async_event_has_the_bindings_layout() {
+        use rdma_sys::ibv_async_event;
+        assert_eq!(size_of::<RawAsyncEvent>(), size_of::<ibv_async_event>());
+        assert_eq!(
+            std::mem::align_of::<RawAsyncEvent>(),
+            std::mem::align_of::<ibv_async_event>()
+        );
+        assert_eq!(
+            offset_of!(RawAsyncEvent, event_type),
+            offset_of!(ibv_async_event, event_type)
+        );
+        assert_eq!(size_of::<RawAsyncElement>(), size_of::<*mut c_void>());
     }
 
     #[test]

@@ -48,7 +48,9 @@
 
 mod caps;
 mod config;
+mod cq;
 mod endpoint;
+mod events;
 mod ffi;
 mod fork;
 mod qp_state;
@@ -59,8 +61,10 @@ pub use config::{LinkLayer, VerbsConfig};
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 use rdma_sys::{ibv_qp_cap, ibv_wc};
@@ -120,6 +124,25 @@ pub struct RawCompletionError {
     pub vendor_err: u32,
 }
 
+/// An asynchronous event the device reported (`ibv_get_async_event(3)`), as
+/// [`VerbsNic::recent_async_events`] keeps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AsyncEventRecord {
+    /// The event's name in verbs.h, e.g. `IBV_EVENT_QP_FATAL`.
+    pub event: &'static str,
+    /// What it was about: `queue pair 0x1a2b`, `completion queue 0`, `port 1`, `the device`.
+    pub subject: String,
+}
+
+/// One completion queue, how much of it the queue pairs on it may fill, and whether it
+/// failed.
+struct CqEntry {
+    cq: Arc<ffi::CompletionQueue>,
+    budget: Mutex<cq::CqBudget>,
+    /// Set by `IBV_EVENT_CQ_ERR`: the queue overran and is unusable.
+    failed: AtomicBool,
+}
+
 /// One registered region.
 struct Region {
     mr: ffi::MemoryRegion,
@@ -151,9 +174,15 @@ pub struct VerbsNic {
     responder_may_fault: bool,
     counters: Counters,
     qps: RwLock<HashMap<u32, Arc<QueuePairEntry>>>,
-    cqs: RwLock<Vec<Arc<ffi::CompletionQueue>>>,
+    cqs: RwLock<Vec<Arc<CqEntry>>>,
     regions: Mutex<HashMap<u32, Region>>,
     recent_errors: Mutex<VecDeque<RawCompletionError>>,
+    recent_events: Mutex<VecDeque<AsyncEventRecord>>,
+    /// Set by `IBV_EVENT_DEVICE_FATAL`: every poll and post fails from then on.
+    device_failed: AtomicBool,
+    /// When the asynchronous events were last read (`events::CheckGate`), on `opened`'s clock.
+    async_check: events::CheckGate,
+    opened: Instant,
     pd: Arc<ffi::ProtectionDomain>,
     ctx: Arc<ffi::Context>,
 }
@@ -232,6 +261,10 @@ impl VerbsNic {
                 detail: format!("no usable RDMA device: {}", reasons.join("; ")),
             });
         };
+        // Asynchronous events are read from the poll path, which must not block.
+        c.ctx
+            .set_async_nonblocking()
+            .map_err(|e| os("fcntl(async_fd, F_SETFL, O_NONBLOCK)".into(), e))?;
         let device = format!("{} port {}", c.port.device, c.port.port);
         let caps = caps::capabilities(&c.attr, &device, c.max_inline);
         Ok(VerbsNic {
@@ -245,6 +278,10 @@ impl VerbsNic {
             cqs: RwLock::new(Vec::new()),
             regions: Mutex::new(HashMap::new()),
             recent_errors: Mutex::new(VecDeque::new()),
+            recent_events: Mutex::new(VecDeque::new()),
+            device_failed: AtomicBool::new(false),
+            async_check: events::CheckGate::default(),
+            opened: Instant::now(),
             pd: c.pd,
             ctx: c.ctx,
         })
@@ -269,7 +306,14 @@ impl VerbsNic {
             .ok_or_else(|| Error::InvalidArgument(format!("no queue pair {qpn} on this NIC")))
     }
 
-    fn cq(&self, id: u32) -> Result<Arc<ffi::CompletionQueue>> {
+    /// The asynchronous events the device reported (at most 32, oldest first), as read so
+    /// far: `poll_cq` reads them when a poll comes back short, at most every 10 ms. Fatal ones
+    /// also turn into errors (see `events`).
+    pub fn recent_async_events(&self) -> Vec<AsyncEventRecord> {
+        self.recent_events.lock().iter().cloned().collect()
+    }
+
+    fn cq(&self, id: u32) -> Result<Arc<CqEntry>> {
         self.cqs
             .read()
             .get(id as usize)
@@ -381,6 +425,173 @@ impl VerbsNic {
         })
     }
 
+    /// `Err` once the device or completion queue `id` failed (an asynchronous event said so).
+    fn usable(&self, id: u32, entry: &CqEntry) -> Result<()> {
+        self.device_usable()?;
+        if entry.failed.load(Relaxed) {
+            return Err(os(
+                format!("completion queue {id}"),
+                io::Error::other(format!(
+                    "the device reported IBV_EVENT_CQ_ERR: the queue overran its {} entries and \
+                     is unusable, its completions lost; size a completion queue for the send \
+                     and receive depths of every queue pair it serves",
+                    entry.budget.lock().capacity()
+                )),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `Err` once the device reported `IBV_EVENT_DEVICE_FATAL`.
+    fn device_usable(&self) -> Result<()> {
+        if self.device_failed.load(Relaxed) {
+            return Err(os(
+                self.caps.device.clone(),
+                io::Error::other(
+                    "the device reported IBV_EVENT_DEVICE_FATAL: every queue pair and completion \
+                     queue on it is lost",
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Promises the completion queues of a new queue pair the entries it could fill
+    /// (`cq::CqBudget`); `Err` names the numbers when they are not there. Returns what to
+    /// give back should the queue pair not be made.
+    fn reserve_cq_entries(
+        &self,
+        peer: usize,
+        (send_cq, scq): (u32, &Arc<CqEntry>),
+        (recv_cq, rcq): (u32, &Arc<CqEntry>),
+        caps: &QpCaps,
+    ) -> Result<Vec<(Arc<CqEntry>, u64)>> {
+        let (sends, recvs) = (caps.max_send_wr, caps.max_recv_wr);
+        let wanted: Vec<(u32, &Arc<CqEntry>, u64)> = if send_cq == recv_cq {
+            vec![(send_cq, scq, cq::demand(sends, recvs, true, true))]
+        } else {
+            vec![
+                (send_cq, scq, cq::demand(sends, recvs, true, false)),
+                (recv_cq, rcq, cq::demand(sends, recvs, false, true)),
+            ]
+        };
+        let mut reserved: Vec<(Arc<CqEntry>, u64)> = Vec::new();
+        for (id, entry, demand) in wanted {
+            if let Err(over) = entry.budget.lock().reserve(demand) {
+                release_cq_entries(reserved);
+                return Err(Error::InvalidArgument(over.message(id, peer, sends, recvs)));
+            }
+            reserved.push((entry.clone(), demand));
+        }
+        Ok(reserved)
+    }
+
+    /// `ibv_create_qp` and RESET -> INIT for [`Nic::create_qp`], after its checks.
+    fn make_qp(
+        &self,
+        peer: usize,
+        scq: &Arc<CqEntry>,
+        rcq: &Arc<CqEntry>,
+        caps: QpCaps,
+    ) -> Result<u32> {
+        let want = ibv_qp_cap {
+            max_send_wr: caps.max_send_wr,
+            max_recv_wr: caps.max_recv_wr,
+            max_send_sge: caps.max_sge,
+            max_recv_sge: caps.max_sge,
+            max_inline_data: caps.max_inline,
+        };
+        let (qp, got) = self
+            .pd
+            .create_rc_qp(&scq.cq, &rcq.cq, want)
+            .map_err(|e| os(format!("ibv_create_qp(RC, {caps:?})"), e))?;
+        let (mut attr, mask) = qp_state::init_attr(
+            self.port.port,
+            wr::access_bits(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ),
+        );
+        // On failure `qp` drops here and is destroyed.
+        qp.modify(&mut attr, mask)
+            .map_err(|e| os(format!("ibv_modify_qp(qp {}, RESET->INIT)", qp.qp_num()), e))?;
+        let qpn = qp.qp_num();
+        let entry = QueuePairEntry {
+            psn: rand::random::<u32>() & 0xff_ffff,
+            peer,
+            caps,
+            limits: QueueLimits {
+                max_send_sge: got.max_send_sge,
+                max_recv_sge: got.max_recv_sge,
+                max_inline: got.max_inline_data,
+            },
+            status: Mutex::new(QpStatus::new()),
+            // As deep as asked (the device may grant more, `ibv_create_qp(3)`), so that the
+            // completion queues' reservation (`reserve_cq_entries`) bounds what can be
+            // outstanding.
+            sq: Mutex::new(WrRing::new(caps.max_send_wr.min(got.max_send_wr))),
+            rq: Mutex::new(WrRing::new(caps.max_recv_wr.min(got.max_recv_wr))),
+            qp,
+        };
+        self.qps.write().insert(qpn, Arc::new(entry));
+        Ok(qpn)
+    }
+
+    /// Reads every waiting asynchronous event and applies it (`events::effect`).
+    fn read_async_events(&self) {
+        loop {
+            match self.ctx.next_async_event() {
+                Ok(Some(ev)) => self.apply_async_event(ev),
+                Ok(None) => break,
+                Err(e) => {
+                    self.keep_event(AsyncEventRecord {
+                        event: "ibv_get_async_event failed",
+                        subject: e.to_string(),
+                    });
+                    break;
+                }
+            }
+        }
+    }
+
+    fn apply_async_event(&self, ev: ffi::AsyncEvent) {
+        let event = events::name(ev.event_type);
+        let cq_id = |addr: usize| self.cqs.read().iter().position(|e| e.cq.address() == addr);
+        let subject = match ev.element {
+            ffi::AsyncElement::QueuePair(n) => format!("queue pair {n:#x}"),
+            ffi::AsyncElement::CompletionQueue(addr) => match cq_id(addr) {
+                Some(id) => format!("completion queue {id}"),
+                None => "a completion queue not made by this NIC".into(),
+            },
+            ffi::AsyncElement::Port(p) => format!("port {p}"),
+            ffi::AsyncElement::Other => "the device".into(),
+        };
+        match (events::effect(ev.event_type), ev.element) {
+            (events::Effect::QueuePairFailed, ffi::AsyncElement::QueuePair(n)) => {
+                if let Some(q) = self.qps.read().get(&n) {
+                    q.status
+                        .lock()
+                        .failed(|| format!("{event} (asynchronous event)"));
+                }
+            }
+            (events::Effect::CompletionQueueFailed, ffi::AsyncElement::CompletionQueue(addr)) => {
+                if let Some(id) = cq_id(addr) {
+                    if let Some(e) = self.cqs.read().get(id) {
+                        e.failed.store(true, Relaxed);
+                    }
+                }
+            }
+            (events::Effect::DeviceFailed, _) => self.device_failed.store(true, Relaxed),
+            _ => {}
+        }
+        self.keep_event(AsyncEventRecord { event, subject });
+    }
+
+    fn keep_event(&self, record: AsyncEventRecord) {
+        let mut recent = self.recent_events.lock();
+        if recent.len() == RECENT_ERRORS {
+            recent.pop_front();
+        }
+        recent.push_back(record);
+    }
+
     fn record_error(&self, wc: &ibv_wc, wr_id: u64) {
         self.counters.error_completions.fetch_add(1, Relaxed);
         let mut recent = self.recent_errors.lock();
@@ -442,6 +653,13 @@ impl VerbsNic {
             imm: fields.imm,
             qp_num: wc.qp_num,
         }
+    }
+}
+
+/// Gives back what [`VerbsNic::reserve_cq_entries`] promised.
+fn release_cq_entries(reserved: Vec<(Arc<CqEntry>, u64)>) {
+    for (entry, demand) in reserved {
+        entry.budget.lock().release(demand);
     }
 }
 
@@ -708,13 +926,20 @@ impl Nic for VerbsNic {
             .ctx
             .create_cq(cqe)
             .map_err(|e| os(format!("ibv_create_cq(cqe={depth})"), e))?;
+        let entry = CqEntry {
+            budget: Mutex::new(cq::CqBudget::new(cq.entries())),
+            cq,
+            failed: AtomicBool::new(false),
+        };
         let mut cqs = self.cqs.write();
-        cqs.push(cq);
+        cqs.push(Arc::new(entry));
         Ok((cqs.len() - 1) as u32)
     }
 
     fn create_qp(&self, peer: usize, send_cq: u32, recv_cq: u32, caps: QpCaps) -> Result<u32> {
         let (scq, rcq) = (self.cq(send_cq)?, self.cq(recv_cq)?);
+        self.usable(send_cq, &scq)?;
+        self.usable(recv_cq, &rcq)?;
         let c = &self.caps;
         if caps.max_sge > c.max_sge.min(MAX_SGE as u32)
             || caps.max_inline > c.max_inline
@@ -741,41 +966,15 @@ impl Nic for VerbsNic {
                 caps.rnr_retry
             )));
         }
-        let want = ibv_qp_cap {
-            max_send_wr: caps.max_send_wr,
-            max_recv_wr: caps.max_recv_wr,
-            max_send_sge: caps.max_sge,
-            max_recv_sge: caps.max_sge,
-            max_inline_data: caps.max_inline,
-        };
-        let (qp, got) = self
-            .pd
-            .create_rc_qp(&scq, &rcq, want)
-            .map_err(|e| os(format!("ibv_create_qp(RC, {caps:?})"), e))?;
-        let (mut attr, mask) = qp_state::init_attr(
-            self.port.port,
-            wr::access_bits(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ),
-        );
-        // On failure `qp` drops here and is destroyed.
-        qp.modify(&mut attr, mask)
-            .map_err(|e| os(format!("ibv_modify_qp(qp {}, RESET->INIT)", qp.qp_num()), e))?;
-        let qpn = qp.qp_num();
-        let entry = QueuePairEntry {
-            psn: rand::random::<u32>() & 0xff_ffff,
-            peer,
-            caps,
-            limits: QueueLimits {
-                max_send_sge: got.max_send_sge,
-                max_recv_sge: got.max_recv_sge,
-                max_inline: got.max_inline_data,
-            },
-            status: Mutex::new(QpStatus::new()),
-            sq: Mutex::new(WrRing::new(got.max_send_wr)),
-            rq: Mutex::new(WrRing::new(got.max_recv_wr)),
-            qp,
-        };
-        self.qps.write().insert(qpn, Arc::new(entry));
-        Ok(qpn)
+        // The completion queues must hold whatever this queue pair can have outstanding.
+        let reserved = self.reserve_cq_entries(peer, (send_cq, &scq), (recv_cq, &rcq), &caps)?;
+        match self.make_qp(peer, &scq, &rcq, caps) {
+            Ok(qpn) => Ok(qpn),
+            Err(e) => {
+                release_cq_entries(reserved);
+                Err(e)
+            }
+        }
     }
 
     fn endpoint(&self, qpn: u32) -> Result<Endpoint> {
@@ -844,6 +1043,7 @@ impl Nic for VerbsNic {
 
     #[allow(unsafe_code)]
     unsafe fn post_send(&self, qpn: u32, wr: &SendWr<'_>) -> Result<()> {
+        self.device_usable()?;
         let q = self.qp(qpn)?;
         {
             let status = q.status.lock();
@@ -911,6 +1111,7 @@ impl Nic for VerbsNic {
 
     #[allow(unsafe_code)]
     unsafe fn post_recv(&self, qpn: u32, wr: &RecvWr<'_>) -> Result<()> {
+        self.device_usable()?;
         let q = self.qp(qpn)?;
         let mut ring = q.rq.lock();
         let seq = ring
@@ -946,8 +1147,10 @@ impl Nic for VerbsNic {
         Ok(())
     }
 
-    fn poll_cq(&self, cq: u32, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
-        let cq = self.cq(cq)?;
+    fn poll_cq(&self, cq_id: u32, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
+        let entry = self.cq(cq_id)?;
+        self.usable(cq_id, &entry)?;
+        let cq = &entry.cq;
         let mut wcs: [ibv_wc; POLL_BATCH] = std::array::from_fn(|_| ffi::zeroed());
         let mut got = 0;
         while got < max {
@@ -962,6 +1165,18 @@ impl Nic for VerbsNic {
             got += n;
             if n < want {
                 break;
+            }
+        }
+        // A short poll may be a queue that will never complete anything again (overrun, or a
+        // device in a fatal state): look at the asynchronous events now and then.
+        if got < max
+            && self
+                .async_check
+                .claim(self.opened.elapsed().as_nanos() as u64)
+        {
+            self.read_async_events();
+            if got == 0 {
+                self.usable(cq_id, &entry)?;
             }
         }
         Ok(got)

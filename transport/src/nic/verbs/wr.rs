@@ -334,6 +334,9 @@ struct Slot {
 /// The requests posted to one queue of one queue pair, in posting order.
 #[derive(Debug)]
 pub(crate) struct WrRing {
+    /// Requests the queue may hold (0: none at all).
+    depth: u64,
+    /// At least one, so that sequence numbers index it.
     slots: Vec<Option<Slot>>,
     /// Sequence of the next request.
     head: u64,
@@ -345,6 +348,7 @@ impl WrRing {
     /// A ring for a queue of `depth` requests.
     pub(crate) fn new(depth: u32) -> WrRing {
         WrRing {
+            depth: u64::from(depth),
             slots: vec![None; depth.max(1) as usize],
             head: 0,
             tail: 0,
@@ -359,7 +363,7 @@ impl WrRing {
     /// Records a request; returns its sequence, or `None` when the queue is full.
     pub(crate) fn push(&mut self, wr_id: u64, opcode: WcOpcode) -> Option<u64> {
         let cap = self.slots.len() as u64;
-        if self.outstanding() >= cap {
+        if self.outstanding() >= self.depth {
             return None;
         }
         let seq = self.head;
@@ -712,6 +716,15 @@ mod tests {
         assert_eq!(r.outstanding(), 0);
         // `a`'s slot was reused by `d`: an entry for it is unknown.
         assert_eq!(r.complete(a), None);
+    }
+
+    /// A queue pair created with no send (or receive) requests holds none: the completion
+    /// queue accounting promised it nothing.
+    #[test]
+    fn a_ring_of_depth_zero_takes_nothing() {
+        let mut r = WrRing::new(0);
+        assert_eq!(r.push(1, WcOpcode::Send), None);
+        assert_eq!(r.outstanding(), 0);
     }
 
     #[test]
