@@ -5,23 +5,25 @@
 //! Nothing in this module has run against a device.** What does run here is the no-device
 //! path (libibverbs finds no device) and the pure parts: attribute and state-transition
 //! builders, status and opcode mapping, capability parsing, endpoint encoding, device, port
-//! and GID choice. The hardware test plan is in `docs/verbs.md`.
+//! and GID choice, the send gate, the ODP and completion-queue depth checks, RNR settings,
+//! prefetch batching, fork-safety decisions and asynchronous-event handling. The hardware
+//! test plan is in `docs/verbs.md`.
 //!
 //! A thin mapping, each method one or a few verbs calls (see `ffi` for the calls):
 //!
 //! | trait method | libibverbs |
 //! |---|---|
 //! | [`VerbsNic::open`] | `ibv_is_fork_initialized`, `ibv_fork_init` (if `PAGEWIRE_FORK_SAFE=1`), `ibv_get_device_list`, `ibv_open_device`, `ibv_query_device_ex`, `ibv_query_port`, `ibv_query_gid_ex`, `ibv_alloc_pd`, probe `ibv_create_cq`/`ibv_create_qp` for the inline size |
-//! | `register` | `ibv_reg_mr(pd, addr, len, access)`, `IBV_ACCESS_ON_DEMAND` for ODP |
+//! | `register` | `ibv_reg_mr(pd, addr, len, access)`, `IBV_ACCESS_ON_DEMAND` for ODP (with the RC ODP bit of every operation the rights allow, `caps::missing_odp_operations`) |
 //! | `register_implicit_odp` | `ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND \| ...)` |
 //! | `deregister` | `ibv_dereg_mr` |
-//! | `advise` | `ibv_advise_mr(pd, PREFETCH[_WRITE], IBV_ADVISE_MR_FLAG_FLUSH, sges)` |
+//! | `advise` | `ibv_advise_mr(pd, PREFETCH[_WRITE], IBV_ADVISE_MR_FLAG_FLUSH, sges)`, at most 4095 SGEs a call |
 //! | `create_cq` | `ibv_create_cq(ctx, depth, NULL, NULL, 0)` |
-//! | `create_qp` | `ibv_create_qp` (RC, no SRQ), `ibv_modify_qp` RESET -> INIT |
+//! | `create_qp` | `ibv_create_qp` (RC, no SRQ), `ibv_modify_qp` RESET -> INIT, once its depths fit its completion queues (`cq`) |
 //! | `endpoint` | (QPN, PSN, LID, GID, MTU encoded; see `endpoint`) |
-//! | `connect` | `ibv_modify_qp` INIT -> RTR -> RTS |
-//! | `post_send` / `post_recv` | `ibv_post_send` / `ibv_post_recv`, one work request |
-//! | `poll_cq` | `ibv_poll_cq` |
+//! | `connect` | `ibv_modify_qp` INIT -> RTR -> RTS (RNR settings: `qp_state::rnr_retry_for`, `qp_state::rnr_timer_us_for`) |
+//! | `post_send` / `post_recv` | `ibv_post_send` (in RTS, or ERROR after RTS) / `ibv_post_recv`, one work request |
+//! | `poll_cq` | `ibv_poll_cq`; when a poll comes back short, at most every 10 ms, `ibv_get_async_event` + `ibv_ack_async_event` (`events`) |
 //!
 //! **Ownership.** Handles own their parents through `Arc` (`ffi`): a queue pair keeps its
 //! CQs and PD, a region its PD, and those the device context; dropping the [`VerbsNic`]
