@@ -28,3 +28,14 @@ cargo clippy -p pagewire-transport --features verbs --all-targets -- -D warnings
 cargo test -p pagewire-transport --features verbs --test verbs
 # ... and the unit tests of the provider's pure parts (builders, mappings, parsing).
 cargo test -p pagewire-transport --features verbs --lib nic::verbs
+# The binary links no libibverbs symbol newer than IBVERBS_1.1: the newer entry points are
+# looked up at run time (ffi::LateSymbols in src/nic/verbs/ffi.rs), so a build with the feature
+# starts against any libibverbs and the verbs provider says itself which rdma-core it needs.
+bin=$(cargo test -p pagewire-transport --features verbs --test verbs --no-run 2>&1 |
+  sed -n 's/.*Executable tests\/verbs\.rs (\(.*\))$/\1/p')
+newest=$(objdump -T "$bin" | grep -o 'IBVERBS_[0-9.]*' | sort -uV | tail -n 1)
+if [ "$newest" != IBVERBS_1.1 ]; then
+  echo "verbs: $bin needs libibverbs $newest; link nothing newer than IBVERBS_1.1" >&2
+  exit 1
+fi
+echo "verbs: the test binary needs libibverbs $newest at most"

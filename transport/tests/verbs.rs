@@ -107,10 +107,17 @@ fn device() -> VerbsNic {
         .unwrap_or_else(|e| panic!("these tests need an RDMA device: {e}"))
 }
 
+/// Entries a completion queue needs for `n` queue pairs of `QpCaps::default()`: what each
+/// can have outstanding, sends and receives (`create_qp` refuses less).
+fn cq_depth_for(n: u32) -> u32 {
+    let caps = QpCaps::default();
+    n * (caps.max_send_wr + caps.max_recv_wr)
+}
+
 /// Two RC queue pairs of one NIC connected to each other (loopback through the port), on
 /// one completion queue.
 fn loopback(nic: &VerbsNic) -> (u32, u32, u32) {
-    let cq = nic.create_cq(256).unwrap();
+    let cq = nic.create_cq(cq_depth_for(2)).unwrap();
     let a = nic.create_qp(0, cq, cq, QpCaps::default()).unwrap();
     let b = nic.create_qp(0, cq, cq, QpCaps::default()).unwrap();
     nic.connect(a, &nic.endpoint(b).unwrap()).unwrap();
@@ -247,6 +254,12 @@ fn send_with_immediate_into_an_odp_receive() {
     );
     assert_eq!((c[0].byte_len, c[0].imm), (8192, Some(0xfeed_f00d)));
     assert_eq!((c[1].wr_id, c[1].status), (11, WcStatus::Success));
+    // The sender's own completion carries neither the immediate nor a length (mlx5 sets
+    // IBV_WC_WITH_IMM on it but writes neither field).
+    assert_eq!(
+        (c[1].opcode, c[1].byte_len, c[1].imm),
+        (WcOpcode::Send, 0, None)
+    );
     assert_eq!(dst, src);
 }
 
@@ -367,4 +380,66 @@ fn inline_sends_need_no_key() {
     );
     assert_eq!(&dst[..msg.len()], &msg);
     assert_eq!(nic.counters().bytes_inline, msg.len() as u64);
+}
+
+#[test]
+#[ignore = "requires an RDMA device"]
+fn a_send_before_connect_is_refused_not_reported_as_a_full_queue() {
+    let nic = device();
+    let cq = nic.create_cq(cq_depth_for(1)).unwrap();
+    let a = nic.create_qp(0, cq, cq, QpCaps::default()).unwrap();
+    let msg = *b"too early";
+    let send = SendWr {
+        wr_id: 50,
+        opcode: Opcode::Send,
+        sgl: &[Sge {
+            addr: msg.as_ptr() as u64,
+            len: msg.len() as u32,
+            lkey: 0,
+        }],
+        inline: true,
+        signaled: true,
+    };
+    // SAFETY: inline, and refused before anything is posted.
+    let e = unsafe { nic.post_send(a, &send) }.unwrap_err();
+    assert!(e.to_string().contains("not connected"), "{e}");
+}
+
+#[test]
+#[ignore = "requires an RDMA device"]
+fn a_completion_queue_too_small_for_its_queue_pairs_is_refused() {
+    let nic = device();
+    // The device may round the size up (mlx5 to a power of two, minus one): ask for exactly
+    // one queue pair's worth of a power of two and fill what it granted.
+    let caps = QpCaps {
+        max_send_wr: 512,
+        max_recv_wr: 512,
+        ..QpCaps::default()
+    };
+    let cq = nic.create_cq(1024).unwrap();
+    let mut made = 0;
+    let e = loop {
+        match nic.create_qp(0, cq, cq, caps) {
+            Ok(_) => made += 1,
+            Err(e) => break e,
+        }
+        assert!(
+            made < 1024,
+            "a 1024-entry completion queue took {made} queue pairs"
+        );
+    };
+    assert!(
+        made >= 1,
+        "one queue pair of 1024 requests fits 1024 entries"
+    );
+    let m = e.to_string();
+    assert!(
+        m.contains("completion queue") && m.contains("IBV_EVENT_CQ_ERR"),
+        "{m}"
+    );
+    assert!(
+        nic.recent_async_events().is_empty(),
+        "{:?}",
+        nic.recent_async_events()
+    );
 }

@@ -7,6 +7,8 @@
 //!   `odp_caps.per_transport_caps.rc_odp_caps` gives the RC operations
 //!   (`IBV_ODP_SUPPORT_SEND/RECV/WRITE/READ`); `IBV_ODP_SUPPORT_IMPLICIT` is implicit ODP.
 //!   A provider without `query_device_ex` leaves them zero: no ODP.
+//! - An ODP registration needs the RC operations its rights allow ([`missing_odp_operations`]),
+//!   as rdma-core's `tests/test_odp.py` gates each test on the bits of the operations it runs.
 //! - `prefetch`: there is no capability bit for `ibv_advise_mr`; it applies to ODP regions
 //!   only and the providers that implement ODP implement it (mlx5), so it is reported as
 //!   "ODP supported". A device that lacks it answers `EOPNOTSUPP`, which `advise` reports.
@@ -18,7 +20,7 @@
 
 use rdma_sys::{ibv_device_attr_ex, ibv_odp_general_caps as G, ibv_odp_transport_cap_bits as T};
 
-use crate::nic::Capabilities;
+use crate::nic::{Access, Capabilities};
 
 /// Inline sizes tried at start-up, largest first; the first queue pair created tells.
 pub(crate) const INLINE_PROBES: [u32; 7] = [1024, 512, 256, 128, 64, 32, 0];
@@ -77,6 +79,69 @@ pub(crate) fn capabilities(
         odp_rc_read: read,
         implicit_odp: odp && general & u64::from(G::IBV_ODP_SUPPORT_IMPLICIT.0) != 0,
         prefetch: odp,
+    }
+}
+
+/// The RC operations that a region registered with `access` and `IBV_ACCESS_ON_DEMAND` may
+/// take part in and for which the device reports no ODP support (empty: the registration
+/// may go ahead).
+///
+/// Which operation each right allows, and so which `IBV_ODP_SUPPORT_*` bit of
+/// `rc_odp_caps` it needs:
+///
+/// | right | operation on the region | bit |
+/// |---|---|---|
+/// | (any region: local read is always allowed) | source of a SEND | `SEND` |
+/// | `LOCAL_WRITE` | target of a receive | `RECV` |
+/// | `REMOTE_WRITE` | target of a peer's RDMA WRITE | `WRITE` |
+/// | `REMOTE_READ` | source of a peer's RDMA READ | `READ` |
+///
+/// rdma-core's own tests gate the same way (`tests/test_odp.py`: send/receive traffic on a
+/// `LOCAL_WRITE` region requires `SEND | RECV`, the RDMA read test `READ`, the write test
+/// `WRITE`). Any one bit is not enough: the NIC would fault on an operation it cannot
+/// resolve and fail the work request.
+pub(crate) fn missing_odp_operations(caps: &Capabilities, access: Access) -> Vec<&'static str> {
+    let needs = [
+        ("send", true, caps.odp_rc_send),
+        (
+            "receive",
+            access.contains(Access::LOCAL_WRITE),
+            caps.odp_rc_recv,
+        ),
+        (
+            "RDMA write",
+            access.contains(Access::REMOTE_WRITE),
+            caps.odp_rc_write,
+        ),
+        (
+            "RDMA read",
+            access.contains(Access::REMOTE_READ),
+            caps.odp_rc_read,
+        ),
+    ];
+    needs
+        .iter()
+        .filter(|(_, needed, supported)| *needed && !supported)
+        .map(|(op, _, _)| *op)
+        .collect()
+}
+
+/// `access` as its rights' names (`LOCAL_WRITE | REMOTE_READ`), for messages.
+pub(crate) fn access_names(access: Access) -> String {
+    let names: Vec<&str> = [
+        (Access::LOCAL_WRITE, "LOCAL_WRITE"),
+        (Access::REMOTE_WRITE, "REMOTE_WRITE"),
+        (Access::REMOTE_READ, "REMOTE_READ"),
+        (Access::ON_DEMAND, "ON_DEMAND"),
+    ]
+    .iter()
+    .filter(|(bit, _)| access.contains(*bit))
+    .map(|(_, name)| *name)
+    .collect();
+    if names.is_empty() {
+        "local read only".into()
+    } else {
+        names.join(" | ")
     }
 }
 
@@ -189,6 +254,56 @@ mod tests {
         assert_eq!(c.max_qp, 0);
         assert!(!c.odp_rc && !c.implicit_odp);
         assert_eq!(limits(&a).max_qp_rd_atom, u8::MAX);
+    }
+
+    #[test]
+    fn odp_registrations_need_the_bits_of_the_operations_their_rights_allow() {
+        let full = capabilities(&connectx5_like(), "mlx5_0 port 1", 0);
+        let every = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        assert!(missing_odp_operations(&full, every).is_empty());
+        assert!(missing_odp_operations(&full, Access::NONE).is_empty());
+
+        // Send and receive only (rdma-core's test_odp_rc_traffic would run).
+        let mut a = connectx5_like();
+        a.odp_caps.per_transport_caps.rc_odp_caps =
+            T::IBV_ODP_SUPPORT_SEND.0 | T::IBV_ODP_SUPPORT_RECV.0;
+        let two_sided = capabilities(&a, "dev", 0);
+        assert!(missing_odp_operations(&two_sided, Access::LOCAL_WRITE).is_empty());
+        assert_eq!(
+            missing_odp_operations(&two_sided, Access::LOCAL_WRITE | Access::REMOTE_WRITE),
+            ["RDMA write"]
+        );
+        assert_eq!(
+            missing_odp_operations(&two_sided, Access::REMOTE_READ),
+            ["RDMA read"]
+        );
+
+        // One-sided only: any RC bit used to be enough for ON_DEMAND; a receive or send
+        // buffer on this device would fault with nothing to resolve it.
+        a.odp_caps.per_transport_caps.rc_odp_caps =
+            T::IBV_ODP_SUPPORT_WRITE.0 | T::IBV_ODP_SUPPORT_READ.0;
+        let one_sided = capabilities(&a, "dev", 0);
+        assert_eq!(
+            missing_odp_operations(&one_sided, every),
+            ["send", "receive"]
+        );
+        assert_eq!(
+            missing_odp_operations(&one_sided, Access::REMOTE_READ),
+            ["send"]
+        );
+
+        assert_eq!(
+            access_names(Access::ON_DEMAND | Access::LOCAL_WRITE),
+            "LOCAL_WRITE | ON_DEMAND"
+        );
+
+        // No general ODP support: the transport bits are ignored, everything is missing.
+        a.odp_caps.general_caps = 0;
+        let none = capabilities(&a, "dev", 0);
+        assert_eq!(
+            missing_odp_operations(&none, every),
+            ["send", "receive", "RDMA write", "RDMA read"]
+        );
     }
 
     #[test]

@@ -1,15 +1,16 @@
 //! The opaque [`Endpoint`] bytes of a verbs queue pair: what the peer needs to bring its
 //! own queue pair to RTR (`ibv_modify_qp(3)`: `dest_qp_num`, `rq_psn`, the address vector's
-//! DLID or GID, the path MTU), plus the owner's rank so a mix-up is caught.
+//! DLID or GID, the path MTU), plus the owner's rank so a mix-up is caught, and whether the
+//! owner's device may answer with page-fault RNR NAKs (so the peer retries forever).
 //!
 //! Layout (34 bytes, little-endian integers):
 //!
 //! | bytes | field |
 //! |---|---|
-//! | 0 | format version (1) |
+//! | 0 | format version (2; 1 had no bit 1 in the flags) |
 //! | 1 | link layer (`IBV_LINK_LAYER_*`: 1 InfiniBand, 2 Ethernet) |
 //! | 2 | active MTU of the port (`enum ibv_mtu`, 1..=5) |
-//! | 3 | flags: bit 0 = a GID follows (the peer must use a GRH) |
+//! | 3 | flags: bit 0 = a GID follows (the peer must use a GRH); bit 1 = the owner's device pages ODP regions on demand as a responder (RC ODP receive, write or read) |
 //! | 4..8 | rank |
 //! | 8..12 | queue pair number (24 bits used) |
 //! | 12..16 | initial packet sequence number (24 bits) |
@@ -22,9 +23,10 @@ use crate::nic::Endpoint;
 
 use super::config::LinkLayer;
 
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 const LEN: usize = 34;
 const FLAG_GID: u8 = 1;
+const FLAG_RESPONDER_MAY_FAULT: u8 = 2;
 
 /// The connection data of one queue pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +38,9 @@ pub(crate) struct QpAddress {
     pub gid: Option<[u8; 16]>,
     pub mtu: u32,
     pub link: LinkLayer,
+    /// The owner's device may page-fault as a responder (RC ODP for receive, write or read),
+    /// answering with RNR NAKs while it resolves the fault.
+    pub responder_may_fault: bool,
 }
 
 impl QpAddress {
@@ -45,7 +50,14 @@ impl QpAddress {
         v.push(VERSION);
         v.push(self.link.raw());
         v.push(self.mtu as u8);
-        v.push(if self.gid.is_some() { FLAG_GID } else { 0 });
+        let mut flags = 0;
+        if self.gid.is_some() {
+            flags |= FLAG_GID;
+        }
+        if self.responder_may_fault {
+            flags |= FLAG_RESPONDER_MAY_FAULT;
+        }
+        v.push(flags);
         v.extend_from_slice(&self.rank.to_le_bytes());
         v.extend_from_slice(&self.qpn.to_le_bytes());
         v.extend_from_slice(&self.psn.to_le_bytes());
@@ -77,7 +89,7 @@ impl QpAddress {
         if !(1..=5).contains(&mtu) {
             return Err(bad("MTU code outside 1..=5"));
         }
-        if b[3] & !FLAG_GID != 0 {
+        if b[3] & !(FLAG_GID | FLAG_RESPONDER_MAY_FAULT) != 0 {
             return Err(bad("unknown flags"));
         }
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
@@ -95,6 +107,7 @@ impl QpAddress {
             gid,
             mtu,
             link,
+            responder_may_fault: b[3] & FLAG_RESPONDER_MAY_FAULT != 0,
         })
     }
 }
@@ -112,6 +125,7 @@ mod tests {
             gid,
             mtu: 5,
             link,
+            responder_may_fault: false,
         }
     }
 
@@ -124,6 +138,10 @@ mod tests {
         for a in [
             sample(None, LinkLayer::Infiniband),
             sample(Some(g), LinkLayer::Ethernet),
+            QpAddress {
+                responder_may_fault: true,
+                ..sample(Some(g), LinkLayer::Ethernet)
+            },
         ] {
             let e = a.encode();
             assert_eq!(e.0.len(), LEN);
@@ -134,12 +152,19 @@ mod tests {
     #[test]
     fn the_layout_is_fixed() {
         let e = sample(None, LinkLayer::Infiniband).encode().0;
-        assert_eq!(&e[..4], &[1, 1, 5, 0]);
+        assert_eq!(&e[..4], &[2, 1, 5, 0]);
         assert_eq!(&e[4..8], &3u32.to_le_bytes());
         assert_eq!(&e[8..12], &0x12_3456u32.to_le_bytes());
         assert_eq!(&e[12..16], &0xab_cdefu32.to_le_bytes());
         assert_eq!(&e[16..18], &[2, 1]);
         assert!(e[18..].iter().all(|b| *b == 0));
+        let odp = QpAddress {
+            responder_may_fault: true,
+            ..sample(None, LinkLayer::Infiniband)
+        }
+        .encode()
+        .0;
+        assert_eq!(odp[3], 2, "flag bit 1");
     }
 
     #[test]
@@ -147,7 +172,17 @@ mod tests {
         // The soft provider's endpoint: rank and qpn, 8 bytes.
         assert!(QpAddress::decode(&Endpoint(vec![0; 8])).is_err());
         let good = sample(None, LinkLayer::Infiniband).encode().0;
-        for (i, v) in [(0, 9u8), (1, 7), (2, 0), (2, 6), (3, 2), (11, 1), (15, 1)] {
+        // Version 1 (before the fault flag), unknown flags, bad fields.
+        for (i, v) in [
+            (0, 1u8),
+            (0, 9),
+            (1, 7),
+            (2, 0),
+            (2, 6),
+            (3, 4),
+            (11, 1),
+            (15, 1),
+        ] {
             let mut b = good.clone();
             b[i] = v;
             assert!(QpAddress::decode(&Endpoint(b)).is_err(), "byte {i} = {v}");

@@ -6,7 +6,12 @@
 //! `ibv_query_device_ex(3)`, `ibv_query_port(3)`, `ibv_query_gid_ex(3)`, `ibv_alloc_pd(3)`,
 //! `ibv_reg_mr(3)`, `ibv_advise_mr(3)`, `ibv_create_cq(3)`, `ibv_create_qp(3)`,
 //! `ibv_modify_qp(3)`, `ibv_post_send(3)`, `ibv_post_recv(3)`, `ibv_poll_cq(3)`,
-//! `ibv_fork_init(3)`.
+//! `ibv_fork_init(3)`, `ibv_is_fork_initialized(3)`.
+//!
+//! **Linked and looked up.** Everything is linked except the two entry points newer than
+//! libibverbs' IBVERBS_1.1 symbol version, `_ibv_query_gid_ex` (rdma-core 32) and
+//! `ibv_is_fork_initialized` (rdma-core 35): those are found with `dlsym` in the libibverbs
+//! already loaded ([`LateSymbols`]), so the binary starts against any libibverbs.
 //!
 //! **Ownership** (after rust-ibverbs, STYLE.md): each handle owns its parent through an
 //! `Arc`, so teardown order is right by construction, on error paths too: a
@@ -32,9 +37,9 @@
 use std::ffi::CStr;
 use std::io;
 use std::mem::{offset_of, size_of};
-use std::os::raw::{c_int, c_void};
+use std::os::raw::{c_int, c_uint, c_void};
 use std::ptr::{self, NonNull};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use rdma_sys::{
     _compat_ibv_port_attr, ibv_ah_attr, ibv_context, ibv_cq, ibv_device, ibv_device_attr_ex,
@@ -42,18 +47,87 @@ use rdma_sys::{
     ibv_qp_init_attr, ibv_qp_type, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc, verbs_context,
 };
 
-extern "C" {
-    /// `_ibv_query_gid_ex` (libibverbs, IBVERBS_1.11): what verbs.h's inline
-    /// `ibv_query_gid_ex` calls with `sizeof(struct ibv_gid_entry)`. rdma-sys binds only
-    /// names that start with `ibv_`, so it is declared here, as in verbs.h.
-    fn _ibv_query_gid_ex(
-        context: *mut ibv_context,
-        port_num: u32,
-        gid_index: u32,
-        entry: *mut ibv_gid_entry,
-        flags: u32,
-        entry_size: usize,
-    ) -> c_int;
+use super::events::{self, Subject};
+
+/// `_ibv_query_gid_ex` (libibverbs IBVERBS_1.11, rdma-core 32): what verbs.h's inline
+/// `ibv_query_gid_ex` calls with `sizeof(struct ibv_gid_entry)`.
+type QueryGidExFn = unsafe extern "C" fn(
+    context: *mut ibv_context,
+    port_num: u32,
+    gid_index: u32,
+    entry: *mut ibv_gid_entry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int;
+
+/// `ibv_is_fork_initialized` (libibverbs IBVERBS_1.13, rdma-core 35): returns an
+/// `enum ibv_fork_status` (`IBV_FORK_DISABLED` 0, `IBV_FORK_ENABLED` 1, `IBV_FORK_UNNEEDED` 2).
+type IsForkInitializedFn = unsafe extern "C" fn() -> c_uint;
+
+/// The libibverbs entry points newer than IBVERBS_1.1 that the provider uses, looked up at
+/// run time instead of linked.
+///
+/// Linking them would make every binary built with the `verbs` feature refuse to start
+/// against an older libibverbs (the dynamic loader wants the symbol version), even one that
+/// runs the soft provider. Looked up, the binary needs nothing newer than IBVERBS_1.1
+/// (`.ci/verbs.sh` checks), the verbs provider says at `open` which rdma-core it needs, and
+/// `ibv_is_fork_initialized` is used where it exists.
+struct LateSymbols {
+    query_gid_ex: Option<QueryGidExFn>,
+    is_fork_initialized: Option<IsForkInitializedFn>,
+}
+
+/// The soname this crate links (libibverbs' ABI major has been 1 since it began).
+const LIBIBVERBS_SONAME: &CStr = c"libibverbs.so.1";
+
+fn late_symbols() -> &'static LateSymbols {
+    static SYMBOLS: OnceLock<LateSymbols> = OnceLock::new();
+    SYMBOLS.get_or_init(|| {
+        // SAFETY: `RTLD_NOLOAD` only returns a handle to the copy of libibverbs already
+        // loaded (this crate links it, so it is); nothing is loaded or initialised. The
+        // handle is never closed, so the library and the pointers below stay valid.
+        let lib = unsafe {
+            libc::dlopen(
+                LIBIBVERBS_SONAME.as_ptr(),
+                libc::RTLD_NOW | libc::RTLD_NOLOAD,
+            )
+        };
+        if lib.is_null() {
+            return LateSymbols {
+                query_gid_ex: None,
+                is_fork_initialized: None,
+            };
+        }
+        // SAFETY: `lib` is a live handle; the names are NUL-terminated.
+        let (gid, fork) = unsafe {
+            (
+                libc::dlsym(lib, c"_ibv_query_gid_ex".as_ptr()),
+                libc::dlsym(lib, c"ibv_is_fork_initialized".as_ptr()),
+            )
+        };
+        LateSymbols {
+            // SAFETY: a non-null address of libibverbs' `_ibv_query_gid_ex`, whose C type
+            // (verbs.h) is what `QueryGidExFn` spells out.
+            query_gid_ex: (!gid.is_null())
+                .then(|| unsafe { std::mem::transmute::<*mut c_void, QueryGidExFn>(gid) }),
+            // SAFETY: likewise for `ibv_is_fork_initialized` and `IsForkInitializedFn`.
+            is_fork_initialized: (!fork.is_null())
+                .then(|| unsafe { std::mem::transmute::<*mut c_void, IsForkInitializedFn>(fork) }),
+        }
+    })
+}
+
+/// Whether the libibverbs in this process has `_ibv_query_gid_ex` (rdma-core 32 or later).
+pub(crate) fn has_query_gid_ex() -> bool {
+    late_symbols().query_gid_ex.is_some()
+}
+
+/// `ibv_is_fork_initialized(3)` as its raw `enum ibv_fork_status`; `None` when the
+/// libibverbs in this process predates it (rdma-core 34 and older).
+pub(crate) fn fork_status() -> Option<u32> {
+    // SAFETY: takes no arguments and only reads libibverbs' state (and, for copy-on-fork,
+    // the kernel's); callable at any time.
+    late_symbols().is_fork_initialized.map(|f| unsafe { f() })
 }
 
 /// `IB_UVERBS_ADVISE_MR_FLAG_FLUSH` (`IBV_ADVISE_MR_FLAG_FLUSH`, verbs_api.h): the advice
@@ -135,10 +209,14 @@ pub(crate) fn wc_status_str(status: u32) -> String {
     unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
 }
 
-/// `ibv_fork_init(3)`: must run before any registration. Returns the errno it reports.
+/// `ibv_fork_init(3)`. Returns the errno it reports: `EINVAL` once anything in the process
+/// called `ibv_dontfork_range` without fork support enabled, which every memory registration
+/// and mlx5's own queue and completion-queue buffers do (`libibverbs/memory.c`: `too_late`);
+/// before rdma-core 51 also when the kernel copies DMA pages on fork and fork support is not
+/// needed at all (see `fork::plan`).
 pub(crate) fn fork_init() -> io::Result<()> {
-    // SAFETY: takes no arguments; safe to call at any time (it fails with EINVAL once a
-    // region has been registered).
+    // SAFETY: takes no arguments; safe to call at any time (it fails, as above, when it is
+    // too late).
     errno_result(unsafe { rdma_sys::ibv_fork_init() })
 }
 
@@ -322,12 +400,15 @@ impl Context {
     }
 
     /// `ibv_query_gid_ex(context, port, index, &entry, 0)`; `Ok(None)` for an empty entry
-    /// (`ENODATA`).
+    /// (`ENODATA`); `ENOSYS` when libibverbs predates it (rdma-core 31 and older).
     pub(crate) fn query_gid_ex(&self, port: u8, index: u32) -> io::Result<Option<ibv_gid_entry>> {
+        let Some(query_gid_ex) = late_symbols().query_gid_ex else {
+            return Err(io::Error::from_raw_os_error(libc::ENOSYS));
+        };
         let mut entry: ibv_gid_entry = zeroed();
         // SAFETY: live context; `entry` is a valid out-pointer of the size passed; flags 0.
         let ret = unsafe {
-            _ibv_query_gid_ex(
+            query_gid_ex(
                 self.ctx.as_ptr(),
                 u32::from(port),
                 index,
@@ -364,11 +445,129 @@ impl Context {
         };
         match NonNull::new(cq) {
             None => Err(io::Error::last_os_error()),
-            Some(cq) => Ok(Arc::new(CompletionQueue {
-                cq,
-                _ctx: self.clone(),
-            })),
+            Some(cq) => {
+                // SAFETY: a live CQ returned just now; `cqe` is the size it got, fixed until
+                // an `ibv_resize_cq`, which pagewire never calls.
+                let cqe = unsafe { (*cq.as_ptr()).cqe };
+                Ok(Arc::new(CompletionQueue {
+                    cq,
+                    cqe: u32::try_from(cqe).unwrap_or(0),
+                    _ctx: self.clone(),
+                }))
+            }
         }
+    }
+}
+
+/// `union` of `struct ibv_async_event`: which member is valid depends on the event type.
+#[repr(C)]
+#[derive(Clone, Copy)]
+union RawAsyncElement {
+    cq: *mut ibv_cq,
+    qp: *mut ibv_qp,
+    other: *mut c_void,
+    port_num: c_int,
+}
+
+/// `struct ibv_async_event` with the event type as a plain integer: rdma-sys's binding makes
+/// it a Rust `enum`, which a value from a newer kernel or library would make undefined
+/// behaviour to hold. Same layout (checked in the tests).
+#[repr(C)]
+struct RawAsyncEvent {
+    element: RawAsyncElement,
+    event_type: c_uint,
+}
+
+/// What an asynchronous event was about, read before it was acknowledged (after that the
+/// object may be destroyed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AsyncElement {
+    /// A queue pair, by number.
+    QueuePair(u32),
+    /// A completion queue, by address ([`CompletionQueue::address`]).
+    CompletionQueue(usize),
+    /// A port, by number.
+    Port(i32),
+    /// The device, or an object pagewire does not make (SRQ, WQ).
+    Other,
+}
+
+/// One asynchronous event, already acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AsyncEvent {
+    /// The `enum ibv_event_type` value.
+    pub event_type: u32,
+    /// What it was about.
+    pub element: AsyncElement,
+}
+
+impl Context {
+    /// Makes `ibv_get_async_event` return at once when no event is waiting
+    /// (`ibv_get_async_event(3)`, EXAMPLES: `O_NONBLOCK` on `context->async_fd`).
+    pub(crate) fn set_async_nonblocking(&self) -> io::Result<()> {
+        // SAFETY: reading one int field of a live context.
+        let fd = unsafe { (*self.ctx.as_ptr()).async_fd };
+        // SAFETY: `fd` is the context's open event file; F_GETFL/F_SETFL only read and set its
+        // status flags.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        if flags < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: as above.
+        if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// The next asynchronous event, acknowledged at once (`ibv_get_async_event`, then
+    /// `ibv_ack_async_event`: destroying a queue pair or completion queue waits for its
+    /// events to be acknowledged); `Ok(None)` when none is waiting (after
+    /// [`Context::set_async_nonblocking`]).
+    pub(crate) fn next_async_event(&self) -> io::Result<Option<AsyncEvent>> {
+        let mut raw = RawAsyncEvent {
+            element: RawAsyncElement {
+                other: ptr::null_mut(),
+            },
+            event_type: 0,
+        };
+        let raw_ptr = (&mut raw as *mut RawAsyncEvent).cast::<rdma_sys::ibv_async_event>();
+        // SAFETY: live context; `raw` has the layout of `struct ibv_async_event`, which
+        // libibverbs fills (the type as an int, which `RawAsyncEvent` reads as one).
+        if unsafe { rdma_sys::ibv_get_async_event(self.ctx.as_ptr(), raw_ptr) } != 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock => Ok(None),
+                _ => Err(e),
+            };
+        }
+        // Which member of the element libibverbs filled depends on the type.
+        let element = match events::subject(raw.event_type) {
+            // SAFETY: for this event type libibverbs set `element.qp` to the live queue pair
+            // the event is about; it stays alive until the event is acknowledged below.
+            Subject::QueuePair => match unsafe { raw.element.qp.as_ref() } {
+                Some(qp) => AsyncElement::QueuePair(qp.qp_num),
+                None => AsyncElement::Other,
+            },
+            Subject::CompletionQueue => {
+                // SAFETY: `element.cq` is the member set for this type (the union was
+                // initialised whole above in any case); only its address is kept.
+                AsyncElement::CompletionQueue(unsafe { raw.element.cq } as usize)
+            }
+            Subject::Port => {
+                // SAFETY: `element.port_num` is the member libibverbs sets for port events.
+                AsyncElement::Port(unsafe { raw.element.port_num })
+            }
+            Subject::Device | Subject::SharedReceiveQueue | Subject::WorkQueue => {
+                AsyncElement::Other
+            }
+        };
+        // SAFETY: the event returned just now, acknowledged once.
+        unsafe { rdma_sys::ibv_ack_async_event(raw_ptr) };
+        Ok(Some(AsyncEvent {
+            event_type: raw.event_type,
+            element,
+        }))
     }
 }
 
@@ -543,6 +742,7 @@ impl Drop for MemoryRegion {
 /// A completion queue (`ibv_create_cq`); destroyed on drop, after the queue pairs using it.
 pub(crate) struct CompletionQueue {
     cq: NonNull<ibv_cq>,
+    cqe: u32,
     _ctx: Arc<Context>,
 }
 
@@ -552,6 +752,17 @@ unsafe impl Send for CompletionQueue {}
 unsafe impl Sync for CompletionQueue {}
 
 impl CompletionQueue {
+    /// The entries it holds: `cq->cqe` after `ibv_create_cq`, which may be more than asked
+    /// for (`ibv_create_cq(3)`).
+    pub(crate) fn entries(&self) -> u32 {
+        self.cqe
+    }
+
+    /// Its address, which names it in an asynchronous event.
+    pub(crate) fn address(&self) -> usize {
+        self.cq.as_ptr() as usize
+    }
+
     /// `ibv_poll_cq(cq, wcs.len(), wcs)`: `cq->context->ops.poll_cq`, as verbs.h does.
     pub(crate) fn poll(&self, wcs: &mut [ibv_wc]) -> io::Result<usize> {
         let n = c_int::try_from(wcs.len()).unwrap_or(c_int::MAX);
@@ -687,6 +898,47 @@ mod tests {
         assert_eq!(size_of::<ibv_gid_entry>(), 32);
         assert_eq!(size_of::<ibv_port_attr>(), 52);
         assert_eq!(offset_of!(ibv_device_attr_ex, odp_caps), 240);
+    }
+
+    /// The build script recorded the rdma-core release pkg-config found; the libibverbs this
+    /// test runs against is that installation's.
+    #[test]
+    fn late_symbols_are_found_exactly_where_the_installed_rdma_core_has_them() {
+        let release: u32 = env!("PAGEWIRE_RDMA_CORE_RELEASE")
+            .parse()
+            .expect("set by the build script");
+        assert!(release >= super::super::rdma_core_version::MIN_RDMA_CORE);
+        assert!(
+            has_query_gid_ex(),
+            "rdma-core {release} has _ibv_query_gid_ex"
+        );
+        assert_eq!(
+            fork_status().is_some(),
+            release >= 35,
+            "ibv_is_fork_initialized exists from rdma-core 35 (IBVERBS_1.13); this is {release}"
+        );
+        if let Some(status) = fork_status() {
+            assert!(
+                status <= 2,
+                "enum ibv_fork_status has three values: {status}"
+            );
+        }
+    }
+
+    /// `RawAsyncEvent` stands for rdma-sys's `ibv_async_event` in the calls.
+    #[test]
+    fn the_raw_async_event_has_the_bindings_layout() {
+        use rdma_sys::ibv_async_event;
+        assert_eq!(size_of::<RawAsyncEvent>(), size_of::<ibv_async_event>());
+        assert_eq!(
+            std::mem::align_of::<RawAsyncEvent>(),
+            std::mem::align_of::<ibv_async_event>()
+        );
+        assert_eq!(
+            offset_of!(RawAsyncEvent, event_type),
+            offset_of!(ibv_async_event, event_type)
+        );
+        assert_eq!(size_of::<RawAsyncElement>(), size_of::<*mut c_void>());
     }
 
     #[test]

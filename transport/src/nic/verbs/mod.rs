@@ -5,23 +5,25 @@
 //! Nothing in this module has run against a device.** What does run here is the no-device
 //! path (libibverbs finds no device) and the pure parts: attribute and state-transition
 //! builders, status and opcode mapping, capability parsing, endpoint encoding, device, port
-//! and GID choice. The hardware test plan is in `docs/verbs.md`.
+//! and GID choice, the send gate, the ODP and completion-queue depth checks, RNR settings,
+//! prefetch batching, fork-safety decisions and asynchronous-event handling. The hardware
+//! test plan is in `docs/verbs.md`.
 //!
 //! A thin mapping, each method one or a few verbs calls (see `ffi` for the calls):
 //!
 //! | trait method | libibverbs |
 //! |---|---|
-//! | [`VerbsNic::open`] | `ibv_fork_init` (if `PAGEWIRE_FORK_SAFE=1`), `ibv_get_device_list`, `ibv_open_device`, `ibv_query_device_ex`, `ibv_query_port`, `ibv_query_gid_ex`, `ibv_alloc_pd`, probe `ibv_create_cq`/`ibv_create_qp` for the inline size |
-//! | `register` | `ibv_reg_mr(pd, addr, len, access)`, `IBV_ACCESS_ON_DEMAND` for ODP |
+//! | [`VerbsNic::open`] | `ibv_is_fork_initialized`, `ibv_fork_init` (if `PAGEWIRE_FORK_SAFE=1`), `ibv_get_device_list`, `ibv_open_device`, `ibv_query_device_ex`, `ibv_query_port`, `ibv_query_gid_ex`, `ibv_alloc_pd`, probe `ibv_create_cq`/`ibv_create_qp` for the inline size |
+//! | `register` | `ibv_reg_mr(pd, addr, len, access)`, `IBV_ACCESS_ON_DEMAND` for ODP (with the RC ODP bit of every operation the rights allow, `caps::missing_odp_operations`) |
 //! | `register_implicit_odp` | `ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND \| ...)` |
 //! | `deregister` | `ibv_dereg_mr` |
-//! | `advise` | `ibv_advise_mr(pd, PREFETCH[_WRITE], IBV_ADVISE_MR_FLAG_FLUSH, sges)` |
+//! | `advise` | `ibv_advise_mr(pd, PREFETCH[_WRITE], IBV_ADVISE_MR_FLAG_FLUSH, sges)`, at most 4095 SGEs a call |
 //! | `create_cq` | `ibv_create_cq(ctx, depth, NULL, NULL, 0)` |
-//! | `create_qp` | `ibv_create_qp` (RC, no SRQ), `ibv_modify_qp` RESET -> INIT |
+//! | `create_qp` | `ibv_create_qp` (RC, no SRQ), `ibv_modify_qp` RESET -> INIT, once its depths fit its completion queues (`cq`) |
 //! | `endpoint` | (QPN, PSN, LID, GID, MTU encoded; see `endpoint`) |
-//! | `connect` | `ibv_modify_qp` INIT -> RTR -> RTS |
-//! | `post_send` / `post_recv` | `ibv_post_send` / `ibv_post_recv`, one work request |
-//! | `poll_cq` | `ibv_poll_cq` |
+//! | `connect` | `ibv_modify_qp` INIT -> RTR -> RTS (RNR settings: `qp_state::rnr_retry_for`, `qp_state::rnr_timer_us_for`) |
+//! | `post_send` / `post_recv` | `ibv_post_send` (in RTS, or ERROR after RTS) / `ibv_post_recv`, one work request |
+//! | `poll_cq` | `ibv_poll_cq`; when a poll comes back short, at most every 10 ms, `ibv_get_async_event` + `ibv_ack_async_event` (`events`) |
 //!
 //! **Ownership.** Handles own their parents through `Arc` (`ffi`): a queue pair keeps its
 //! CQs and PD, a region its PD, and those the device context; dropping the [`VerbsNic`]
@@ -48,17 +50,23 @@
 
 mod caps;
 mod config;
+mod cq;
 mod endpoint;
+mod events;
 mod ffi;
+mod fork;
 mod qp_state;
+mod rdma_core_version;
 mod wr;
 
 pub use config::{LinkLayer, VerbsConfig};
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 use rdma_sys::{ibv_qp_cap, ibv_wc};
@@ -73,7 +81,7 @@ use crate::nic::{
 use caps::DeviceLimits;
 use config::{GidKind, GidProbe, PortProbe};
 use endpoint::QpAddress;
-use qp_state::{QpState, RtrParams};
+use qp_state::{QpState, QpStatus, RtrParams, SendGate};
 use wr::{QueueLimits, WrRing, EMPTY_SGE, MAX_SGE, RECV_BIT};
 
 /// `IBV_QPF_GRH_REQUIRED` in `ibv_port_attr::flags`.
@@ -118,6 +126,25 @@ pub struct RawCompletionError {
     pub vendor_err: u32,
 }
 
+/// An asynchronous event the device reported (`ibv_get_async_event(3)`), as
+/// [`VerbsNic::recent_async_events`] keeps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AsyncEventRecord {
+    /// The event's name in verbs.h, e.g. `IBV_EVENT_QP_FATAL`.
+    pub event: &'static str,
+    /// What it was about: `queue pair 0x1a2b`, `completion queue 0`, `port 1`, `the device`.
+    pub subject: String,
+}
+
+/// One completion queue, how much of it the queue pairs on it may fill, and whether it
+/// failed.
+struct CqEntry {
+    cq: Arc<ffi::CompletionQueue>,
+    budget: Mutex<cq::CqBudget>,
+    /// Set by `IBV_EVENT_CQ_ERR`: the queue overran and is unusable.
+    failed: AtomicBool,
+}
+
 /// One registered region.
 struct Region {
     mr: ffi::MemoryRegion,
@@ -133,7 +160,7 @@ struct QueuePairEntry {
     psn: u32,
     caps: QpCaps,
     limits: QueueLimits,
-    state: Mutex<QpState>,
+    status: Mutex<QpStatus>,
     sq: Mutex<WrRing>,
     rq: Mutex<WrRing>,
 }
@@ -144,11 +171,20 @@ pub struct VerbsNic {
     caps: Capabilities,
     limits: DeviceLimits,
     port: PortInfo,
+    /// This device may page-fault as an RC responder (ODP receive, write or read): its queue
+    /// pairs ask for longer RNR waits and tell peers to retry forever (`qp_state`).
+    responder_may_fault: bool,
     counters: Counters,
     qps: RwLock<HashMap<u32, Arc<QueuePairEntry>>>,
-    cqs: RwLock<Vec<Arc<ffi::CompletionQueue>>>,
+    cqs: RwLock<Vec<Arc<CqEntry>>>,
     regions: Mutex<HashMap<u32, Region>>,
     recent_errors: Mutex<VecDeque<RawCompletionError>>,
+    recent_events: Mutex<VecDeque<AsyncEventRecord>>,
+    /// Set by `IBV_EVENT_DEVICE_FATAL`: every poll and post fails from then on.
+    device_failed: AtomicBool,
+    /// When the asynchronous events were last read (`events::CheckGate`), on `opened`'s clock.
+    async_check: events::CheckGate,
+    opened: Instant,
     pd: Arc<ffi::ProtectionDomain>,
     ctx: Arc<ffi::Context>,
 }
@@ -185,7 +221,19 @@ impl VerbsNic {
     /// [`Error::NoRdmaDevice`], whose one-line message names the soft provider.
     pub fn open(boot: &dyn Bootstrap, config: VerbsConfig) -> Result<VerbsNic> {
         if config.fork_safe {
-            ffi::fork_init().map_err(|e| os("ibv_fork_init (PAGEWIRE_FORK_SAFE=1)".into(), e))?;
+            enable_fork_safety()?;
+        }
+        if !ffi::has_query_gid_ex() {
+            return Err(Error::Unsupported {
+                device: "the libibverbs in this process".into(),
+                what: format!(
+                    "ibv_query_gid_ex (_ibv_query_gid_ex, IBVERBS_1.11), which the verbs provider \
+                     needs: it is older than rdma-core {}",
+                    rdma_core_version::MIN_RDMA_CORE
+                ),
+                hint: "install a newer rdma-core, or use the soft provider \
+                       (PAGEWIRE_TRANSPORT=soft)",
+            });
         }
         let list = ffi::DeviceList::get().map_err(|e| Error::NoRdmaDevice {
             detail: match e.raw_os_error() {
@@ -215,10 +263,16 @@ impl VerbsNic {
                 detail: format!("no usable RDMA device: {}", reasons.join("; ")),
             });
         };
+        // Asynchronous events are read from the poll path, which must not block.
+        c.ctx
+            .set_async_nonblocking()
+            .map_err(|e| os("fcntl(async_fd, F_SETFL, O_NONBLOCK)".into(), e))?;
         let device = format!("{} port {}", c.port.device, c.port.port);
+        let caps = caps::capabilities(&c.attr, &device, c.max_inline);
         Ok(VerbsNic {
             rank: boot.rank(),
-            caps: caps::capabilities(&c.attr, &device, c.max_inline),
+            responder_may_fault: caps.odp_rc_recv || caps.odp_rc_write || caps.odp_rc_read,
+            caps,
             limits: caps::limits(&c.attr),
             port: c.port,
             counters: Counters::default(),
@@ -226,6 +280,10 @@ impl VerbsNic {
             cqs: RwLock::new(Vec::new()),
             regions: Mutex::new(HashMap::new()),
             recent_errors: Mutex::new(VecDeque::new()),
+            recent_events: Mutex::new(VecDeque::new()),
+            device_failed: AtomicBool::new(false),
+            async_check: events::CheckGate::default(),
+            opened: Instant::now(),
             pd: c.pd,
             ctx: c.ctx,
         })
@@ -250,7 +308,14 @@ impl VerbsNic {
             .ok_or_else(|| Error::InvalidArgument(format!("no queue pair {qpn} on this NIC")))
     }
 
-    fn cq(&self, id: u32) -> Result<Arc<ffi::CompletionQueue>> {
+    /// The asynchronous events the device reported (at most 32, oldest first), as read so
+    /// far: `poll_cq` reads them when a poll comes back short, at most every 10 ms. Fatal ones
+    /// also turn into errors (see `events`).
+    pub fn recent_async_events(&self) -> Vec<AsyncEventRecord> {
+        self.recent_events.lock().iter().cloned().collect()
+    }
+
+    fn cq(&self, id: u32) -> Result<Arc<CqEntry>> {
         self.cqs
             .read()
             .get(id as usize)
@@ -342,6 +407,193 @@ impl VerbsNic {
         }
     }
 
+    /// `Ok` when the device pages on demand for every RC operation a region with `access`
+    /// may take part in ([`caps::missing_odp_operations`]).
+    fn require_odp_for(&self, access: Access) -> Result<()> {
+        let missing = caps::missing_odp_operations(&self.caps, access);
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(Error::Unsupported {
+            device: self.caps.device.clone(),
+            what: format!(
+                "on-demand paging on RC queue pairs for {}, which an ODP region with {} may be \
+                 used for",
+                missing.join(", "),
+                caps::access_names(access)
+            ),
+            hint: "register without ON_DEMAND (or with fewer rights), or use the soft provider \
+                   (PAGEWIRE_TRANSPORT=soft)",
+        })
+    }
+
+    /// `Err` once the device or completion queue `id` failed (an asynchronous event said so).
+    fn usable(&self, id: u32, entry: &CqEntry) -> Result<()> {
+        self.device_usable()?;
+        if entry.failed.load(Relaxed) {
+            return Err(os(
+                format!("completion queue {id}"),
+                io::Error::other(format!(
+                    "the device reported IBV_EVENT_CQ_ERR: the queue overran its {} entries and \
+                     is unusable, its completions lost; size a completion queue for the send \
+                     and receive depths of every queue pair it serves",
+                    entry.budget.lock().capacity()
+                )),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `Err` once the device reported `IBV_EVENT_DEVICE_FATAL`.
+    fn device_usable(&self) -> Result<()> {
+        if self.device_failed.load(Relaxed) {
+            return Err(os(
+                self.caps.device.clone(),
+                io::Error::other(
+                    "the device reported IBV_EVENT_DEVICE_FATAL: every queue pair and completion \
+                     queue on it is lost",
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Promises the completion queues of a new queue pair the entries it could fill
+    /// (`cq::CqBudget`); `Err` names the numbers when they are not there. Returns what to
+    /// give back should the queue pair not be made.
+    fn reserve_cq_entries(
+        &self,
+        peer: usize,
+        (send_cq, scq): (u32, &Arc<CqEntry>),
+        (recv_cq, rcq): (u32, &Arc<CqEntry>),
+        caps: &QpCaps,
+    ) -> Result<Vec<(Arc<CqEntry>, u64)>> {
+        let (sends, recvs) = (caps.max_send_wr, caps.max_recv_wr);
+        let wanted: Vec<(u32, &Arc<CqEntry>, u64)> = if send_cq == recv_cq {
+            vec![(send_cq, scq, cq::demand(sends, recvs, true, true))]
+        } else {
+            vec![
+                (send_cq, scq, cq::demand(sends, recvs, true, false)),
+                (recv_cq, rcq, cq::demand(sends, recvs, false, true)),
+            ]
+        };
+        let mut reserved: Vec<(Arc<CqEntry>, u64)> = Vec::new();
+        for (id, entry, demand) in wanted {
+            if let Err(over) = entry.budget.lock().reserve(demand) {
+                release_cq_entries(reserved);
+                return Err(Error::InvalidArgument(over.message(id, peer, sends, recvs)));
+            }
+            reserved.push((entry.clone(), demand));
+        }
+        Ok(reserved)
+    }
+
+    /// `ibv_create_qp` and RESET -> INIT for [`Nic::create_qp`], after its checks.
+    fn make_qp(
+        &self,
+        peer: usize,
+        scq: &Arc<CqEntry>,
+        rcq: &Arc<CqEntry>,
+        caps: QpCaps,
+    ) -> Result<u32> {
+        let want = ibv_qp_cap {
+            max_send_wr: caps.max_send_wr,
+            max_recv_wr: caps.max_recv_wr,
+            max_send_sge: caps.max_sge,
+            max_recv_sge: caps.max_sge,
+            max_inline_data: caps.max_inline,
+        };
+        let (qp, got) = self
+            .pd
+            .create_rc_qp(&scq.cq, &rcq.cq, want)
+            .map_err(|e| os(format!("ibv_create_qp(RC, {caps:?})"), e))?;
+        let (mut attr, mask) = qp_state::init_attr(
+            self.port.port,
+            wr::access_bits(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ),
+        );
+        // On failure `qp` drops here and is destroyed.
+        qp.modify(&mut attr, mask)
+            .map_err(|e| os(format!("ibv_modify_qp(qp {}, RESET->INIT)", qp.qp_num()), e))?;
+        let qpn = qp.qp_num();
+        let entry = QueuePairEntry {
+            psn: rand::random::<u32>() & 0xff_ffff,
+            peer,
+            caps,
+            limits: QueueLimits {
+                max_send_sge: got.max_send_sge,
+                max_recv_sge: got.max_recv_sge,
+                max_inline: got.max_inline_data,
+            },
+            status: Mutex::new(QpStatus::new()),
+            // As deep as asked (the device may grant more, `ibv_create_qp(3)`), so that the
+            // completion queues' reservation (`reserve_cq_entries`) bounds what can be
+            // outstanding.
+            sq: Mutex::new(WrRing::new(caps.max_send_wr.min(got.max_send_wr))),
+            rq: Mutex::new(WrRing::new(caps.max_recv_wr.min(got.max_recv_wr))),
+            qp,
+        };
+        self.qps.write().insert(qpn, Arc::new(entry));
+        Ok(qpn)
+    }
+
+    /// Reads every waiting asynchronous event and applies it (`events::effect`).
+    fn read_async_events(&self) {
+        loop {
+            match self.ctx.next_async_event() {
+                Ok(Some(ev)) => self.apply_async_event(ev),
+                Ok(None) => break,
+                Err(e) => {
+                    self.keep_event(AsyncEventRecord {
+                        event: "ibv_get_async_event failed",
+                        subject: e.to_string(),
+                    });
+                    break;
+                }
+            }
+        }
+    }
+
+    fn apply_async_event(&self, ev: ffi::AsyncEvent) {
+        let event = events::name(ev.event_type);
+        let cq_id = |addr: usize| self.cqs.read().iter().position(|e| e.cq.address() == addr);
+        let subject = match ev.element {
+            ffi::AsyncElement::QueuePair(n) => format!("queue pair {n:#x}"),
+            ffi::AsyncElement::CompletionQueue(addr) => match cq_id(addr) {
+                Some(id) => format!("completion queue {id}"),
+                None => "a completion queue not made by this NIC".into(),
+            },
+            ffi::AsyncElement::Port(p) => format!("port {p}"),
+            ffi::AsyncElement::Other => "the device".into(),
+        };
+        match (events::effect(ev.event_type), ev.element) {
+            (events::Effect::QueuePairFailed, ffi::AsyncElement::QueuePair(n)) => {
+                if let Some(q) = self.qps.read().get(&n) {
+                    q.status
+                        .lock()
+                        .failed(|| format!("{event} (asynchronous event)"));
+                }
+            }
+            (events::Effect::CompletionQueueFailed, ffi::AsyncElement::CompletionQueue(addr)) => {
+                if let Some(id) = cq_id(addr) {
+                    if let Some(e) = self.cqs.read().get(id) {
+                        e.failed.store(true, Relaxed);
+                    }
+                }
+            }
+            (events::Effect::DeviceFailed, _) => self.device_failed.store(true, Relaxed),
+            _ => {}
+        }
+        self.keep_event(AsyncEventRecord { event, subject });
+    }
+
+    fn keep_event(&self, record: AsyncEventRecord) {
+        let mut recent = self.recent_events.lock();
+        if recent.len() == RECENT_ERRORS {
+            recent.pop_front();
+        }
+        recent.push_back(record);
+    }
+
     fn record_error(&self, wc: &ibv_wc, wr_id: u64) {
         self.counters.error_completions.fetch_add(1, Relaxed);
         let mut recent = self.recent_errors.lock();
@@ -374,7 +626,14 @@ impl VerbsNic {
         if status != WcStatus::Success {
             self.record_error(wc, wr_id);
             if let Some(q) = qps.get(&wc.qp_num) {
-                *q.state.lock() = QpState::Error;
+                q.status.lock().failed(|| {
+                    format!(
+                        "work request {wr_id} ended with {} (ibv_wc_status {}, vendor syndrome {:#x})",
+                        ffi::wc_status_str(wc.status),
+                        wc.status,
+                        wc.vendor_err
+                    )
+                });
             }
             return Completion {
                 wr_id,
@@ -385,15 +644,35 @@ impl VerbsNic {
                 qp_num: wc.qp_num,
             };
         }
-        let with_imm = wc.wc_flags & rdma_sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+        // Only the fields the verbs contract defines for this opcode: `wcs` is reused across
+        // polls, and a provider leaves the others as an earlier completion wrote them.
+        let fields = wr::success_fields(wc, posted_as);
         Completion {
             wr_id,
             status,
-            opcode: wr::wc_opcode(wc.opcode).unwrap_or(posted_as),
-            byte_len: wc.byte_len,
-            imm: with_imm.then(|| u32::from_be(ffi::wc_imm_raw(wc))),
+            opcode: fields.opcode,
+            byte_len: fields.byte_len,
+            imm: fields.imm,
             qp_num: wc.qp_num,
         }
+    }
+}
+
+/// Gives back what [`VerbsNic::reserve_cq_entries`] promised.
+fn release_cq_entries(reserved: Vec<(Arc<CqEntry>, u64)>) {
+    for (entry, demand) in reserved {
+        entry.budget.lock().release(demand);
+    }
+}
+
+/// `PAGEWIRE_FORK_SAFE=1`: fork support in libibverbs, unless it is on already or the kernel
+/// makes it unnecessary (see `fork`).
+fn enable_fork_safety() -> Result<()> {
+    let status = ffi::fork_status().map(fork::ForkStatus::from_raw);
+    match fork::plan(status) {
+        fork::ForkPlan::AlreadySafe => Ok(()),
+        fork::ForkPlan::CallForkInit => ffi::fork_init()
+            .map_err(|e| Error::InvalidArgument(fork::failure(e.raw_os_error(), status))),
     }
 }
 
@@ -520,22 +799,23 @@ impl Nic for VerbsNic {
                 "REMOTE_WRITE requires LOCAL_WRITE (ibv_reg_mr(3))".into(),
             ));
         }
-        let c = &self.caps;
-        let any_rc_odp = c.odp_rc_send || c.odp_rc_recv || c.odp_rc_write || c.odp_rc_read;
-        if access.contains(Access::ON_DEMAND) && !any_rc_odp {
-            return Err(Error::Unsupported {
-                device: self.caps.device.clone(),
-                what: "on-demand paging (no RC ODP capability reported)".into(),
-                hint:
-                    "register without ON_DEMAND, or use the soft provider (PAGEWIRE_TRANSPORT=soft)",
-            });
+        if access.contains(Access::ON_DEMAND) {
+            self.require_odp_for(access)?;
         }
         self.register_raw(addr, len, access, false)
     }
 
     fn register_implicit_odp(&self, access: Access) -> Result<RegionInfo> {
-        self.caps.require_implicit_odp()?;
         let access = access | Access::ON_DEMAND;
+        self.require_odp_for(access)?;
+        if !self.caps.implicit_odp {
+            return Err(Error::Unsupported {
+                device: self.caps.device.clone(),
+                what: "implicit on-demand paging (one region for the whole address space)".into(),
+                hint: "use explicit ODP regions, the copy or pindown buffer mode, or the soft \
+                       provider (PAGEWIRE_TRANSPORT=soft)",
+            });
+        }
         if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
             return Err(Error::InvalidArgument(
                 "REMOTE_WRITE requires LOCAL_WRITE (ibv_reg_mr(3))".into(),
@@ -596,24 +876,44 @@ impl Nic for VerbsNic {
                 rdma_sys::ib_uverbs_advise_mr_advice::IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE
             }
         };
-        let mut sges = wr::advise_sges(lkey, addr, len);
-        self.pd
-            .advise_mr(code, ffi::ADVISE_MR_FLAG_FLUSH, &mut sges)
-            .map_err(|e| match e.raw_os_error() {
-                Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Error::Unsupported {
-                    device: self.caps.device.clone(),
-                    what: "prefetch (ibv_advise_mr)".into(),
-                    hint: "run without prefetch",
-                },
-                Some(libc::EFAULT) => Error::UnmappedRange { addr, len },
-                _ => os(
-                    format!("ibv_advise_mr(lkey={lkey:#010x}, {addr:#x}+{len}, {advice:?})"),
-                    e,
-                ),
-            })?;
-        let pages = crate::sys::page_span(addr, len).1 / PAGE_SIZE;
-        self.counters.prefetch_pages.fetch_add(pages, Relaxed);
-        Ok(())
+        // In batches: one call takes at most `wr::ADVISE_MAX_SGES` entries of 1 GiB, about
+        // 4 TiB (the ioctl attribute carrying the list has a 16-bit length).
+        let batches = wr::advise_batch_count(len);
+        let mut advised = 0u64;
+        let mut result = Ok(());
+        for (i, mut sges) in wr::advise_batches(lkey, addr, len).enumerate() {
+            let batch_len: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
+            if let Err(e) = self
+                .pd
+                .advise_mr(code, ffi::ADVISE_MR_FLAG_FLUSH, &mut sges)
+            {
+                result = Err(match e.raw_os_error() {
+                    Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Error::Unsupported {
+                        device: self.caps.device.clone(),
+                        what: "prefetch (ibv_advise_mr)".into(),
+                        hint: "run without prefetch",
+                    },
+                    Some(libc::EFAULT) => Error::UnmappedRange { addr, len },
+                    _ => os(
+                        format!(
+                            "ibv_advise_mr(lkey={lkey:#010x}, {addr:#x}+{len}, {advice:?}, \
+                             batch {} of {batches})",
+                            i + 1
+                        ),
+                        e,
+                    ),
+                });
+                break;
+            }
+            advised += batch_len;
+        }
+        // Pages asked for by the calls that succeeded (the earlier batches of a failed advice
+        // did prefetch).
+        if advised > 0 {
+            let pages = crate::sys::page_span(addr, advised).1 / PAGE_SIZE;
+            self.counters.prefetch_pages.fetch_add(pages, Relaxed);
+        }
+        result
     }
 
     fn create_cq(&self, depth: u32) -> Result<u32> {
@@ -628,13 +928,20 @@ impl Nic for VerbsNic {
             .ctx
             .create_cq(cqe)
             .map_err(|e| os(format!("ibv_create_cq(cqe={depth})"), e))?;
+        let entry = CqEntry {
+            budget: Mutex::new(cq::CqBudget::new(cq.entries())),
+            cq,
+            failed: AtomicBool::new(false),
+        };
         let mut cqs = self.cqs.write();
-        cqs.push(cq);
+        cqs.push(Arc::new(entry));
         Ok((cqs.len() - 1) as u32)
     }
 
     fn create_qp(&self, peer: usize, send_cq: u32, recv_cq: u32, caps: QpCaps) -> Result<u32> {
         let (scq, rcq) = (self.cq(send_cq)?, self.cq(recv_cq)?);
+        self.usable(send_cq, &scq)?;
+        self.usable(recv_cq, &rcq)?;
         let c = &self.caps;
         if caps.max_sge > c.max_sge.min(MAX_SGE as u32)
             || caps.max_inline > c.max_inline
@@ -653,47 +960,23 @@ impl Nic for VerbsNic {
                 c.max_qp_wr
             )));
         }
+        // A request: `connect` raises it to 7 (forever) when the peer's device may page-fault
+        // as a responder, whose RNR NAKs would use it up (`qp_state::rnr_retry_for`).
         if caps.rnr_retry > 7 {
             return Err(Error::InvalidArgument(format!(
                 "rnr_retry {} does not fit its 3 bits (7 means retry forever)",
                 caps.rnr_retry
             )));
         }
-        let want = ibv_qp_cap {
-            max_send_wr: caps.max_send_wr,
-            max_recv_wr: caps.max_recv_wr,
-            max_send_sge: caps.max_sge,
-            max_recv_sge: caps.max_sge,
-            max_inline_data: caps.max_inline,
-        };
-        let (qp, got) = self
-            .pd
-            .create_rc_qp(&scq, &rcq, want)
-            .map_err(|e| os(format!("ibv_create_qp(RC, {caps:?})"), e))?;
-        let (mut attr, mask) = qp_state::init_attr(
-            self.port.port,
-            wr::access_bits(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ),
-        );
-        // On failure `qp` drops here and is destroyed.
-        qp.modify(&mut attr, mask)
-            .map_err(|e| os(format!("ibv_modify_qp(qp {}, RESET->INIT)", qp.qp_num()), e))?;
-        let qpn = qp.qp_num();
-        let entry = QueuePairEntry {
-            psn: rand::random::<u32>() & 0xff_ffff,
-            peer,
-            caps,
-            limits: QueueLimits {
-                max_send_sge: got.max_send_sge,
-                max_recv_sge: got.max_recv_sge,
-                max_inline: got.max_inline_data,
-            },
-            state: Mutex::new(QpState::Init),
-            sq: Mutex::new(WrRing::new(got.max_send_wr)),
-            rq: Mutex::new(WrRing::new(got.max_recv_wr)),
-            qp,
-        };
-        self.qps.write().insert(qpn, Arc::new(entry));
-        Ok(qpn)
+        // The completion queues must hold whatever this queue pair can have outstanding.
+        let reserved = self.reserve_cq_entries(peer, (send_cq, &scq), (recv_cq, &rcq), &caps)?;
+        match self.make_qp(peer, &scq, &rcq, caps) {
+            Ok(qpn) => Ok(qpn),
+            Err(e) => {
+                release_cq_entries(reserved);
+                Err(e)
+            }
+        }
     }
 
     fn endpoint(&self, qpn: u32) -> Result<Endpoint> {
@@ -706,6 +989,7 @@ impl Nic for VerbsNic {
             gid: self.port.gid,
             mtu: self.port.active_mtu_code,
             link: self.port.link,
+            responder_may_fault: self.responder_may_fault,
         }
         .encode())
     }
@@ -725,11 +1009,11 @@ impl Nic for VerbsNic {
                 r.rank, r.link, self.port.link
             )));
         }
-        let mut state = q.state.lock();
-        if !state.may_go_to(QpState::Rtr) {
+        let mut status = q.status.lock();
+        if !status.state.may_go_to(QpState::Rtr) {
             return Err(Error::InvalidArgument(format!(
                 "queue pair {qpn} is {:?}; only a new queue pair can be connected",
-                *state
+                status.state
             )));
         }
         let fail = |why: String| Error::QueuePairError {
@@ -742,26 +1026,50 @@ impl Nic for VerbsNic {
             local_mtu: self.port.active_mtu_code,
             local_gid_index: self.port.gid_index,
             max_dest_rd_atomic: self.limits.max_qp_rd_atom.min(qp_state::MAX_RD_ATOMIC),
-            rnr_timer_us: q.caps.rnr_timer_us,
+            rnr_timer_us: qp_state::rnr_timer_us_for(q.caps.rnr_timer_us, self.responder_may_fault),
         };
         let (mut rtr, mask) = qp_state::rtr_attr(&params, &r).map_err(fail)?;
         q.qp.modify(&mut rtr, mask)
             .map_err(|e| fail(format!("ibv_modify_qp INIT->RTR: {e}")))?;
-        *state = QpState::Rtr;
+        status.moved_to(QpState::Rtr);
         let (mut rts, mask) = qp_state::rts_attr(
             q.psn,
-            q.caps.rnr_retry,
+            qp_state::rnr_retry_for(q.caps.rnr_retry, r.responder_may_fault),
             self.limits.max_qp_init_rd_atom.min(qp_state::MAX_RD_ATOMIC),
         );
         q.qp.modify(&mut rts, mask)
             .map_err(|e| fail(format!("ibv_modify_qp RTR->RTS: {e}")))?;
-        *state = QpState::Rts;
+        status.moved_to(QpState::Rts);
         Ok(())
     }
 
     #[allow(unsafe_code)]
     unsafe fn post_send(&self, qpn: u32, wr: &SendWr<'_>) -> Result<()> {
+        self.device_usable()?;
         let q = self.qp(qpn)?;
+        {
+            let status = q.status.lock();
+            match status.send_gate() {
+                SendGate::Post => {}
+                SendGate::NotConnected => {
+                    return Err(Error::InvalidArgument(format!(
+                        "queue pair {qpn} is not connected (it is in {:?}; call connect with the \
+                         peer's endpoint first)",
+                        status.state
+                    )))
+                }
+                SendGate::FailedBeforeRts => {
+                    return Err(Error::QueuePairError {
+                        qpn,
+                        peer: q.peer,
+                        why: status
+                            .error
+                            .clone()
+                            .unwrap_or_else(|| "it failed before it was connected".into()),
+                    })
+                }
+            }
+        }
         let mut ring = q.sq.lock();
         let seq = ring
             .push(wr.wr_id, wr::completes_as(&wr.opcode))
@@ -786,6 +1094,8 @@ impl Nic for VerbsNic {
         if let Err(e) = posted {
             ring.unpush(seq);
             return Err(match e.raw_os_error() {
+                // The send gate above let only RTS (or ERROR after RTS) through, where mlx5's
+                // ENOMEM means a full queue (or too many SGEs, which `send_wr` refused).
                 Some(libc::ENOMEM) => Error::Exhausted {
                     what: "send queue",
                     limit: u64::from(q.caps.max_send_wr),
@@ -803,6 +1113,7 @@ impl Nic for VerbsNic {
 
     #[allow(unsafe_code)]
     unsafe fn post_recv(&self, qpn: u32, wr: &RecvWr<'_>) -> Result<()> {
+        self.device_usable()?;
         let q = self.qp(qpn)?;
         let mut ring = q.rq.lock();
         let seq = ring
@@ -838,8 +1149,10 @@ impl Nic for VerbsNic {
         Ok(())
     }
 
-    fn poll_cq(&self, cq: u32, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
-        let cq = self.cq(cq)?;
+    fn poll_cq(&self, cq_id: u32, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
+        let entry = self.cq(cq_id)?;
+        self.usable(cq_id, &entry)?;
+        let cq = &entry.cq;
         let mut wcs: [ibv_wc; POLL_BATCH] = std::array::from_fn(|_| ffi::zeroed());
         let mut got = 0;
         while got < max {
@@ -854,6 +1167,18 @@ impl Nic for VerbsNic {
             got += n;
             if n < want {
                 break;
+            }
+        }
+        // A short poll may be a queue that will never complete anything again (overrun, or a
+        // device in a fatal state): look at the asynchronous events now and then.
+        if got < max
+            && self
+                .async_check
+                .claim(self.opened.elapsed().as_nanos() as u64)
+        {
+            self.read_async_events();
+            if got == 0 {
+                self.usable(cq_id, &entry)?;
             }
         }
         Ok(got)

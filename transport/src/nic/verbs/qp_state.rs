@@ -23,6 +23,53 @@ pub(crate) const RETRY_CNT: u8 = 7;
 pub(crate) const HOP_LIMIT: u8 = 64;
 /// Cap on outstanding RDMA READs per queue pair, each way (the device may allow fewer).
 pub(crate) const MAX_RD_ATOMIC: u8 = 16;
+/// `rnr_retry` 7: retry receiver-not-ready forever.
+pub(crate) const RNR_RETRY_FOREVER: u8 = 7;
+/// The least `min_rnr_timer` (µs) of a queue pair whose device may page-fault as a
+/// responder: 0.64 ms (code 12), the value of rdma-core's examples (`rc_pingpong.c`) and
+/// tests (`tests/base.py`). See [`rnr_timer_us_for`].
+pub(crate) const ODP_MIN_RNR_TIMER_US: u32 = 640;
+
+/// The `rnr_retry` a queue pair gets: `requested`, or [`RNR_RETRY_FOREVER`] when the peer's
+/// device may page-fault as a responder.
+///
+/// A responder resolving a network page fault (an RDMA WRITE or a receive into an ODP region
+/// whose page is absent, an RDMA READ from one) answers with RNR NAKs, and each uses up one
+/// of the requester's `rnr_retry`; a fault takes 0.1 to 1 ms or more to resolve (docs/verbs.md,
+/// "What to expect"), so any finite count can end in `IBV_WC_RNR_RETRY_EXC_ERR` under
+/// faults that would have resolved. Whether the peer will register ODP regions is not known
+/// when the queue pairs connect (pagewire registers after connecting), so its device's
+/// capability decides, sent in the endpoint.
+pub(crate) fn rnr_retry_for(requested: u8, peer_may_fault: bool) -> u8 {
+    if peer_may_fault {
+        RNR_RETRY_FOREVER
+    } else {
+        requested.min(RNR_RETRY_FOREVER)
+    }
+}
+
+/// The wait this queue pair, as a responder, asks a requester to keep after its RNR NAKs
+/// (`min_rnr_timer`): `requested`, raised to [`ODP_MIN_RNR_TIMER_US`] when this side's
+/// device may page-fault as a responder.
+///
+/// The choice, not measured (no hardware): with [`rnr_retry_for`] retrying forever, the
+/// timer no longer decides *whether* a transfer survives a fault, only how often the
+/// requester resends into it. A fault takes about 0.1 to 1 ms, so a 20 µs timer (the trait's
+/// default) would resend 5 to 50 times per fault, each time the packets from the faulting
+/// one on, into a responder that cannot take them yet; 0.64 ms resends at most a few times
+/// and costs at most about 0.5 ms of extra latency on an access that is already cold. Where
+/// no ODP is possible the caller's value stands: pagewire's credits keep receives posted,
+/// so an RNR NAK is a start-up race that a short timer ends sooner. Whether a device puts
+/// the QP's `min_rnr_timer` into the RNR NAKs of a page fault, as into those of a missing
+/// receive, the verbs API does not say; if it uses a timer of its own, this raise only
+/// slows receive-not-ready retries on ODP-capable devices.
+pub(crate) fn rnr_timer_us_for(requested: u32, local_may_fault: bool) -> u32 {
+    if local_may_fault {
+        requested.max(ODP_MIN_RNR_TIMER_US)
+    } else {
+        requested
+    }
+}
 
 /// Where a queue pair is in its life (`enum ibv_qp_state`, the part pagewire uses). A queue
 /// pair is created in RESET and `create_qp` moves it to INIT before returning, so RESET is
@@ -53,6 +100,73 @@ impl QpState {
             (self, next),
             (QpState::Init, QpState::Rtr) | (QpState::Rtr, QpState::Rts) | (_, QpState::Error)
         )
+    }
+}
+
+/// What the provider knows of a queue pair's life: its state, whether it ever reached RTS,
+/// and what put it into ERROR.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct QpStatus {
+    /// The state the provider last moved it to, or ERROR once an error completion or a fatal
+    /// event said so.
+    pub state: QpState,
+    /// It reached RTS at some point (its send queue was enabled then; see [`SendGate`]).
+    pub reached_rts: bool,
+    /// Why it is in ERROR (the first reason seen).
+    pub error: Option<String>,
+}
+
+/// Whether `post_send` may hand a work request to the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SendGate {
+    /// RTS, or ERROR after RTS: the device accepts it (and, in ERROR, flushes it).
+    Post,
+    /// INIT or RTR: `connect` has not brought it to RTS.
+    NotConnected,
+    /// ERROR without ever having reached RTS: no send can be posted, and none flushed.
+    FailedBeforeRts,
+}
+
+impl QpStatus {
+    /// A queue pair just moved to INIT by `create_qp`.
+    pub(crate) fn new() -> QpStatus {
+        QpStatus {
+            state: QpState::Init,
+            reached_rts: false,
+            error: None,
+        }
+    }
+
+    /// Records the move to `next` (which `ibv_modify_qp` just made).
+    pub(crate) fn moved_to(&mut self, next: QpState) {
+        self.state = next;
+        self.reached_rts |= next == QpState::Rts;
+    }
+
+    /// Records that the queue pair is in ERROR because of `why` (the first reason is kept).
+    pub(crate) fn failed(&mut self, why: impl FnOnce() -> String) {
+        self.state = QpState::Error;
+        if self.error.is_none() {
+            self.error = Some(why());
+        }
+    }
+
+    /// Whether a send may be posted now.
+    ///
+    /// Sends are refused before RTS as the soft provider refuses them on an unconnected
+    /// queue pair. mlx5 would fail them with `ENOMEM` (`set_qp_operational_state` in
+    /// `providers/mlx5/verbs.c` enables the send queue's scatter-gather limit,
+    /// `qp_state_max_gs`, only at RTS; `_mlx5_post_send` fails any request above it with
+    /// `ENOMEM`), which reads like a full queue and would make a caller that waits for room
+    /// wait forever. In ERROR after RTS the device still takes sends and completes them with
+    /// `IBV_WC_WR_FLUSH_ERR`, which is how a queue is drained.
+    pub(crate) fn send_gate(&self) -> SendGate {
+        match self.state {
+            QpState::Rts => SendGate::Post,
+            QpState::Error if self.reached_rts => SendGate::Post,
+            QpState::Error => SendGate::FailedBeforeRts,
+            QpState::Init | QpState::Rtr => SendGate::NotConnected,
+        }
     }
 }
 
@@ -103,7 +217,7 @@ pub(crate) struct RtrParams {
     pub local_gid_index: Option<u32>,
     /// Responder resources for incoming READs (`max_dest_rd_atomic`).
     pub max_dest_rd_atomic: u8,
-    /// From `QpCaps::rnr_timer_us`.
+    /// From `QpCaps::rnr_timer_us`, through [`rnr_timer_us_for`].
     pub rnr_timer_us: u32,
 }
 
@@ -158,8 +272,8 @@ pub(crate) fn rtr_attr(p: &RtrParams, remote: &QpAddress) -> Result<(ibv_qp_attr
     Ok((a, mask))
 }
 
-/// RTR -> RTS: this side's PSN, the ACK timeout and retry count, the RNR retry count from
-/// `QpCaps::rnr_retry` (7 = retry forever), outstanding READs.
+/// RTR -> RTS: this side's PSN, the ACK timeout and retry count, the RNR retry count
+/// ([`rnr_retry_for`]; 7 = retry forever), outstanding READs.
 pub(crate) fn rts_attr(sq_psn: u32, rnr_retry: u8, max_rd_atomic: u8) -> (ibv_qp_attr, u32) {
     let mut a: ibv_qp_attr = zeroed();
     a.qp_state = QpState::Rts.raw();
@@ -192,6 +306,7 @@ mod tests {
             gid,
             mtu: 3,
             link: LinkLayer::Infiniband,
+            responder_may_fault: false,
         }
     }
 
@@ -276,6 +391,50 @@ mod tests {
         assert!(Rts.may_go_to(Error) && Init.may_go_to(Error));
         assert!(!Init.may_go_to(Rts) && !Rts.may_go_to(Rtr) && !Rts.may_go_to(Rts));
         assert_eq!(Error.raw(), ibv_qp_state::IBV_QPS_ERR);
+    }
+
+    #[test]
+    fn sends_are_posted_only_in_rts_or_to_flush_after_rts() {
+        let mut s = QpStatus::new();
+        assert_eq!(s.send_gate(), SendGate::NotConnected);
+        s.moved_to(QpState::Rtr);
+        assert_eq!(s.send_gate(), SendGate::NotConnected);
+        s.moved_to(QpState::Rts);
+        assert_eq!(s.send_gate(), SendGate::Post);
+        s.failed(|| "work request 3 ended with remote access error".into());
+        s.failed(|| "a later reason".into());
+        assert_eq!(s.state, QpState::Error);
+        assert_eq!(
+            s.send_gate(),
+            SendGate::Post,
+            "in ERROR after RTS sends are flushed"
+        );
+        assert_eq!(
+            s.error.as_deref(),
+            Some("work request 3 ended with remote access error")
+        );
+        // A queue pair whose connection failed half-way never had a send queue.
+        let mut half = QpStatus::new();
+        half.moved_to(QpState::Rtr);
+        half.failed(|| "IBV_EVENT_QP_FATAL".into());
+        assert_eq!(half.send_gate(), SendGate::FailedBeforeRts);
+    }
+
+    #[test]
+    fn page_faulting_responders_get_infinite_rnr_retries_and_a_longer_timer() {
+        // No ODP at the peer: the caller's choice.
+        assert_eq!(rnr_retry_for(3, false), 3);
+        assert_eq!(rnr_retry_for(9, false), 7);
+        // Responder page faults are answered with RNR NAKs: retry forever.
+        assert_eq!(rnr_retry_for(0, true), RNR_RETRY_FOREVER);
+        assert_eq!(rnr_retry_for(3, true), RNR_RETRY_FOREVER);
+        // The trait's default 20 µs, raised to rdma-core's 0.64 ms where this side may fault.
+        assert_eq!(rnr_timer_us_for(20, false), 20);
+        assert_eq!(rnr_timer_us_for(20, true), ODP_MIN_RNR_TIMER_US);
+        assert_eq!(rnr_timer_us_for(5_000, true), 5_000);
+        assert_eq!(rnr_timer_code(rnr_timer_us_for(20, true)), 12);
+        let (a, _) = rts_attr(1, rnr_retry_for(2, true), 1);
+        assert_eq!(a.rnr_retry, 7);
     }
 
     #[test]

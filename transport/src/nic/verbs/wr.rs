@@ -30,14 +30,14 @@
 #![forbid(unsafe_code)]
 
 use rdma_sys::{
-    ibv_access_flags as A, ibv_recv_wr, ibv_send_flags as F, ibv_send_wr, ibv_sge,
-    ibv_wc_opcode as O, ibv_wc_status as S, ibv_wr_opcode as W, rdma_t,
+    ibv_access_flags as A, ibv_recv_wr, ibv_send_flags as F, ibv_send_wr, ibv_sge, ibv_wc,
+    ibv_wc_flags, ibv_wc_opcode as O, ibv_wc_status as S, ibv_wr_opcode as W, rdma_t,
 };
 
 use crate::error::{Error, Result};
 use crate::nic::{Access, Opcode, RecvWr, SendWr, WcOpcode, WcStatus};
 
-use super::ffi::zeroed;
+use super::ffi::{wc_imm_raw, zeroed};
 
 /// Marks a receive-queue sequence number in the `wr_id` given to the NIC.
 pub(crate) const RECV_BIT: u64 = 1 << 63;
@@ -110,6 +110,45 @@ pub(crate) fn wc_opcode(raw: u32) -> Option<WcOpcode> {
         O::IBV_WC_RECV => Some(WcOpcode::Recv),
         O::IBV_WC_RECV_RDMA_WITH_IMM => Some(WcOpcode::RecvRdmaWithImm),
         _ => None,
+    }
+}
+
+/// What a successful completion says beyond its `wr_id` and status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SuccessFields {
+    /// The completion's opcode (the posted one when `ibv_wc::opcode` is not one pagewire
+    /// posts).
+    pub opcode: WcOpcode,
+    /// Bytes received (receives) or read (RDMA READ); 0 for sends and writes.
+    pub byte_len: u32,
+    /// The immediate data of a receive that carried one.
+    pub imm: Option<u32>,
+}
+
+/// The opcode, length and immediate of a successful `wc`, reading only the fields the verbs
+/// contract defines for its opcode. `posted_as` is what the provider's own record says the
+/// request was.
+///
+/// A provider writes `byte_len` and `imm_data` only where they mean something: mlx5's
+/// `handle_good_req` (`providers/mlx5/cq.c`) writes `byte_len` for RDMA READ and atomics
+/// only, never writes `imm_data` for a send-queue completion, yet sets `IBV_WC_WITH_IMM` on
+/// the sender's own SEND_WITH_IMM and RDMA_WRITE_WITH_IMM completions. An `ibv_wc` reused
+/// across polls therefore still holds an earlier receive's length and immediate when a send
+/// completes into it. So: `imm` only for receive opcodes with `IBV_WC_WITH_IMM`, `byte_len`
+/// only for receives and RDMA READ (`ibv_poll_cq(3)`: "byte_len: Number of bytes
+/// transferred"; `Completion::byte_len`: "bytes received (receives) or transferred (READ)").
+pub(crate) fn success_fields(wc: &ibv_wc, posted_as: WcOpcode) -> SuccessFields {
+    let opcode = wc_opcode(wc.opcode).unwrap_or(posted_as);
+    let receive = matches!(opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+    let byte_len = match opcode {
+        WcOpcode::Recv | WcOpcode::RecvRdmaWithImm | WcOpcode::RdmaRead => wc.byte_len,
+        WcOpcode::Send | WcOpcode::RdmaWrite => 0,
+    };
+    let with_imm = wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+    SuccessFields {
+        opcode,
+        byte_len,
+        imm: (receive && with_imm).then(|| u32::from_be(wc_imm_raw(wc))),
     }
 }
 
@@ -230,21 +269,58 @@ pub(crate) fn recv_wr(
     Ok(w)
 }
 
-/// The scatter-gather list `ibv_advise_mr` gets for `[addr, addr+len)` of region `lkey`,
-/// in pieces of at most [`ADVISE_CHUNK`] bytes.
-pub(crate) fn advise_sges(lkey: u32, addr: u64, len: u64) -> Vec<ibv_sge> {
-    let mut v = Vec::with_capacity(len.div_ceil(ADVISE_CHUNK) as usize);
-    let (mut at, end) = (addr, addr.saturating_add(len));
-    while at < end {
-        let n = (end - at).min(ADVISE_CHUNK);
-        v.push(ibv_sge {
-            addr: at,
-            length: n as u32,
-            lkey,
-        });
-        at += n;
+/// Most scatter-gather entries one `ibv_advise_mr` call takes: 4095. libibverbs passes the
+/// list to the kernel as one ioctl attribute whose length field is 16 bits
+/// (`struct ib_uverbs_attr::len`); `fill_attr_in` marks a longer one as a buffer error and
+/// `execute_ioctl` then fails the call with `EINVAL` (rdma-core `libibverbs/cmd_ioctl.h`,
+/// `cmd_ioctl.c`; `ibv_cmd_advise_mr` in `cmd_mr.c`, which mlx5's `advise_mr` calls).
+pub(crate) const ADVISE_MAX_SGES: usize = u16::MAX as usize / std::mem::size_of::<ibv_sge>();
+
+/// The batches of [`advise_batches`] for `len` bytes.
+pub(crate) fn advise_batch_count(len: u64) -> u64 {
+    len.div_ceil(ADVISE_CHUNK).div_ceil(ADVISE_MAX_SGES as u64)
+}
+
+/// The scatter-gather lists `ibv_advise_mr` gets for `[addr, addr+len)` of region `lkey`:
+/// pieces of at most [`ADVISE_CHUNK`] bytes, at most [`ADVISE_MAX_SGES`] of them per call
+/// (one call covers up to about 4 TiB). Made one batch at a time, so a huge range (an
+/// implicit ODP region is `u64::MAX` long) costs no more memory than one batch.
+pub(crate) fn advise_batches(lkey: u32, addr: u64, len: u64) -> AdviseBatches {
+    AdviseBatches {
+        lkey,
+        at: addr,
+        end: addr.saturating_add(len),
     }
-    v
+}
+
+/// Iterator of [`advise_batches`].
+#[derive(Clone, Debug)]
+pub(crate) struct AdviseBatches {
+    lkey: u32,
+    at: u64,
+    end: u64,
+}
+
+impl Iterator for AdviseBatches {
+    type Item = Vec<ibv_sge>;
+
+    fn next(&mut self) -> Option<Vec<ibv_sge>> {
+        if self.at >= self.end {
+            return None;
+        }
+        let pieces = (self.end - self.at).div_ceil(ADVISE_CHUNK);
+        let mut batch = Vec::with_capacity(pieces.min(ADVISE_MAX_SGES as u64) as usize);
+        while self.at < self.end && batch.len() < ADVISE_MAX_SGES {
+            let n = (self.end - self.at).min(ADVISE_CHUNK);
+            batch.push(ibv_sge {
+                addr: self.at,
+                length: n as u32,
+                lkey: self.lkey,
+            });
+            self.at += n;
+        }
+        Some(batch)
+    }
 }
 
 /// One posted work request, by ring sequence.
@@ -258,6 +334,9 @@ struct Slot {
 /// The requests posted to one queue of one queue pair, in posting order.
 #[derive(Debug)]
 pub(crate) struct WrRing {
+    /// Requests the queue may hold (0: none at all).
+    depth: u64,
+    /// At least one, so that sequence numbers index it.
     slots: Vec<Option<Slot>>,
     /// Sequence of the next request.
     head: u64,
@@ -269,6 +348,7 @@ impl WrRing {
     /// A ring for a queue of `depth` requests.
     pub(crate) fn new(depth: u32) -> WrRing {
         WrRing {
+            depth: u64::from(depth),
             slots: vec![None; depth.max(1) as usize],
             head: 0,
             tail: 0,
@@ -283,7 +363,7 @@ impl WrRing {
     /// Records a request; returns its sequence, or `None` when the queue is full.
     pub(crate) fn push(&mut self, wr_id: u64, opcode: WcOpcode) -> Option<u64> {
         let cap = self.slots.len() as u64;
-        if self.outstanding() >= cap {
+        if self.outstanding() >= self.depth {
             return None;
         }
         let seq = self.head;
@@ -408,6 +488,88 @@ mod tests {
         assert_eq!(completes_as(&Opcode::SendWithImm(1)), WcOpcode::Send);
     }
 
+    /// One `ibv_wc` written the way mlx5 writes it (`mlx5_parse_cqe`: `wc_flags` and
+    /// `qp_num` reset, then `handle_good_req` for a send-queue entry): a receive with an
+    /// immediate first, then the sender's own SEND_WITH_IMM and RDMA_WRITE_WITH_IMM
+    /// completions into the same entry, which leave `byte_len` and `imm_data` as they were.
+    #[test]
+    fn send_completions_in_a_reused_wc_array_carry_no_stale_length_or_immediate() {
+        let mut wcs: [ibv_wc; 2] = std::array::from_fn(|_| zeroed());
+        let with_imm = ibv_wc_flags::IBV_WC_WITH_IMM.0;
+        // A receive of a SEND_WITH_IMM: length and immediate are the receive's.
+        wcs[1].opcode = O::IBV_WC_RECV;
+        wcs[1].wc_flags = with_imm;
+        wcs[1].byte_len = 8192;
+        wcs[1].imm_data_invalidated_rkey_union.imm_data = 0xfeed_f00du32.to_be();
+        assert_eq!(
+            success_fields(&wcs[1], WcOpcode::Recv),
+            SuccessFields {
+                opcode: WcOpcode::Recv,
+                byte_len: 8192,
+                imm: Some(0xfeed_f00d)
+            }
+        );
+        // The next poll reuses the entry for this side's own SEND_WITH_IMM.
+        wcs[1].opcode = O::IBV_WC_SEND;
+        wcs[1].wc_flags = with_imm;
+        assert_eq!(
+            success_fields(&wcs[1], WcOpcode::Send),
+            SuccessFields {
+                opcode: WcOpcode::Send,
+                byte_len: 0,
+                imm: None
+            }
+        );
+        // ... and for an RDMA_WRITE_WITH_IMM.
+        wcs[1].opcode = O::IBV_WC_RDMA_WRITE;
+        assert_eq!(
+            success_fields(&wcs[1], WcOpcode::RdmaWrite),
+            SuccessFields {
+                opcode: WcOpcode::RdmaWrite,
+                byte_len: 0,
+                imm: None
+            }
+        );
+        // An RDMA READ's length is its own (handle_good_req writes it).
+        wcs[1].opcode = O::IBV_WC_RDMA_READ;
+        wcs[1].wc_flags = 0;
+        wcs[1].byte_len = 4096;
+        assert_eq!(
+            success_fields(&wcs[1], WcOpcode::RdmaRead),
+            SuccessFields {
+                opcode: WcOpcode::RdmaRead,
+                byte_len: 4096,
+                imm: None
+            }
+        );
+        // A receive without IBV_WC_WITH_IMM has no immediate, whatever the union holds; a
+        // receive consumed by a WRITE_WITH_IMM has one.
+        wcs[1].opcode = O::IBV_WC_RECV;
+        wcs[1].byte_len = 64;
+        assert_eq!(success_fields(&wcs[1], WcOpcode::Recv).imm, None);
+        wcs[1].opcode = O::IBV_WC_RECV_RDMA_WITH_IMM;
+        wcs[1].wc_flags = with_imm;
+        assert_eq!(
+            success_fields(&wcs[1], WcOpcode::Recv),
+            SuccessFields {
+                opcode: WcOpcode::RecvRdmaWithImm,
+                byte_len: 64,
+                imm: Some(0xfeed_f00d)
+            }
+        );
+        // An opcode pagewire never posts falls back to the provider's own record.
+        wcs[0].opcode = O::IBV_WC_COMP_SWAP;
+        wcs[0].byte_len = 8;
+        assert_eq!(
+            success_fields(&wcs[0], WcOpcode::Send),
+            SuccessFields {
+                opcode: WcOpcode::Send,
+                byte_len: 0,
+                imm: None
+            }
+        );
+    }
+
     #[test]
     fn send_requests_carry_opcode_flags_keys_and_immediates() {
         let sgl = [sge(10), sge(20)];
@@ -493,11 +655,41 @@ mod tests {
 
     #[test]
     fn advise_ranges_split_into_32_bit_pieces() {
-        assert!(advise_sges(1, 0x1000, 0).is_empty());
-        let v = advise_sges(7, 0x1000, 3 * ADVISE_CHUNK + 5);
+        assert!(advise_batches(1, 0x1000, 0).next().is_none());
+        assert_eq!(advise_batch_count(0), 0);
+        let v: Vec<ibv_sge> = advise_batches(7, 0x1000, 3 * ADVISE_CHUNK + 5)
+            .flatten()
+            .collect();
         assert_eq!(v.len(), 4);
         assert_eq!((v[0].addr, v[0].length, v[0].lkey), (0x1000, 1 << 30, 7));
         assert_eq!((v[3].addr, v[3].length), (0x1000 + 3 * ADVISE_CHUNK, 5));
+    }
+
+    #[test]
+    fn advice_above_4_tib_is_given_in_batches_the_ioctl_can_carry() {
+        // The SGE list travels in an ioctl attribute with a 16-bit length.
+        assert_eq!(ADVISE_MAX_SGES, 4095);
+        assert!(ADVISE_MAX_SGES * std::mem::size_of::<ibv_sge>() <= u16::MAX as usize);
+        assert!((ADVISE_MAX_SGES + 1) * std::mem::size_of::<ibv_sge>() > u16::MAX as usize);
+        // 5 TiB and a bit, from an address that is not 1 GiB-aligned.
+        let (addr, len) = (0x7f00_0000_1000u64, (5u64 << 40) + 12345);
+        let batches: Vec<Vec<ibv_sge>> = advise_batches(9, addr, len).collect();
+        assert_eq!(batches.len() as u64, advise_batch_count(len));
+        assert_eq!(
+            batches.iter().map(Vec::len).collect::<Vec<_>>(),
+            [4095, 5120 - 4095 + 1]
+        );
+        // Together they cover the range exactly, in order, without gaps or overlaps.
+        let mut at = addr;
+        for s in batches.iter().flatten() {
+            assert_eq!((s.addr, s.lkey), (at, 9));
+            assert!(s.length > 0 && u64::from(s.length) <= ADVISE_CHUNK);
+            at += u64::from(s.length);
+        }
+        assert_eq!(at, addr + len);
+        // An implicit ODP region's whole length is not materialised: one batch at a time.
+        let mut all = advise_batches(1, 0, u64::MAX);
+        assert_eq!(all.next().map(|b| b.len()), Some(ADVISE_MAX_SGES));
     }
 
     #[test]
@@ -524,6 +716,15 @@ mod tests {
         assert_eq!(r.outstanding(), 0);
         // `a`'s slot was reused by `d`: an entry for it is unknown.
         assert_eq!(r.complete(a), None);
+    }
+
+    /// A queue pair created with no send (or receive) requests holds none: the completion
+    /// queue accounting promised it nothing.
+    #[test]
+    fn a_ring_of_depth_zero_takes_nothing() {
+        let mut r = WrRing::new(0);
+        assert_eq!(r.push(1, WcOpcode::Send), None);
+        assert_eq!(r.outstanding(), 0);
     }
 
     #[test]
