@@ -335,12 +335,13 @@ pub fn run(
         boot.size()
     );
     let me = boot.rank();
-    let cq = nic.create_cq(4096)?;
     let caps = QpCaps {
         max_send_wr: 4096,
         max_recv_wr: 4096,
         ..QpCaps::default()
     };
+    // Room for every completion the one queue pair can have outstanding.
+    let cq = nic.create_cq(caps.max_send_wr + caps.max_recv_wr)?;
     let qp = nic.create_qp(1 - me, cq, cq, caps)?;
     let all = boot.allgather(&nic.endpoint(qp)?.0)?;
     nic.connect(qp, &Endpoint(all[1 - me].clone()))?;

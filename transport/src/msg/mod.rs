@@ -434,7 +434,18 @@ impl PointToPoint {
         let slot_bytes = (HEADER_BYTES + cfg.eager_limit).div_ceil(64) * 64;
         let per_peer = (cfg.credits + cfg.control_slots) as usize;
         let max_send_wr = 4096;
-        let cq = nic.create_cq(65536)?;
+        // One completion queue serves every queue pair: room for all each can have
+        // outstanding (verbs refuses an overrunning CQ, issue 17).
+        let per_qp = max_send_wr as usize + per_peer;
+        let depth = per_qp
+            .checked_mul(size)
+            .and_then(|d| u32::try_from(d).ok())
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "{size} ranks need a completion queue of {per_qp} entries each; too many"
+                ))
+            })?;
+        let cq = nic.create_cq(depth)?;
         let caps = QpCaps {
             max_send_wr,
             max_recv_wr: per_peer as u32,

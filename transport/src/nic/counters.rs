@@ -16,6 +16,11 @@ pub enum DataPath {
 /// less than `2^i` microseconds (the last bucket takes the rest).
 pub const NPF_HISTOGRAM_BUCKETS: usize = 20;
 
+/// Adds `n` to a counter only one thread updates at a time (readers may see it late).
+pub(crate) fn add_serialized(c: &AtomicU64, n: u64) {
+    c.store(c.load(Relaxed).wrapping_add(n), Relaxed);
+}
+
 /// Live counters, updated with relaxed atomics from the data path.
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -62,11 +67,14 @@ impl Counters {
         self.npf_histogram[bucket.min(NPF_HISTOGRAM_BUCKETS - 1)].fetch_add(1, Relaxed);
     }
 
+    /// Counts payload bytes by path. Callers are serialised (the soft engine's lock), so a
+    /// load and a store do, without a locked instruction on the data path.
     pub(crate) fn add_bytes(&self, path: DataPath, bytes: u64) {
-        match path {
-            DataPath::Cma => self.bytes_cma.fetch_add(bytes, Relaxed),
-            DataPath::Staged => self.bytes_staged.fetch_add(bytes, Relaxed),
+        let c = match path {
+            DataPath::Cma => &self.bytes_cma,
+            DataPath::Staged => &self.bytes_staged,
         };
+        add_serialized(c, bytes);
     }
 
     /// A consistent-enough copy for reporting.

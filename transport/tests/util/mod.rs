@@ -121,7 +121,8 @@ pub fn ranks(name: &str, n: usize, env: &[(&str, &str)], body: fn(&Rank)) -> Opt
     if std::env::var(ROLE).as_deref() == Ok(name) {
         let boot = boot::from_env().expect("bootstrap");
         let nic = SoftNic::new(&*boot, SoftConfig::from_env().expect("config")).expect("NIC up");
-        let cq = nic.create_cq(4096).unwrap();
+        // Deep enough for every queue pair a test creates (default caps: 2048 each).
+        let cq = nic.create_cq(1 << 20).unwrap();
         let r = Rank { boot, nic, cq };
         body(&r);
         return None;

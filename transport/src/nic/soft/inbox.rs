@@ -51,7 +51,7 @@ pub(crate) fn announce(ring: &Ring<'_>, pending: PendingBits<'_>, src: usize) {
 }
 
 /// The receiving side's view: which rings it polls.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Inbox {
     /// Rings polled every pass, with passes since each last had a packet.
     hot: Vec<(usize, u32)>,
@@ -109,7 +109,7 @@ impl Inbox {
                 let src = wi * 64 + bits.trailing_zeros() as usize;
                 bits &= bits - 1;
                 if src >= self.is_hot.len() {
-                    continue;
+                    continue; // not a rank of this job: a stray bit
                 }
                 if !self.is_hot[src] {
                     self.is_hot[src] = true;

@@ -339,7 +339,6 @@ impl NpfSlot<'_> {
 
 /// A peer as this rank's NIC sees it.
 pub(crate) struct Peer {
-    pub rank: usize,
     pub pid: u32,
     pub mem: Arc<RankMemory>,
     pub cma: bool,
@@ -432,7 +431,6 @@ impl SoftNic {
                 }
             };
             peers.push(Peer {
-                rank: r,
                 pid,
                 mem,
                 cma,

@@ -47,23 +47,26 @@ const RX_BUDGET: usize = 64;
 /// many uses (timers are checked against a time at most this stale).
 const CLOCK_REUSE: u32 = 64;
 
-/// The engine's view of the time: the OS clock read at most every [`CLOCK_REUSE`] uses.
+/// The engine's view of the time, in nanoseconds since it started: the OS clock read at
+/// most every [`CLOCK_REUSE`] uses.
 #[derive(Debug)]
 pub(crate) struct CoarseClock {
-    now: Instant,
+    start: Instant,
+    now: u64,
     uses: u32,
 }
 
 impl CoarseClock {
     fn new() -> CoarseClock {
         CoarseClock {
-            now: Instant::now(),
+            start: Instant::now(),
+            now: 0,
             uses: 0,
         }
     }
 
     /// The time, possibly a few passes old.
-    pub(crate) fn now(&mut self) -> Instant {
+    pub(crate) fn now(&mut self) -> u64 {
         self.uses += 1;
         if self.uses >= CLOCK_REUSE {
             self.fresh()
@@ -74,17 +77,22 @@ impl CoarseClock {
 
     /// The time, but only on every [`CLOCK_REUSE`]th use (when the OS clock is read): timers
     /// are checked then, and cost a counter otherwise.
-    pub(crate) fn tick(&mut self) -> Option<Instant> {
+    pub(crate) fn tick(&mut self) -> Option<u64> {
         self.uses += 1;
         (self.uses >= CLOCK_REUSE).then(|| self.fresh())
     }
 
     /// The time now (for setting a deadline).
-    pub(crate) fn fresh(&mut self) -> Instant {
+    pub(crate) fn fresh(&mut self) -> u64 {
         self.uses = 0;
-        self.now = Instant::now();
+        self.now = self.start.elapsed().as_nanos() as u64;
         self.now
     }
+}
+
+/// Nanoseconds of a duration, for the engine's clock.
+pub(crate) const fn nanos(d: std::time::Duration) -> u64 {
+    d.as_nanos() as u64
 }
 
 pub(crate) struct Engine {
@@ -97,6 +105,9 @@ pub(crate) struct Engine {
 }
 
 struct CompletionQueue {
+    depth: usize,
+    /// Entries the queue pairs using it may produce at once (their send and receive depths).
+    reserved: usize,
     entries: VecDeque<Completion>,
 }
 
@@ -112,6 +123,11 @@ pub(crate) struct QueuePair {
     busy: bool,
     // --- requester ---
     sq: VecDeque<SendOp>,
+    /// The scatter-gather entries of the requests in `sq` (`SendOp::sges` indexes it);
+    /// emptied whenever `sq` is.
+    sq_sges: Vec<Sge>,
+    /// The payloads of inline requests in `sq`, copied at post time; emptied with `sq`.
+    sq_inline: Vec<u8>,
     /// Index in `sq` of the first request not completely transmitted.
     cursor: usize,
     next_msn: u64,
@@ -119,10 +135,12 @@ pub(crate) struct QueuePair {
     acked: u64,
     /// The serial of the last NAK handled.
     nak_seen: u64,
-    /// The peer application's poll count when this queue pair last looked (see `nudge`).
+    /// The peer application's poll count when this queue pair last looked (see `transmit`).
     peer_polls_seen: u64,
     // --- responder ---
     rq: VecDeque<RecvOp>,
+    /// The scatter-gather entries of the receives in `rq`, in order.
+    rq_sges: VecDeque<Sge>,
     /// Next request sequence number this responder accepts.
     expected_msn: u64,
     /// A multi-packet request being received.
@@ -162,40 +180,46 @@ enum OpState {
     Transmitting,
     /// On the wire: waiting for the responder's acknowledgement (or READ response).
     AwaitingResponse,
-    /// Refused receiver-not-ready: retransmit at `retry_at`, or once the fault the
-    /// responder filed is resolved.
+    /// Refused receiver-not-ready: retransmit at `retry_at` (engine clock), or once the
+    /// fault the responder filed (`fault`, its sequence number in the peer's slot of this
+    /// queue pair) is resolved.
     Rnr {
-        retry_at: Instant,
-        /// (rank owning the faulting memory, its NPF slot, fault sequence number).
-        fault: Option<(usize, u32, u64)>,
+        retry_at: u64,
+        fault: Option<u64>,
     },
     Done(WcStatus),
 }
 
+/// A send work request in the send queue. Plain data: its scatter-gather entries and
+/// inline payload live in the queue pair's stores.
+#[derive(Clone, Copy)]
 struct SendOp {
     wr_id: u64,
     kind: OpKind,
-    signaled: bool,
     /// Message sequence number, given when the request first goes on the wire (requests
     /// executed directly by CMA never do).
     msn: Option<u64>,
-    sgl: SmallVec<[Sge; 2]>,
-    /// The payload of an inline request, copied at post time.
-    inline: Option<SmallVec<[u8; 128]>>,
     total: u64,
-    state: OpState,
     sent: u64,
+    state: OpState,
+    /// When it was last transmitted, and last checked for liveness (engine clock).
+    since: u64,
+    checked_alive: u64,
+    /// `sq_sges[sges.0 .. sges.0 + sges.1]`.
+    sges: (u32, u32),
+    /// The payload is `sq_inline[at .. at + total]`.
+    inline_at: Option<u32>,
+    rnr_count: u32,
+    signaled: bool,
     /// The payload of a WRITE WITH IMM already went by CMA; only the immediate is left.
     data_placed: bool,
-    rnr_count: u32,
-    /// When it was last transmitted (the engine's coarse clock).
-    since: Instant,
-    checked_alive: Instant,
 }
 
+/// A receive work request: its scatter-gather entries are the next `sges` of `rq_sges`.
+#[derive(Clone, Copy)]
 struct RecvOp {
     wr_id: u64,
-    sgl: SmallVec<[Sge; 2]>,
+    sges: u32,
     capacity: u64,
 }
 
@@ -212,8 +236,8 @@ struct Incoming {
     imm: Option<u32>,
     targets: SmallVec<[Extent; 2]>,
     total: u64,
-    /// The receive it consumed (put back if the message is abandoned part-way).
-    recv: Option<RecvOp>,
+    /// The receive it consumed and its entries (put back if the message is abandoned).
+    recv: Option<(RecvOp, SmallVec<[Sge; 2]>)>,
 }
 
 struct ReadOut {
@@ -239,6 +263,8 @@ impl Engine {
             return Err(Error::InvalidArgument("completion queue depth 0".into()));
         }
         self.cqs.push(Some(CompletionQueue {
+            depth: depth as usize,
+            reserved: 0,
             entries: VecDeque::with_capacity((depth as usize).min(4096)),
         }));
         Ok(self.cqs.len() as u32 - 1)
@@ -255,6 +281,33 @@ impl Engine {
             if self.cqs.get(cq as usize).is_none_or(Option::is_none) {
                 return Err(Error::InvalidArgument(format!("no completion queue {cq}")));
             }
+        }
+        // Every completion the queue pair can have outstanding must fit its queues, as
+        // verbs requires (an overrun would be an asynchronous CQ error there).
+        let mut want = [
+            (send_cq, caps.max_send_wr as usize),
+            (recv_cq, caps.max_recv_wr as usize),
+        ];
+        if send_cq == recv_cq {
+            want = [(send_cq, want[0].1 + want[1].1), (recv_cq, 0)];
+        }
+        for (cq, n) in want {
+            let q = self.cqs[cq as usize].as_ref().expect("checked above");
+            if q.reserved + n > q.depth {
+                return Err(Error::InvalidArgument(format!(
+                    "completion queue {cq} of depth {} cannot hold {n} more completions \
+                     ({} taken by its queue pairs); create it with at least {}",
+                    q.depth,
+                    q.reserved,
+                    q.reserved + n
+                )));
+            }
+        }
+        for (cq, n) in want {
+            self.cqs[cq as usize]
+                .as_mut()
+                .expect("checked above")
+                .reserved += n;
         }
         let qpn = self
             .qps
@@ -275,12 +328,15 @@ impl Engine {
             error: None,
             busy: false,
             sq: VecDeque::new(),
+            sq_sges: Vec::new(),
+            sq_inline: Vec::new(),
             cursor: 0,
             next_msn: 0,
             acked: 0,
             nak_seen: 0,
             peer_polls_seen: 0,
             rq: VecDeque::new(),
+            rq_sges: VecDeque::new(),
             expected_msn: 0,
             rx: None,
             discard_msn: None,
@@ -331,8 +387,8 @@ impl Engine {
 
     fn push_completion(&mut self, cq: u32, c: Completion) {
         if let Some(Some(q)) = self.cqs.get_mut(cq as usize) {
-            // An overrun queue grows (verbs would raise an asynchronous CQ error instead);
-            // the depth is a sizing hint here.
+            // `create_qp` reserved room for every completion its queue pairs can produce.
+            debug_assert!(q.entries.len() < q.depth, "completion queue {cq} overrun");
             q.entries.push_back(c);
         }
     }
@@ -364,6 +420,7 @@ impl Engine {
             }
         }
         let cq = qp.recv_cq;
+        qp.rq_sges.clear();
         let flushed: SmallVec<[u64; 16]> = qp.rq.drain(..).map(|r| r.wr_id).collect();
         for &wr_id in &flushed {
             self.push_completion(
@@ -415,7 +472,7 @@ impl super::Inner {
         // polling application serves faults on its memory at once, and the driver thread
         // serves them while the application computes.
         self.serve_faults();
-        let mut inbox = std::mem::replace(&mut eng.inbox, Inbox::new(0));
+        let mut inbox = std::mem::take(&mut eng.inbox);
         inbox.pass(
             self.own.pending(),
             |src| self.own.ring_from(src),
@@ -484,6 +541,7 @@ mod tests {
     fn the_coarse_clock_is_read_again_after_its_reuse_count() {
         let mut c = CoarseClock::new();
         let t0 = c.fresh();
+        assert_eq!(nanos(std::time::Duration::from_micros(3)), 3000);
         std::thread::sleep(std::time::Duration::from_millis(2));
         for _ in 0..CLOCK_REUSE - 1 {
             assert_eq!(c.now(), t0);

@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::{completion, fault_extent, total_len, Engine, OpKind, OpState, SendOp, SEND_CMA_MIN};
+use super::{
+    completion, fault_extent, nanos, total_len, CoarseClock, Engine, OpKind, OpState, QueuePair,
+    SendOp, SEND_CMA_MIN,
+};
 use crate::error::{Error, Result};
 use crate::nic::soft::ack::Nak;
 use crate::nic::soft::dma;
@@ -15,14 +18,14 @@ use crate::nic::soft::{Inner, Peer};
 use crate::nic::{Access, DataPath, Opcode, SendWr, Sge, WcOpcode, WcStatus, PAGE_SIZE};
 use crate::sys::{self, CmaDirection, Extent};
 
-/// How long a request may wait on a peer before its liveness is checked.
-const LIVENESS_AFTER: Duration = Duration::from_millis(5);
+/// How long a request may wait on a peer before its liveness is checked (ns).
+const LIVENESS_AFTER: u64 = nanos(Duration::from_millis(5));
 /// How long a request may wait for its acknowledgement before the peer's driver thread is
 /// woken (when the peer's application is not polling and its driver sleeps): the soft NIC's
-/// retransmission timer.
-const NUDGE_AFTER: Duration = Duration::from_micros(200);
-/// Fallback retry time when a filed fault is not answered (the owner may be gone).
-const FAULT_RECHECK: Duration = Duration::from_millis(100);
+/// retransmission timer (ns).
+const NUDGE_AFTER: u64 = nanos(Duration::from_micros(200));
+/// Fallback retry time when a filed fault is not answered, the owner may be gone (ns).
+const FAULT_RECHECK: u64 = nanos(Duration::from_millis(100));
 
 impl Inner {
     pub(crate) fn post_send(&self, qpn: u32, wr: &SendWr<'_>) -> Result<()> {
@@ -76,7 +79,7 @@ impl Inner {
         } else {
             OpState::Pending
         };
-        let inline = if wr.inline {
+        if wr.inline {
             if matches!(kind, OpKind::Read { .. }) {
                 return Err(Error::InvalidArgument("RDMA READ cannot be inline".into()));
             }
@@ -86,42 +89,43 @@ impl Inner {
                     qp.caps.max_inline
                 )));
             }
+        }
+        let now = eng.clock.now();
+        let qp = eng.qps[qpn as usize].as_mut().expect("looked up above");
+        let inline_at = if wr.inline {
             // The payload is copied now (the buffers may be reused once this returns): a
             // bad address completes the request with a local protection error.
-            let mut data: SmallVec<[u8; 128]> = SmallVec::from_elem(0, total as usize);
-            let mut at = 0u64;
+            let at = qp.sq_inline.len();
+            qp.sq_inline.resize(at + total as usize, 0);
+            let mut dst = qp.sq_inline[at..].as_mut_ptr() as u64;
             for s in wr.sgl {
-                if dma::copy(data.as_mut_ptr() as u64 + at, s.addr, s.len as u64).is_err() {
+                if dma::copy(dst, s.addr, s.len as u64).is_err() {
                     state = OpState::Done(WcStatus::LocalProtectionError);
                     break;
                 }
-                at += s.len as u64;
+                dst += s.len as u64;
             }
-            self.counters.bytes_inline.fetch_add(total, Relaxed);
-            Some(data)
+            crate::nic::counters::add_serialized(&self.counters.bytes_inline, total);
+            Some(at as u32)
         } else {
             None
         };
-        let now = if eng.busy.is_empty() {
-            eng.clock.fresh()
-        } else {
-            eng.clock.now()
-        };
-        let qp = eng.qps[qpn as usize].as_mut().expect("looked up above");
+        let sges = (qp.sq_sges.len() as u32, wr.sgl.len() as u32);
+        qp.sq_sges.extend_from_slice(wr.sgl);
         qp.sq.push_back(SendOp {
             wr_id: wr.wr_id,
             kind,
-            signaled: wr.signaled,
             msn: None,
-            sgl: SmallVec::from_slice(wr.sgl),
-            inline,
             total,
-            state,
             sent: 0,
-            data_placed: false,
-            rnr_count: 0,
+            state,
             since: now,
             checked_alive: now,
+            sges,
+            inline_at,
+            rnr_count: 0,
+            signaled: wr.signaled,
+            data_placed: false,
         });
         eng.mark_busy(qpn);
         self.transmit(eng, qpn);
@@ -160,7 +164,6 @@ impl Inner {
         let Some(idx) = qp.sq.iter().position(|o| o.msn == Some(msn)) else {
             return;
         };
-        let (peer, remote_qpn) = (qp.peer, qp.remote_qpn.unwrap_or(0));
         let (timer, limit) = (qp.caps.rnr_timer_us, qp.caps.rnr_retry);
         let op = &mut qp.sq[idx];
         if !matches!(op.state, OpState::AwaitingResponse | OpState::Transmitting) {
@@ -181,11 +184,11 @@ impl Inner {
             let wait = if fault.is_some() {
                 FAULT_RECHECK
             } else {
-                Duration::from_micros(timer as u64)
+                timer as u64 * 1000
             };
             OpState::Rnr {
                 retry_at: clock.fresh() + wait,
-                fault: fault.map(|seq| (peer, remote_qpn, seq)),
+                fault,
             }
         };
         // Go back: everything after the refused request is retransmitted after it.
@@ -213,40 +216,49 @@ impl Inner {
         if qp.error.is_some() {
             return;
         }
-        let peer = &self.peers[qp.peer];
+        let QueuePair {
+            sq,
+            sq_sges,
+            sq_inline,
+            cursor,
+            next_msn,
+            peer_polls_seen,
+            peer: peer_rank,
+            ..
+        } = qp;
+        let peer = &self.peers[*peer_rank];
         let mut earlier_done = true;
         let mut i = 0;
-        while i < qp.sq.len() {
+        while i < sq.len() {
             let first_outstanding = earlier_done;
-            let op = &mut qp.sq[i];
+            let op = &mut sq[i];
+            let sges = &sq_sges[op.sges.0 as usize..(op.sges.0 + op.sges.1) as usize];
+            let inline = op
+                .inline_at
+                .map(|at| &sq_inline[at as usize..at as usize + op.total as usize]);
             match op.state {
                 OpState::Done(_) => {}
                 OpState::AwaitingResponse => {
-                    let Some(now) = clock.tick() else {
-                        earlier_done = false;
-                        i += 1;
-                        continue;
-                    };
-                    if now.duration_since(op.since) > NUDGE_AFTER {
-                        // The responder has not taken it: if its application is not
-                        // polling and its driver sleeps, wake the driver.
-                        let polls = peer.mem.app_polls();
-                        if polls == qp.peer_polls_seen {
-                            peer.mem.wake_driver_if_asleep();
+                    if let Some(now) = clock.tick() {
+                        if now.saturating_sub(op.since) > NUDGE_AFTER {
+                            // The responder has not taken it: if its application is not
+                            // polling and its driver sleeps, wake the driver.
+                            let polls = peer.mem.app_polls();
+                            if polls == *peer_polls_seen {
+                                peer.mem.wake_driver_if_asleep();
+                            }
+                            *peer_polls_seen = polls;
                         }
-                        qp.peer_polls_seen = polls;
-                    }
-                    if now.duration_since(op.checked_alive) > LIVENESS_AFTER {
-                        op.checked_alive = now;
-                        if !peer_alive(peer) {
-                            op.state = OpState::Done(WcStatus::RetryExceeded);
+                        if now.saturating_sub(op.checked_alive) > LIVENESS_AFTER {
+                            op.checked_alive = now;
+                            if !peer_alive(peer) {
+                                op.state = OpState::Done(WcStatus::RetryExceeded);
+                            }
                         }
                     }
                 }
                 OpState::Rnr { retry_at, fault } => {
-                    let resolved = fault.map(|(owner, slot, seq)| {
-                        self.peers[owner].mem.npf_slot(slot).outcome(seq)
-                    });
+                    let resolved = fault.map(|seq| peer.mem.npf_slot(remote_qpn).outcome(seq));
                     match resolved {
                         Some(Some(false)) => op.state = OpState::Done(WcStatus::RemoteAccessError),
                         Some(Some(true)) => op.state = OpState::Pending,
@@ -268,8 +280,8 @@ impl Inner {
                     continue;
                 }
                 OpState::Pending | OpState::Transmitting => {
-                    if i < qp.cursor {
-                        qp.cursor = i;
+                    if i < *cursor {
+                        *cursor = i;
                     }
                     let direct =
                         peer.cma && !matches!(op.kind, OpKind::Send { .. }) && !op.data_placed;
@@ -277,7 +289,7 @@ impl Inner {
                         if !first_outstanding {
                             break; // fence: earlier requests must complete first
                         }
-                        self.execute_direct(op, peer, remote_qpn, clock);
+                        self.execute_direct(op, sges, inline, peer, remote_qpn, clock);
                         if matches!(op.state, OpState::Rnr { .. }) {
                             break;
                         }
@@ -286,10 +298,12 @@ impl Inner {
                         }
                     } else {
                         if op.msn.is_none() {
-                            op.msn = Some(qp.next_msn);
-                            qp.next_msn += 1;
+                            op.msn = Some(*next_msn);
+                            *next_msn += 1;
                         }
-                        if !self.transmit_packets(op, qp.peer, qpn, remote_qpn, peer.cma) {
+                        if !self.transmit_packets(
+                            op, sges, inline, *peer_rank, qpn, remote_qpn, peer.cma,
+                        ) {
                             op.state = OpState::Transmitting;
                             // Ring full: the peer must drain it. If its application is not
                             // polling, only its driver thread can.
@@ -306,10 +320,10 @@ impl Inner {
                             }
                         }
                     }
-                    qp.cursor = i + 1;
+                    *cursor = i + 1;
                 }
             }
-            earlier_done &= matches!(qp.sq[i].state, OpState::Done(_));
+            earlier_done &= matches!(sq[i].state, OpState::Done(_));
             i += 1;
         }
     }
@@ -318,9 +332,11 @@ impl Inner {
     fn execute_direct(
         &self,
         op: &mut SendOp,
+        sges: &[Sge],
+        inline: Option<&[u8]>,
         peer: &Peer,
         remote_qpn: u32,
-        clock: &mut super::CoarseClock,
+        clock: &mut CoarseClock,
     ) {
         let (raddr, rkey, write) = match op.kind {
             OpKind::Write { addr, rkey, .. } => (addr, rkey, true),
@@ -332,12 +348,12 @@ impl Inner {
         } else {
             Access::LOCAL_WRITE
         };
-        let local = match &op.inline {
+        let local = match inline {
             Some(data) => Ok(smallvec::smallvec![Extent {
                 addr: data.as_ptr() as u64,
                 len: data.len() as u64,
             }]),
-            None => self.local_extents(&op.sgl, need_local),
+            None => self.local_extents(sges, need_local),
         };
         let local = match local {
             Ok(l) => l,
@@ -397,7 +413,7 @@ impl Inner {
                 self.counters.rnr_retries.fetch_add(1, Relaxed);
                 op.state = OpState::Rnr {
                     retry_at: clock.fresh() + FAULT_RECHECK,
-                    fault: Some((peer.rank, remote_qpn, seq)),
+                    fault: Some(seq),
                 };
                 return;
             }
@@ -425,15 +441,18 @@ impl Inner {
 
     /// Sends the packets of a request from where it stopped; false when the ring filled up
     /// first. A local protection error ends the request (`Done`) and returns true.
+    #[allow(clippy::too_many_arguments)]
     fn transmit_packets(
         &self,
         op: &mut SendOp,
+        sges: &[Sge],
+        inline: Option<&[u8]>,
         peer: usize,
         qpn: u32,
         remote_qpn: u32,
         cma: bool,
     ) -> bool {
-        let local: SmallVec<[Extent; 2]> = if op.inline.is_some() || op.data_placed {
+        let local: SmallVec<[Extent; 2]> = if inline.is_some() || op.data_placed {
             SmallVec::new()
         } else {
             let need = if matches!(op.kind, OpKind::Read { .. }) {
@@ -441,7 +460,7 @@ impl Inner {
             } else {
                 Access::NONE
             };
-            match self.local_extents(&op.sgl, need) {
+            match self.local_extents(sges, need) {
                 Ok(l) => l,
                 Err(s) => {
                     op.state = OpState::Done(s);
@@ -476,7 +495,7 @@ impl Inner {
                 };
                 self.push_packet(peer, &h, |_| Ok(()))
             }
-            OpKind::Send { imm } if cma && op.inline.is_none() && op.total >= SEND_CMA_MIN => {
+            OpKind::Send { imm } if cma && inline.is_none() && op.total >= SEND_CMA_MIN => {
                 // The receiver pulls the payload from our memory with one kernel copy.
                 let mut desc: SmallVec<[u8; 64]> = SmallVec::with_capacity(local.len() * 16);
                 for e in local.iter().filter(|e| e.len > 0) {
@@ -535,7 +554,7 @@ impl Inner {
                     let offset = op.sent;
                     let mut faulted = false;
                     let pushed = self.push_packet(peer, &h, |s| {
-                        let r = match &op.inline {
+                        let r = match inline {
                             Some(d) => {
                                 s.write_payload(&d[offset as usize..(offset + chunk) as usize]);
                                 Ok(())
@@ -552,7 +571,7 @@ impl Inner {
                     if !pushed {
                         return false;
                     }
-                    if op.inline.is_none() {
+                    if inline.is_none() {
                         self.counters.add_bytes(DataPath::Staged, chunk);
                     }
                     op.sent += chunk;
@@ -670,36 +689,43 @@ impl Inner {
             let Some(qp) = eng.qps[qpn as usize].as_mut() else {
                 return;
             };
-            let Some(OpState::Done(status)) = qp.sq.front().map(|o| o.state) else {
+            let Some(&SendOp {
+                state: OpState::Done(status),
+                kind,
+                wr_id,
+                total,
+                signaled,
+                ..
+            }) = qp.sq.front()
+            else {
                 return;
             };
-            let op = qp.sq.pop_front().expect("front exists");
+            qp.sq.pop_front();
+            if qp.sq.is_empty() {
+                qp.sq_sges.clear();
+                qp.sq_inline.clear();
+            }
             qp.cursor = qp.cursor.saturating_sub(1);
-            let opcode = match op.kind {
+            let opcode = match kind {
                 OpKind::Send { .. } => WcOpcode::Send,
                 OpKind::Write { .. } => WcOpcode::RdmaWrite,
                 OpKind::Read { .. } => WcOpcode::RdmaRead,
             };
             let len = if opcode == WcOpcode::RdmaRead {
-                op.total as u32
+                total as u32
             } else {
                 0
             };
             let send_cq = qp.send_cq;
-            if status != WcStatus::Success || op.signaled {
+            if status != WcStatus::Success || signaled {
                 if status != WcStatus::Success {
                     self.counters.error_completions.fetch_add(1, Relaxed);
                 }
-                eng.push_completion(
-                    send_cq,
-                    completion(op.wr_id, status, opcode, len, None, qpn),
-                );
+                eng.push_completion(send_cq, completion(wr_id, status, opcode, len, None, qpn));
             }
             if status != WcStatus::Success {
-                let flushed = eng.enter_error(
-                    qpn,
-                    format!("work request {} ended with {status}", op.wr_id),
-                );
+                let flushed =
+                    eng.enter_error(qpn, format!("work request {wr_id} ended with {status}"));
                 self.counters.error_completions.fetch_add(flushed, Relaxed);
             }
         }

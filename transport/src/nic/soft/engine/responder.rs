@@ -7,22 +7,35 @@ use std::sync::atomic::Ordering::Relaxed;
 use smallvec::SmallVec;
 
 use super::{
-    completion, fault_extent, total_len, Engine, Incoming, IncomingKind, OpState, ReadOut, RecvOp,
+    completion, fault_extent, total_len, Engine, Incoming, IncomingKind, OpState, QueuePair,
+    ReadOut, RecvOp,
 };
 use crate::error::{Error, Result};
 use crate::nic::soft::ack::Nak;
 use crate::nic::soft::dma;
 use crate::nic::soft::ring::{Header, Kind, Slot, CMA_DESCRIPTOR, FIRST, HAS_IMM, LAST, MTU};
 use crate::nic::soft::Inner;
-use crate::nic::{Access, DataPath, RecvWr, WcOpcode, WcStatus};
+use crate::nic::{Access, DataPath, RecvWr, Sge, WcOpcode, WcStatus};
 use crate::sys::{self, CmaDirection, Extent};
 
 /// Extents a CMA descriptor can name (the device's `max_sge`).
 const MAX_DESCRIPTOR_EXTENTS: usize = 16;
 
-enum Accept {
-    Taken,
-    Refused,
+/// Takes the receive at the front of the queue, with its scatter-gather entries.
+fn take_receive(qp: &mut QueuePair) -> (RecvOp, SmallVec<[Sge; 2]>) {
+    let r = qp.rq.pop_front().expect("a receive is posted");
+    let sges = qp.rq_sges.drain(..r.sges as usize).collect();
+    (r, sges)
+}
+
+/// Puts back the receive an abandoned message had taken.
+fn restore_receive(qp: &mut QueuePair, rx: Incoming) {
+    if let Some((r, sges)) = rx.recv {
+        for s in sges.iter().rev() {
+            qp.rq_sges.push_front(*s);
+        }
+        qp.rq.push_front(r);
+    }
 }
 
 impl Inner {
@@ -45,7 +58,7 @@ impl Inner {
         }
         let op = RecvOp {
             wr_id: wr.wr_id,
-            sgl: SmallVec::from_slice(wr.sgl),
+            sges: wr.sgl.len() as u32,
             capacity: total_len(wr.sgl),
         };
         if qp.error.is_some() {
@@ -63,6 +76,7 @@ impl Inner {
             );
         } else {
             qp.rq.push_back(op);
+            qp.rq_sges.extend(wr.sgl.iter().copied());
         }
         Ok(())
     }
@@ -136,13 +150,20 @@ impl Inner {
             }
             qp.discard_msn = None;
         }
-        if h.flags & FIRST != 0 {
-            if let Some(rx) = qp.rx.take() {
+        if kind == Kind::Send
+            && h.flags & (FIRST | LAST | CMA_DESCRIPTOR) == FIRST | LAST
+            && h.code == 0
+            && qp.rx.is_none()
+            && self.deliver_single_send(eng, from, h, slot)
+        {
+            return;
+        }
+        let qp = eng.qps[qpn as usize].as_mut().expect("checked by caller");
+        let mut rx = if h.flags & FIRST != 0 {
+            if let Some(old) = qp.rx.take() {
                 // A retransmission of a message whose first packets were taken: the receive
                 // it consumed is posted again.
-                if let Some(r) = rx.recv {
-                    qp.rq.push_front(r);
-                }
+                restore_receive(qp, old);
             }
             if h.code != 0 {
                 // The requester could not read its own buffer: nothing of it is taken.
@@ -150,22 +171,23 @@ impl Inner {
                 return;
             }
             match self.accept_request(eng, from, kind, h) {
-                Accept::Taken => {}
-                Accept::Refused => return,
+                Some(rx) => rx,
+                None => return,
             }
-        }
+        } else {
+            match qp.rx.take() {
+                Some(rx) if rx.msn == h.msn => rx,
+                other => {
+                    qp.rx = other;
+                    return;
+                }
+            }
+        };
         let recv_cq = eng.qps[qpn as usize].as_ref().expect("exists").recv_cq;
-        let qp = eng.qps[qpn as usize].as_mut().expect("exists");
-        let Some(rx) = qp.rx.as_mut() else { return };
-        if rx.msn != h.msn {
-            return;
-        }
         if h.code != 0 {
             // The requester failed mid-message: drop it; its receive stays posted.
-            let rx = qp.rx.take().expect("present");
-            if let Some(r) = rx.recv {
-                qp.rq.push_front(r);
-            }
+            let qp = eng.qps[qpn as usize].as_mut().expect("exists");
+            restore_receive(qp, rx);
             qp.discard_msn = Some(h.msn);
             return;
         }
@@ -174,30 +196,7 @@ impl Inner {
             if kind == Kind::WriteImm {
                 Ok(()) // data already placed by the initiator
             } else {
-                let mut desc = [0u8; 16 * MAX_DESCRIPTOR_EXTENTS];
-                let n = (h.payload_len as usize).min(desc.len()) / 16 * 16;
-                slot.read_payload(&mut desc[..n]);
-                let src: SmallVec<[Extent; 4]> = desc[..n]
-                    .chunks_exact(16)
-                    .map(|c| Extent {
-                        addr: u64::from_le_bytes(c[0..8].try_into().expect("8")),
-                        len: u64::from_le_bytes(c[8..16].try_into().expect("8")),
-                    })
-                    .collect();
-                let described: u64 = src.iter().map(|e| e.len).sum();
-                if described != rx.total {
-                    Err(WcStatus::RemoteOperationError)
-                } else {
-                    let dst = dma::slice(&rx.targets, 0, rx.total);
-                    match sys::cma_copy(self.peers[from].pid, CmaDirection::Read, &dst, &src) {
-                        Ok(n) => {
-                            self.counters.add_bytes(DataPath::Cma, n);
-                            Ok(())
-                        }
-                        Err(_) if !sys::is_mapped_all(&dst) => Err(WcStatus::LocalProtectionError),
-                        Err(_) => Err(WcStatus::RemoteOperationError),
-                    }
-                }
+                self.pull_payload(from, h, slot, &rx)
             }
         } else if h.payload_len > 0 {
             let len = h.payload_len as u64;
@@ -215,8 +214,8 @@ impl Inner {
         } else {
             Ok(())
         };
+        let qp = eng.qps[qpn as usize].as_mut().expect("exists");
         if let Err(status) = moved {
-            let rx = qp.rx.take().expect("present");
             qp.expected_msn += 1;
             let remote = match status {
                 WcStatus::LocalProtectionError if rx.kind == IncomingKind::Write => {
@@ -233,38 +232,144 @@ impl Inner {
             self.refuse(eng, from, qpn, h, remote);
             return;
         }
-        if h.flags & LAST != 0 {
-            let rx = qp.rx.take().expect("present");
-            qp.expected_msn += 1;
-            let msn_end = qp.expected_msn;
-            let c = match rx.kind {
-                IncomingKind::Send { wr_id } => Some(completion(
-                    wr_id,
-                    WcStatus::Success,
-                    WcOpcode::Recv,
-                    rx.total as u32,
-                    rx.imm,
-                    qpn,
-                )),
-                IncomingKind::WriteImm { wr_id } => Some(completion(
-                    wr_id,
-                    WcStatus::Success,
-                    WcOpcode::RecvRdmaWithImm,
-                    rx.total as u32,
-                    rx.imm,
-                    qpn,
-                )),
-                IncomingKind::Write => None,
-            };
-            if let Some(c) = c {
-                eng.push_completion(recv_cq, c);
+        if h.flags & LAST == 0 {
+            qp.rx = Some(rx);
+            return;
+        }
+        qp.expected_msn += 1;
+        let msn_end = qp.expected_msn;
+        let c = match rx.kind {
+            IncomingKind::Send { wr_id } => Some(completion(
+                wr_id,
+                WcStatus::Success,
+                WcOpcode::Recv,
+                rx.total as u32,
+                rx.imm,
+                qpn,
+            )),
+            IncomingKind::WriteImm { wr_id } => Some(completion(
+                wr_id,
+                WcStatus::Success,
+                WcOpcode::RecvRdmaWithImm,
+                rx.total as u32,
+                rx.imm,
+                qpn,
+            )),
+            IncomingKind::Write => None,
+        };
+        if let Some(c) = c {
+            eng.push_completion(recv_cq, c);
+        }
+        rx.recv = None;
+        self.ack(from, h.src_qpn, msn_end);
+    }
+
+    /// The common case of a SEND, without building the state of a multi-packet message: one
+    /// packet into a one-entry receive that is pinned or present. False (nothing done) for
+    /// anything else, which the general path then handles — including every error.
+    fn deliver_single_send(
+        &self,
+        eng: &mut Engine,
+        from: usize,
+        h: &Header,
+        slot: Slot<'_>,
+    ) -> bool {
+        let qpn = h.dst_qpn;
+        let qp = eng.qps[qpn as usize].as_mut().expect("checked by caller");
+        let Some(&r) = qp.rq.front() else {
+            return false;
+        };
+        if r.sges != 1 || h.total_len > r.capacity || h.payload_len as u64 != h.total_len {
+            return false;
+        }
+        let sge = qp.rq_sges[0];
+        let Ok(guard) =
+            self.own
+                .tpt()
+                .acquire(sge.lkey, sge.addr, sge.len as u64, Access::LOCAL_WRITE)
+        else {
+            return false;
+        };
+        let len = h.total_len;
+        let target = Extent {
+            addr: sge.addr,
+            len,
+        };
+        if guard.translation.on_demand()
+            && len > 0
+            && self.missing_span(&self.peers[self.rank], target).is_some()
+        {
+            return false;
+        }
+        if dma::copy(sge.addr, slot.payload_addr(), len).is_err() {
+            return false;
+        }
+        drop(guard);
+        self.counters.add_bytes(DataPath::Staged, len);
+        qp.rq.pop_front();
+        qp.rq_sges.pop_front();
+        qp.rx_fault = None;
+        qp.expected_msn += 1;
+        let (msn_end, recv_cq) = (qp.expected_msn, qp.recv_cq);
+        let imm = (h.flags & HAS_IMM != 0).then_some(h.imm);
+        eng.push_completion(
+            recv_cq,
+            completion(
+                r.wr_id,
+                WcStatus::Success,
+                WcOpcode::Recv,
+                len as u32,
+                imm,
+                qpn,
+            ),
+        );
+        self.ack(from, h.src_qpn, msn_end);
+        true
+    }
+
+    /// A SEND whose payload the requester left in its memory (a CMA descriptor): pulls it
+    /// into the receive with one kernel copy.
+    fn pull_payload(
+        &self,
+        from: usize,
+        h: &Header,
+        slot: Slot<'_>,
+        rx: &Incoming,
+    ) -> Result<(), WcStatus> {
+        let mut desc = [0u8; 16 * MAX_DESCRIPTOR_EXTENTS];
+        let n = (h.payload_len as usize).min(desc.len()) / 16 * 16;
+        slot.read_payload(&mut desc[..n]);
+        let src: SmallVec<[Extent; 4]> = desc[..n]
+            .chunks_exact(16)
+            .map(|c| Extent {
+                addr: u64::from_le_bytes(c[0..8].try_into().expect("8")),
+                len: u64::from_le_bytes(c[8..16].try_into().expect("8")),
+            })
+            .collect();
+        let described = src.iter().try_fold(0u64, |sum, e| sum.checked_add(e.len));
+        if described != Some(rx.total) {
+            return Err(WcStatus::RemoteOperationError);
+        }
+        let dst = dma::slice(&rx.targets, 0, rx.total);
+        match sys::cma_copy(self.peers[from].pid, CmaDirection::Read, &dst, &src) {
+            Ok(n) => {
+                self.counters.add_bytes(DataPath::Cma, n);
+                Ok(())
             }
-            self.ack(from, h.src_qpn, msn_end);
+            Err(_) if !sys::is_mapped_all(&dst) => Err(WcStatus::LocalProtectionError),
+            Err(_) => Err(WcStatus::RemoteOperationError),
         }
     }
 
     /// The first packet of a request: checks keys, lengths and pages, takes a receive.
-    fn accept_request(&self, eng: &mut Engine, from: usize, kind: Kind, h: &Header) -> Accept {
+    /// `None` when it was refused (answered with a NAK) or needs nothing more (a READ).
+    fn accept_request(
+        &self,
+        eng: &mut Engine,
+        from: usize,
+        kind: Kind,
+        h: &Header,
+    ) -> Option<Incoming> {
         let qpn = h.dst_qpn;
         let src_qpn = h.src_qpn;
         let me = &self.peers[self.rank];
@@ -278,12 +383,14 @@ impl Inner {
         let mut take_recv = false;
         match kind {
             Kind::Send | Kind::WriteImm => {
-                let Some(r) = qp.rq.front() else {
+                let Some(&r) = qp.rq.front() else {
                     qp.discard_msn = Some(h.msn);
                     self.nak(from, src_qpn, h.msn, Nak::Rnr { fault: None });
-                    return Accept::Refused;
+                    return None;
                 };
                 if kind == Kind::Send {
+                    let sgl: SmallVec<[Sge; 2]> =
+                        qp.rq_sges.iter().take(r.sges as usize).copied().collect();
                     let failure = if h.total_len > r.capacity {
                         Some((
                             WcStatus::LocalLengthError,
@@ -297,7 +404,7 @@ impl Inner {
                         None
                     };
                     let local = if failure.is_none() {
-                        self.local_targets(&r.sgl)
+                        self.local_targets(&sgl)
                     } else {
                         Err(())
                     };
@@ -311,7 +418,7 @@ impl Inner {
                         })
                     });
                     if let Some((local_status, remote_status, why)) = failure {
-                        let r = qp.rq.pop_front().expect("front");
+                        take_receive(qp);
                         qp.expected_msn += 1;
                         self.counters.error_completions.fetch_add(1, Relaxed);
                         let len = if local_status == WcStatus::LocalLengthError {
@@ -326,7 +433,7 @@ impl Inner {
                         let flushed = eng.enter_error(qpn, why);
                         self.counters.error_completions.fetch_add(flushed, Relaxed);
                         self.refuse(eng, from, qpn, h, remote_status);
-                        return Accept::Refused;
+                        return None;
                     }
                     let (extents, odp) = local.expect("checked");
                     // Fault-check only the ODP parts of what this message fills.
@@ -380,7 +487,7 @@ impl Inner {
                 Err(_) => {
                     eng.qps[qpn as usize].as_mut().expect("exists").expected_msn += 1;
                     self.refuse(eng, from, qpn, h, WcStatus::RemoteAccessError);
-                    return Accept::Refused;
+                    return None;
                 }
             }
         }
@@ -409,7 +516,7 @@ impl Inner {
                             WcStatus::RemoteAccessError
                         };
                         if take_recv {
-                            let r = qp.rq.pop_front().expect("front");
+                            let (r, _) = take_receive(qp);
                             self.counters.error_completions.fetch_add(1, Relaxed);
                             eng.push_completion(
                                 recv_cq,
@@ -427,7 +534,7 @@ impl Inner {
                             self.counters.error_completions.fetch_add(flushed, Relaxed);
                         }
                         self.refuse(eng, from, qpn, h, status);
-                        return Accept::Refused;
+                        return None;
                     }
                 }
                 let write = kind != Kind::ReadRequest;
@@ -438,7 +545,7 @@ impl Inner {
                 qp.rx_fault = Some((h.msn, seq));
                 qp.discard_msn = Some(h.msn);
                 self.nak(from, src_qpn, h.msn, Nak::Rnr { fault: Some(seq) });
-                return Accept::Refused;
+                return None;
             }
         }
         let qp = eng.qps[qpn as usize].as_mut().expect("exists");
@@ -455,36 +562,32 @@ impl Inner {
                 let msn_end = qp.expected_msn;
                 self.ack(from, src_qpn, msn_end);
                 eng.mark_busy(qpn);
-                Accept::Refused // nothing more to receive for it
+                None // nothing more to receive for it
             }
-            Kind::Write => {
-                qp.rx = Some(Incoming {
-                    msn: h.msn,
-                    kind: IncomingKind::Write,
-                    imm: None,
-                    targets,
-                    total: h.total_len,
-                    recv: None,
-                });
-                Accept::Taken
-            }
+            Kind::Write => Some(Incoming {
+                msn: h.msn,
+                kind: IncomingKind::Write,
+                imm: None,
+                targets,
+                total: h.total_len,
+                recv: None,
+            }),
             Kind::Send | Kind::WriteImm => {
-                let r = qp.rq.pop_front().expect("checked above");
+                let (r, sges) = take_receive(qp);
                 let k = if kind == Kind::Send {
                     IncomingKind::Send { wr_id: r.wr_id }
                 } else {
                     IncomingKind::WriteImm { wr_id: r.wr_id }
                 };
                 let imm = (h.flags & HAS_IMM != 0).then_some(h.imm);
-                qp.rx = Some(Incoming {
+                Some(Incoming {
                     msn: h.msn,
                     kind: k,
                     imm,
                     targets,
                     total: h.total_len,
-                    recv: Some(r),
-                });
-                Accept::Taken
+                    recv: Some((r, sges)),
+                })
             }
             Kind::ReadResponse => unreachable!(),
         }
@@ -495,7 +598,7 @@ impl Inner {
     #[allow(clippy::type_complexity)]
     fn local_targets(
         &self,
-        sgl: &[crate::nic::Sge],
+        sgl: &[Sge],
     ) -> Result<(SmallVec<[Extent; 2]>, SmallVec<[bool; 2]>), ()> {
         let tpt = self.own.tpt();
         let mut extents = SmallVec::new();
@@ -557,7 +660,8 @@ impl Inner {
         let Ok(qp) = eng.qp_mut(h.dst_qpn) else {
             return;
         };
-        let Some(op) = qp.sq.iter_mut().find(|o| o.msn == Some(h.msn)) else {
+        let QueuePair { sq, sq_sges, .. } = qp;
+        let Some(op) = sq.iter_mut().find(|o| o.msn == Some(h.msn)) else {
             return;
         };
         if op.state != OpState::AwaitingResponse {
@@ -572,8 +676,8 @@ impl Inner {
             op.state = OpState::Done(WcStatus::RemoteOperationError);
             return;
         }
-        let dst: SmallVec<[Extent; 2]> = op
-            .sgl
+        let dst: SmallVec<[Extent; 2]> = sq_sges
+            [op.sges.0 as usize..(op.sges.0 + op.sges.1) as usize]
             .iter()
             .map(|s| Extent {
                 addr: s.addr,
