@@ -74,14 +74,12 @@ use std::sync::OnceLock;
 use pagewire_collectives::{self as coll, Group, Op, Tuning};
 
 use crate::datatype::{Buffer, BufferMut};
+use crate::error::{fatal, Error, Result};
 use crate::point_to_point::Process;
 use crate::topology::{Communicator, Rank, SimpleCommunicator};
-use crate::{Error, Result};
 
+pub use crate::datatype::Count;
 pub use pagewire_collectives::{Element, Integer, Operation};
-
-/// A count of elements, as rsmpi types it.
-pub type Count = i32;
 
 /// The bit that turns a communicator's context into its collective context.
 pub const COLLECTIVE_CONTEXT_BIT: u32 = 0x8000_0000;
@@ -195,10 +193,6 @@ impl<T: Integer> Operation<T> for SystemOperation<Bitwise> {
     fn predefined(&self) -> Option<Op> {
         Some(self.op)
     }
-}
-
-fn fatal<T>(r: Result<T>) -> T {
-    r.unwrap_or_else(|e| panic!("pagewire: {e}"))
 }
 
 /// The tuning from the environment, read once per process.
@@ -903,8 +897,8 @@ mod on_host {
     use pagewire_collectives::{Element, Op, Operation};
 
     use super::Count;
+    use crate::error::{Error, Result};
     use crate::host_mpi::{reduces_natively, HostMpi};
-    use crate::{Error, Result};
 
     /// The predefined operation to hand to MPI, if MPI defines `op` on `T`s.
     fn native<T: Element, O: Operation<T>>(op: &O) -> Option<Op> {

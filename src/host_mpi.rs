@@ -61,8 +61,8 @@ use pagewire_transport::boot::MpiBootstrap;
 use pagewire_transport::msg::raw::{UserBuf, UserBufMut};
 use pagewire_transport::msg::Status;
 
-use crate::collective::Count;
-use crate::{Error, Result};
+use crate::datatype::Count;
+use crate::error::{Error, Result};
 
 /// Runs `$body` with `$u` the concrete primitive type that the generic `$t` is, so that
 /// rsmpi's typed calls see the right MPI datatype; `Err` for a type MPI has no datatype for.
@@ -836,7 +836,7 @@ mod raw {
     use pagewire_transport::msg::Status;
 
     use super::MpiOp;
-    use crate::{Error, Result};
+    use crate::error::{Error, Result};
 
     /// An `MPI_Request` handle.
     pub(super) type Request = ffi::MPI_Request;

@@ -33,6 +33,7 @@
 
 pub mod collective;
 mod datatype;
+mod error;
 #[cfg(feature = "mpi")]
 pub mod host_mpi;
 pub mod point_to_point;

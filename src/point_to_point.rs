@@ -18,11 +18,11 @@ use std::rc::Rc;
 use pagewire_transport::msg::{self, MessageHandle};
 
 use crate::datatype::{Buffer, BufferMut, Equivalence};
+use crate::error::{fatal, Error, Result};
 #[cfg(feature = "mpi")]
 use crate::host_mpi::HostMessage;
 use crate::request::{self, LocalScope, Request};
 use crate::topology::{Inner, Rank, RankMap, SimpleCommunicator, Tag};
-use crate::{Error, Result};
 
 /// A blocking probe's watch on its senders: every [`msg::LIVENESS_CHECK_AFTER`] without a
 /// message, the message layer checks that a rank that could send it is alive, so a probe
@@ -115,10 +115,6 @@ fn rank_of(comm: &SimpleCommunicator, rank: Rank) -> Result<usize> {
         });
     }
     Ok(rank as usize)
-}
-
-fn fatal<T>(r: Result<T>) -> T {
-    r.unwrap_or_else(|e| panic!("pagewire: {e}"))
 }
 
 /// Sending (rsmpi's `Destination`).

@@ -28,11 +28,11 @@ use std::rc::Rc;
 use pagewire_transport::msg::raw::{UserBuf, UserBufMut};
 use pagewire_transport::msg::{MessageHandle, PointToPoint, RequestId};
 
+use crate::error::{fatal, Error, Result};
 #[cfg(feature = "mpi")]
 use crate::host_mpi::{HostMessage, HostRequest};
 use crate::point_to_point::Status;
 use crate::topology::{Inner, RankMap, SimpleCommunicator, Tag};
-use crate::{Error, Result};
 
 /// The operation behind a [`Request`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -216,7 +216,7 @@ impl<'a, 's> Request<'a, 's> {
 
     /// Waits for completion (`MPI_Wait`); panics on error.
     pub fn wait(self) -> Status {
-        self.try_wait().unwrap_or_else(|e| panic!("pagewire: {e}"))
+        fatal(self.try_wait())
     }
 
     /// Waits for completion, returning errors (truncation, a dead peer, ...).
@@ -324,10 +324,7 @@ pub fn wait_any(requests: &mut Vec<Request<'_, '_>>) -> Option<(usize, Status)> 
                 Pending::Pagewire(id) => id,
                 #[cfg(feature = "mpi")]
                 Pending::Host(key) => {
-                    let done = requests[i]
-                        .scope
-                        .test_host(key)
-                        .unwrap_or_else(|e| panic!("pagewire: {e}"));
+                    let done = fatal(requests[i].scope.test_host(key));
                     if let Some(inner) = done {
                         let mut req = requests.remove(i);
                         req.id = None;
@@ -342,16 +339,12 @@ pub fn wait_any(requests: &mut Vec<Request<'_, '_>>) -> Option<(usize, Status)> 
                 .borrow()
                 .clone()
                 .expect("scope has a communicator");
-            let done = inner
-                .p2p()
-                .borrow_mut()
-                .test(id)
-                .unwrap_or_else(|e| panic!("pagewire: {e}"));
+            let done = fatal(inner.p2p().borrow_mut().test(id));
             if let Some(result) = done {
                 let mut req = requests.remove(i);
                 req.id = None;
                 req.forget_in_scope(id);
-                let inner = result.unwrap_or_else(|e| panic!("pagewire: {e}"));
+                let inner = fatal(result);
                 return Some((i, req.status(inner)));
             }
         }

@@ -36,10 +36,10 @@ use pagewire_transport::msg::{MsgConfig, PointToPoint};
 use pagewire_transport::nic;
 
 use crate::collective::{CommunicatorCollectives, SystemOperation, COLLECTIVE_CONTEXT_BIT};
+use crate::error::{fatal, Error, Result};
 #[cfg(feature = "mpi")]
 use crate::host_mpi::HostMpi;
 use crate::point_to_point::{AnyProcess, Process};
-use crate::{Error, Result};
 
 /// A rank, as rsmpi types it.
 pub type Rank = i32;
@@ -427,10 +427,6 @@ fn remove_job_shm(job: &str) {
             let _ = std::fs::remove_file(entry.path());
         }
     }
-}
-
-fn fatal<T>(r: Result<T>) -> T {
-    r.unwrap_or_else(|e| panic!("pagewire: {e}"))
 }
 
 /// What every communicator offers (rsmpi's `Communicator`).
