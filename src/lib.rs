@@ -28,18 +28,19 @@
 //! [`sys`].
 #![deny(missing_docs)]
 // `unsafe` only in `request.rs`, where requests hand borrowed buffers to the message layer,
-// and in `host_mpi.rs`'s `raw` module (MPI calls that rsmpi does not wrap).
+// and in the host-MPI backend's `ffi.rs` (every call into MPI).
 #![deny(unsafe_code)]
 
+mod backend;
 pub mod collective;
 mod datatype;
 mod error;
-#[cfg(feature = "mpi")]
-pub mod host_mpi;
 pub mod point_to_point;
 pub mod request;
 pub mod topology;
 
+#[cfg(feature = "mpi")]
+pub use backend::host_mpi;
 pub use collective::{CommunicatorCollectives, Root, SystemOperation, UserOperation};
 pub use datatype::{Buffer, BufferMut, Equivalence};
 pub use pagewire_transport::{boot, buffer_mode, msg, nic, sys, Error, Result};
