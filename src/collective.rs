@@ -18,15 +18,17 @@
 //! root.broadcast_into(&mut data[..]);
 //! ```
 //!
-//! The algorithms live in the `pagewire-collectives` crate (chosen per call by size and
-//! rank count; `PAGEWIRE_ALLREDUCE_ALGO`, `PAGEWIRE_BCAST_ALGO`, `PAGEWIRE_ALLGATHER_ALGO`
-//! and `PAGEWIRE_REDUCE_SCATTER_ALGO` force one, see `pagewire_collectives::tuning`; the
-//! settings are read once, at the first collective).
+//! On pagewire's own transport the algorithms live in the `pagewire-collectives` crate
+//! (chosen per call by size and rank count; `PAGEWIRE_ALLREDUCE_ALGO`,
+//! `PAGEWIRE_BCAST_ALGO`, `PAGEWIRE_ALLGATHER_ALGO` and `PAGEWIRE_REDUCE_SCATTER_ALGO` force
+//! one, see `pagewire_collectives::tuning`; the settings are read once, at the first
+//! collective).
 //!
 //! **Context.** Collective messages use the communicator's context with bit 31 set
-//! (`context | 0x8000_0000`; the world communicator's point-to-point context is 0, its
-//! collective context `0x8000_0000`), so they never match point-to-point messages of the
-//! same communicator, whatever their tags. Point-to-point contexts stay below 2^31.
+//! ([`COLLECTIVE_CONTEXT_BIT`]: `context | 0x8000_0000`; the world communicator's
+//! point-to-point context is 0, its collective context `0x8000_0000`), so they never match
+//! point-to-point messages of the same communicator, whatever their tags. Point-to-point
+//! contexts stay below 2^31.
 //!
 //! **Errors** are fatal by default (a panic with the message), as everywhere in the facade;
 //! each method has a `try_` twin that returns them. Arguments that do not match across
@@ -39,8 +41,7 @@
 //! library on the communicator's own MPI communicator (`MPI_Allreduce`, `MPI_Bcast`, …). A
 //! reduction MPI does not define (a user operation, a logical operation on floats, 128-bit
 //! integers) moves the contributions with MPI (allgather, gather or alltoall(v)) and
-//! combines them here in rank order, so every call the facade offers works on both
-//! transports. Arguments are checked on each rank before MPI is called; counts that differ
+//! combines them in rank order, so every call the facade offers works on both transports. Arguments are checked on each rank before MPI is called; counts that differ
 //! across ranks are not detected there (MPI aborts the job or hangs, as for any MPI
 //! program). A non-root that calls a `_root` variant takes part and then gets an error, as
 //! on pagewire's transport.
@@ -67,22 +68,22 @@
 //! - `reduce_scatter_varcount_into` (`MPI_Reduce_scatter`) is an addition; in-place
 //!   variants, exclusive scan and the nonblocking (`immediate_*`) collectives are not
 //!   provided yet.
+//!
+//! [`Error::InvalidArgument`]: crate::Error::InvalidArgument
 
 use std::marker::PhantomData;
-use std::sync::OnceLock;
 
-use pagewire_collectives::{self as coll, Group, Op, Tuning};
+use pagewire_collectives::{self as coll, Op};
 
+use crate::backend::CollectiveBackend;
 use crate::datatype::{Buffer, BufferMut};
 use crate::error::{fatal, Error, Result};
-use crate::point_to_point::Process;
+use crate::topology::communicator::Process;
 use crate::topology::{Communicator, Rank, SimpleCommunicator};
 
+pub use crate::backend::pagewire::COLLECTIVE_CONTEXT_BIT;
 pub use crate::datatype::Count;
 pub use pagewire_collectives::{Element, Integer, Operation};
-
-/// The bit that turns a communicator's context into its collective context.
-pub const COLLECTIVE_CONTEXT_BIT: u32 = 0x8000_0000;
 
 /// A user-defined reduction (rsmpi's `UserOperation`): `UserOperation::commutative(f)` or
 /// `UserOperation::associative(f)` (not commutative: combined in rank order), where
@@ -193,40 +194,6 @@ impl<T: Integer> Operation<T> for SystemOperation<Bitwise> {
     fn predefined(&self) -> Option<Op> {
         Some(self.op)
     }
-}
-
-/// The tuning from the environment, read once per process.
-fn tuning() -> Result<Tuning> {
-    static TUNING: OnceLock<std::result::Result<Tuning, String>> = OnceLock::new();
-    TUNING
-        .get_or_init(|| Tuning::from_env().map_err(|e| e.to_string()))
-        .clone()
-        .map_err(Error::InvalidArgument)
-}
-
-/// Runs `f` on the group of `comm`'s ranks (group ranks mapped to world ranks for a
-/// sub-communicator), in its collective context.
-fn with_group<R>(comm: &SimpleCommunicator, f: impl FnOnce(&mut Group) -> Result<R>) -> Result<R> {
-    let tuning = tuning()?;
-    let mut p2p = comm.inner.p2p().borrow_mut();
-    let mut g = Group {
-        p2p: &mut p2p,
-        context: comm.context | COLLECTIVE_CONTEXT_BIT,
-        rank: comm.rank() as usize,
-        size: comm.size() as usize,
-        tuning,
-        world_ranks: comm.world_ranks(),
-    };
-    f(&mut g)
-}
-
-fn counts(c: &[Count]) -> Result<Vec<usize>> {
-    c.iter()
-        .map(|&n| {
-            usize::try_from(n)
-                .map_err(|_| Error::InvalidArgument(format!("negative count {n} in {c:?}")))
-        })
-        .collect()
 }
 
 /// Collectives over all ranks of a communicator (rsmpi's `CommunicatorCollectives`).
@@ -393,11 +360,7 @@ pub trait CommunicatorCollectives: Communicator {
 
 impl CommunicatorCollectives for SimpleCommunicator {
     fn try_barrier(&self) -> Result<()> {
-        #[cfg(feature = "mpi")]
-        if let Some(h) = self.host() {
-            return h.barrier();
-        }
-        with_group(self, |g| g.barrier())
+        self.backend().barrier()
     }
 
     fn try_all_reduce_into<S, R, O>(&self, send: &S, recv: &mut R, op: O) -> Result<()>
@@ -407,13 +370,8 @@ impl CommunicatorCollectives for SimpleCommunicator {
         R: BufferMut<Item = S::Item> + ?Sized,
         O: Operation<S::Item>,
     {
-        #[cfg(feature = "mpi")]
-        if let Some(h) = self.host() {
-            return on_host::all_reduce(h, send.as_items(), recv.as_items_mut(), &op);
-        }
-        with_group(self, |g| {
-            g.allreduce(send.as_items(), recv.as_items_mut(), &op)
-        })
+        self.backend()
+            .all_reduce(send.as_items(), recv.as_items_mut(), &op)
     }
 
     fn try_all_gather_into<S, R>(&self, send: &S, recv: &mut R) -> Result<()>
@@ -421,11 +379,8 @@ impl CommunicatorCollectives for SimpleCommunicator {
         S: Buffer + ?Sized,
         R: BufferMut<Item = S::Item> + ?Sized,
     {
-        #[cfg(feature = "mpi")]
-        if let Some(h) = self.host() {
-            return h.all_gather(send.as_items(), recv.as_items_mut());
-        }
-        with_group(self, |g| g.allgather(send.as_items(), recv.as_items_mut()))
+        self.backend()
+            .all_gather(send.as_items(), recv.as_items_mut())
     }
 
     fn try_all_gather_varcount_into<S, R>(
@@ -438,14 +393,8 @@ impl CommunicatorCollectives for SimpleCommunicator {
         S: Buffer + ?Sized,
         R: BufferMut<Item = S::Item> + ?Sized,
     {
-        #[cfg(feature = "mpi")]
-        if let Some(h) = self.host() {
-            return h.all_gather_varcount(send.as_items(), recv.as_items_mut(), counts);
-        }
-        let k = self::counts(counts)?;
-        with_group(self, |g| {
-            g.allgatherv(send.as_items(), recv.as_items_mut(), &k)
-        })
+        self.backend()
+            .all_gather_varcount(send.as_items(), recv.as_items_mut(), counts)
     }
 
     fn try_all_to_all_into<S, R>(&self, send: &S, recv: &mut R) -> Result<()>
@@ -453,11 +402,8 @@ impl CommunicatorCollectives for SimpleCommunicator {
         S: Buffer + ?Sized,
         R: BufferMut<Item = S::Item> + ?Sized,
     {
-        #[cfg(feature = "mpi")]
-        if let Some(h) = self.host() {
-            return h.all_to_all(send.as_items(), recv.as_items_mut());
-        }
-        with_group(self, |g| g.alltoall(send.as_items(), recv.as_items_mut()))
+        self.backend()
+            .all_to_all(send.as_items(), recv.as_items_mut())
     }
 
     fn try_all_to_all_varcount_into<S, R>(
@@ -471,19 +417,12 @@ impl CommunicatorCollectives for SimpleCommunicator {
         S: Buffer + ?Sized,
         R: BufferMut<Item = S::Item> + ?Sized,
     {
-        #[cfg(feature = "mpi")]
-        if let Some(h) = self.host() {
-            return h.all_to_all_varcount(
-                send.as_items(),
-                send_counts,
-                recv.as_items_mut(),
-                recv_counts,
-            );
-        }
-        let (sc, rc) = (counts(send_counts)?, counts(recv_counts)?);
-        with_group(self, |g| {
-            g.alltoallv(send.as_items(), &sc, recv.as_items_mut(), &rc)
-        })
+        self.backend().all_to_all_varcount(
+            send.as_items(),
+            send_counts,
+            recv.as_items_mut(),
+            recv_counts,
+        )
     }
 
     fn try_reduce_scatter_block_into<S, R, O>(&self, send: &S, recv: &mut R, op: O) -> Result<()>
@@ -493,13 +432,8 @@ impl CommunicatorCollectives for SimpleCommunicator {
         R: BufferMut<Item = S::Item> + ?Sized,
         O: Operation<S::Item>,
     {
-        #[cfg(feature = "mpi")]
-        if let Some(h) = self.host() {
-            return on_host::reduce_scatter_block(h, send.as_items(), recv.as_items_mut(), &op);
-        }
-        with_group(self, |g| {
-            g.reduce_scatter_block(send.as_items(), recv.as_items_mut(), &op)
-        })
+        self.backend()
+            .reduce_scatter_block(send.as_items(), recv.as_items_mut(), &op)
     }
 
     fn try_reduce_scatter_varcount_into<S, R, O>(
@@ -515,14 +449,8 @@ impl CommunicatorCollectives for SimpleCommunicator {
         R: BufferMut<Item = S::Item> + ?Sized,
         O: Operation<S::Item>,
     {
-        #[cfg(feature = "mpi")]
-        if let Some(h) = self.host() {
-            return on_host::reduce_scatter(h, send.as_items(), recv.as_items_mut(), counts, &op);
-        }
-        let k = self::counts(counts)?;
-        with_group(self, |g| {
-            g.reduce_scatter(send.as_items(), recv.as_items_mut(), &k, &op)
-        })
+        self.backend()
+            .reduce_scatter(send.as_items(), recv.as_items_mut(), counts, &op)
     }
 
     fn try_scan_into<S, R, O>(&self, send: &S, recv: &mut R, op: O) -> Result<()>
@@ -532,11 +460,8 @@ impl CommunicatorCollectives for SimpleCommunicator {
         R: BufferMut<Item = S::Item> + ?Sized,
         O: Operation<S::Item>,
     {
-        #[cfg(feature = "mpi")]
-        if let Some(h) = self.host() {
-            return on_host::scan(h, send.as_items(), recv.as_items_mut(), &op);
-        }
-        with_group(self, |g| g.scan(send.as_items(), recv.as_items_mut(), &op))
+        self.backend()
+            .scan(send.as_items(), recv.as_items_mut(), &op)
     }
 }
 
@@ -694,12 +619,6 @@ impl Process<'_> {
         Ok(self.rank as usize)
     }
 
-    /// Whether the calling rank is the root.
-    #[cfg(feature = "mpi")]
-    fn is_root(&self) -> bool {
-        self.comm.rank() == self.rank
-    }
-
     /// After a `_root` variant on a rank that is not the root: the call took part, but
     /// the caller mixed the variants up.
     fn must_be_root(&self, what: &str) -> Result<()> {
@@ -722,11 +641,7 @@ impl Root for Process<'_> {
 
     fn try_broadcast_into<B: BufferMut + ?Sized>(&self, buf: &mut B) -> Result<()> {
         let root = self.root()?;
-        #[cfg(feature = "mpi")]
-        if let Some(h) = self.comm.host() {
-            return h.broadcast(root, buf.as_items_mut());
-        }
-        with_group(self.comm, |g| g.bcast(buf.as_items_mut(), root))
+        self.comm.backend().broadcast(root, buf.as_items_mut())
     }
 
     fn try_reduce_into<S, O>(&self, send: &S, op: O) -> Result<()>
@@ -736,11 +651,7 @@ impl Root for Process<'_> {
         O: Operation<S::Item>,
     {
         let root = self.root()?;
-        #[cfg(feature = "mpi")]
-        if let Some(h) = self.comm.host() {
-            return on_host::reduce(h, root, send.as_items(), None, &op);
-        }
-        with_group(self.comm, |g| g.reduce(send.as_items(), None, &op, root))
+        self.comm.backend().reduce(root, send.as_items(), None, &op)
     }
 
     fn try_reduce_into_root<S, R, O>(&self, send: &S, recv: &mut R, op: O) -> Result<()>
@@ -751,25 +662,16 @@ impl Root for Process<'_> {
         O: Operation<S::Item>,
     {
         let root = self.root()?;
-        #[cfg(feature = "mpi")]
-        if let Some(h) = self.comm.host() {
-            let recv = self.is_root().then_some(recv.as_items_mut());
-            on_host::reduce(h, root, send.as_items(), recv, &op)?;
-            return self.must_be_root("reduce_into_root");
-        }
-        with_group(self.comm, |g| {
-            g.reduce(send.as_items(), Some(recv.as_items_mut()), &op, root)
-        })?;
+        let recv = Some(recv.as_items_mut());
+        self.comm
+            .backend()
+            .reduce(root, send.as_items(), recv, &op)?;
         self.must_be_root("reduce_into_root")
     }
 
     fn try_gather_into<S: Buffer + ?Sized>(&self, send: &S) -> Result<()> {
         let root = self.root()?;
-        #[cfg(feature = "mpi")]
-        if let Some(h) = self.comm.host() {
-            return h.gather(root, send.as_items(), None);
-        }
-        with_group(self.comm, |g| g.gather(send.as_items(), None, root))
+        self.comm.backend().gather(root, send.as_items(), None)
     }
 
     fn try_gather_into_root<S, R>(&self, send: &S, recv: &mut R) -> Result<()>
@@ -778,28 +680,16 @@ impl Root for Process<'_> {
         R: BufferMut<Item = S::Item> + ?Sized,
     {
         let root = self.root()?;
-        #[cfg(feature = "mpi")]
-        if let Some(h) = self.comm.host() {
-            h.gather(
-                root,
-                send.as_items(),
-                self.is_root().then_some(recv.as_items_mut()),
-            )?;
-            return self.must_be_root("gather_into_root");
-        }
-        with_group(self.comm, |g| {
-            g.gather(send.as_items(), Some(recv.as_items_mut()), root)
-        })?;
+        let recv = Some(recv.as_items_mut());
+        self.comm.backend().gather(root, send.as_items(), recv)?;
         self.must_be_root("gather_into_root")
     }
 
     fn try_gather_varcount_into<S: Buffer + ?Sized>(&self, send: &S) -> Result<()> {
         let root = self.root()?;
-        #[cfg(feature = "mpi")]
-        if let Some(h) = self.comm.host() {
-            return h.gather_varcount(root, send.as_items(), None);
-        }
-        with_group(self.comm, |g| g.gatherv(send.as_items(), None, root))
+        self.comm
+            .backend()
+            .gather_varcount(root, send.as_items(), None)
     }
 
     fn try_gather_varcount_into_root<S, R>(
@@ -813,26 +703,16 @@ impl Root for Process<'_> {
         R: BufferMut<Item = S::Item> + ?Sized,
     {
         let root = self.root()?;
-        #[cfg(feature = "mpi")]
-        if let Some(h) = self.comm.host() {
-            let recv = self.is_root().then_some((recv.as_items_mut(), counts));
-            h.gather_varcount(root, send.as_items(), recv)?;
-            return self.must_be_root("gather_varcount_into_root");
-        }
-        let k = self::counts(counts)?;
-        with_group(self.comm, |g| {
-            g.gatherv(send.as_items(), Some((recv.as_items_mut(), &k)), root)
-        })?;
+        let recv = Some((recv.as_items_mut(), counts));
+        self.comm
+            .backend()
+            .gather_varcount(root, send.as_items(), recv)?;
         self.must_be_root("gather_varcount_into_root")
     }
 
     fn try_scatter_into<R: BufferMut + ?Sized>(&self, recv: &mut R) -> Result<()> {
         let root = self.root()?;
-        #[cfg(feature = "mpi")]
-        if let Some(h) = self.comm.host() {
-            return h.scatter(root, None, recv.as_items_mut());
-        }
-        with_group(self.comm, |g| g.scatter(None, recv.as_items_mut(), root))
+        self.comm.backend().scatter(root, None, recv.as_items_mut())
     }
 
     fn try_scatter_into_root<S, R>(&self, send: &S, recv: &mut R) -> Result<()>
@@ -841,25 +721,18 @@ impl Root for Process<'_> {
         R: BufferMut<Item = S::Item> + ?Sized,
     {
         let root = self.root()?;
-        #[cfg(feature = "mpi")]
-        if let Some(h) = self.comm.host() {
-            let send = self.is_root().then_some(send.as_items());
-            h.scatter(root, send, recv.as_items_mut())?;
-            return self.must_be_root("scatter_into_root");
-        }
-        with_group(self.comm, |g| {
-            g.scatter(Some(send.as_items()), recv.as_items_mut(), root)
-        })?;
+        let send = Some(send.as_items());
+        self.comm
+            .backend()
+            .scatter(root, send, recv.as_items_mut())?;
         self.must_be_root("scatter_into_root")
     }
 
     fn try_scatter_varcount_into<R: BufferMut + ?Sized>(&self, recv: &mut R) -> Result<()> {
         let root = self.root()?;
-        #[cfg(feature = "mpi")]
-        if let Some(h) = self.comm.host() {
-            return h.scatter_varcount(root, None, recv.as_items_mut());
-        }
-        with_group(self.comm, |g| g.scatterv(None, recv.as_items_mut(), root))
+        self.comm
+            .backend()
+            .scatter_varcount(root, None, recv.as_items_mut())
     }
 
     fn try_scatter_varcount_into_root<S, R>(
@@ -873,164 +746,11 @@ impl Root for Process<'_> {
         R: BufferMut<Item = S::Item> + ?Sized,
     {
         let root = self.root()?;
-        #[cfg(feature = "mpi")]
-        if let Some(h) = self.comm.host() {
-            let send = self.is_root().then_some((send.as_items(), counts));
-            h.scatter_varcount(root, send, recv.as_items_mut())?;
-            return self.must_be_root("scatter_varcount_into_root");
-        }
-        let k = self::counts(counts)?;
-        with_group(self.comm, |g| {
-            g.scatterv(Some((send.as_items(), &k)), recv.as_items_mut(), root)
-        })?;
+        let send = Some((send.as_items(), counts));
+        self.comm
+            .backend()
+            .scatter_varcount(root, send, recv.as_items_mut())?;
         self.must_be_root("scatter_varcount_into_root")
-    }
-}
-
-/// The collectives of the mpi transport that are more than one call of [`HostMpi`]:
-/// reductions MPI does not define are combined here, in rank order, from contributions that
-/// MPI moved.
-///
-/// [`HostMpi`]: crate::host_mpi::HostMpi
-#[cfg(feature = "mpi")]
-mod on_host {
-    use pagewire_collectives::{Element, Op, Operation};
-
-    use super::Count;
-    use crate::error::{Error, Result};
-    use crate::host_mpi::{reduces_natively, HostMpi};
-
-    /// The predefined operation to hand to MPI, if MPI defines `op` on `T`s.
-    fn native<T: Element, O: Operation<T>>(op: &O) -> Option<Op> {
-        op.predefined().filter(|&p| reduces_natively::<T>(p))
-    }
-
-    /// `out = b_0 ∘ b_1 ∘ … ∘ b_(k-1)` over the `n`-element blocks of `blocks`, in rank
-    /// order (folded from the right: `op.apply(left, right)` sets `right = left ∘ right`).
-    fn combine<T: Element, O: Operation<T>>(op: &O, blocks: &[T], n: usize, out: &mut [T]) {
-        if n == 0 {
-            return;
-        }
-        let k = blocks.len() / n;
-        out.copy_from_slice(&blocks[(k - 1) * n..k * n]);
-        for j in (0..k - 1).rev() {
-            op.apply(&blocks[j * n..(j + 1) * n], out);
-        }
-    }
-
-    fn expect_len(what: &str, got: usize, want: usize) -> Result<()> {
-        if got == want {
-            Ok(())
-        } else {
-            Err(Error::InvalidArgument(format!(
-                "{what} has {got} elements, expected {want}"
-            )))
-        }
-    }
-
-    pub(super) fn all_reduce<T: Element, O: Operation<T>>(
-        h: &HostMpi,
-        send: &[T],
-        recv: &mut [T],
-        op: &O,
-    ) -> Result<()> {
-        op.check()?;
-        if let Some(p) = native::<T, O>(op) {
-            return h.all_reduce(send, recv, p);
-        }
-        expect_len("all_reduce: recv", recv.len(), send.len())?;
-        let mut all = vec![T::zeroed(); send.len() * h.size()];
-        h.all_gather(send, &mut all)?;
-        combine(op, &all, send.len(), recv);
-        Ok(())
-    }
-
-    pub(super) fn reduce<T: Element, O: Operation<T>>(
-        h: &HostMpi,
-        root: usize,
-        send: &[T],
-        recv: Option<&mut [T]>,
-        op: &O,
-    ) -> Result<()> {
-        op.check()?;
-        if let Some(p) = native::<T, O>(op) {
-            return h.reduce(root, send, recv, p);
-        }
-        match recv {
-            Some(recv) => {
-                expect_len("reduce: recv", recv.len(), send.len())?;
-                let mut all = vec![T::zeroed(); send.len() * h.size()];
-                h.gather(root, send, Some(&mut all))?;
-                combine(op, &all, send.len(), recv);
-                Ok(())
-            }
-            None => h.gather(root, send, None),
-        }
-    }
-
-    pub(super) fn scan<T: Element, O: Operation<T>>(
-        h: &HostMpi,
-        send: &[T],
-        recv: &mut [T],
-        op: &O,
-    ) -> Result<()> {
-        op.check()?;
-        if let Some(p) = native::<T, O>(op) {
-            return h.scan(send, recv, p);
-        }
-        expect_len("scan: recv", recv.len(), send.len())?;
-        let n = send.len();
-        let mut all = vec![T::zeroed(); n * h.size()];
-        h.all_gather(send, &mut all)?;
-        combine(op, &all[..n * (h.rank() + 1)], n, recv);
-        Ok(())
-    }
-
-    pub(super) fn reduce_scatter_block<T: Element, O: Operation<T>>(
-        h: &HostMpi,
-        send: &[T],
-        recv: &mut [T],
-        op: &O,
-    ) -> Result<()> {
-        op.check()?;
-        if let Some(p) = native::<T, O>(op) {
-            return h.reduce_scatter_block(send, recv, p);
-        }
-        let m = recv.len();
-        expect_len("reduce_scatter_block: send", send.len(), m * h.size())?;
-        // Block j of every rank's send to rank j, then combined.
-        let mut mine = vec![T::zeroed(); m * h.size()];
-        h.all_to_all(send, &mut mine)?;
-        combine(op, &mine, m, recv);
-        Ok(())
-    }
-
-    pub(super) fn reduce_scatter<T: Element, O: Operation<T>>(
-        h: &HostMpi,
-        send: &[T],
-        recv: &mut [T],
-        counts: &[Count],
-        op: &O,
-    ) -> Result<()> {
-        op.check()?;
-        if let Some(p) = native::<T, O>(op) {
-            return h.reduce_scatter(send, recv, counts, p);
-        }
-        let mine = *counts.get(h.rank()).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "reduce_scatter: {} counts for {} ranks",
-                counts.len(),
-                h.size()
-            ))
-        })?;
-        let m = usize::try_from(mine)
-            .map_err(|_| Error::InvalidArgument(format!("negative count {mine} in {counts:?}")))?;
-        expect_len("reduce_scatter: recv", recv.len(), m)?;
-        // Block j (counts[j] elements) of every rank's send to rank j, then combined.
-        let mut blocks = vec![T::zeroed(); m * h.size()];
-        h.all_to_all_varcount(send, counts, &mut blocks, &vec![mine; h.size()])?;
-        combine(op, &blocks, m, recv);
-        Ok(())
     }
 }
 
@@ -1049,8 +769,5 @@ mod tests {
         let mut r = [0b0110u8];
         Operation::<u8>::apply(&SystemOperation::bitwise_and(), &[0b0011], &mut r);
         assert_eq!(r, [0b0010]);
-        assert_eq!(COLLECTIVE_CONTEXT_BIT, 0x8000_0000);
-        assert!(counts(&[1, -2]).is_err());
-        assert_eq!(counts(&[3, 0]).unwrap(), vec![3, 0]);
     }
 }

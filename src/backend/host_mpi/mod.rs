@@ -2,9 +2,10 @@
 //! host MPI library through rsmpi, so one binary can measure pagewire against the MPI library
 //! it runs under (DESIGN.md "Launching": the `mpi` transport).
 //!
-//! With `PAGEWIRE_TRANSPORT=mpi` the facade routes every call of a communicator here
-//! (`crate::topology` holds one [`HostMpi`] per communicator); it is also usable on its own,
-//! and tested both ways under `mpirun` (`tests/mpirun.rs`).
+//! With `PAGEWIRE_TRANSPORT=mpi` every communicator of the facade is on this backend: it
+//! holds one [`HostMpi`] (`communicator.rs`, the seam's side of it), and every call goes
+//! there. [`HostMpi`] is also usable on its own, and tested both ways under `mpirun`
+//! (`tests/mpirun.rs`).
 //!
 //! # Shape
 //!
@@ -50,13 +51,16 @@
 //!
 //! This one holds [`HostMpi`]'s communicators and point-to-point calls; `collective.rs` its
 //! collectives, `request.rs` its requests and matched messages, `reduction.rs` which
-//! reductions MPI does natively, and `ffi.rs` every call into rsmpi and MPI (the backend's
-//! only `unsafe`).
+//! reductions MPI does natively, `combine.rs` the others (moved by MPI, combined here),
+//! `communicator.rs` the facade's side of the seam, and `ffi.rs` every call into rsmpi and
+//! MPI (the backend's only `unsafe`).
 //!
 //! [`Element`]: pagewire_collectives::Element
 //! [`Op`]: pagewire_collectives::Op
 
 mod collective;
+mod combine;
+pub(crate) mod communicator;
 mod ffi;
 mod reduction;
 mod request;
