@@ -35,7 +35,7 @@
 // The facade's files depend one way, each on files below it only:
 //
 //   lib.rs             the crate root: re-exports, `initialize`
-//   collective.rs      CommunicatorCollectives, Root, the reduction operations
+//   collective/        CommunicatorCollectives, Root, the reduction operations
 //   point_to_point.rs  Destination, Source, Message
 //   request.rs         scopes and requests
 //   status.rs          Status
