@@ -320,10 +320,11 @@ pub(super) fn imrecv(msg: &mut Message, buf: UserBufMut) -> Result<Request> {
 pub(super) fn isend(comm: &Comm, buf: UserBuf, dest: i32, tag: i32, sync: bool) -> Result<Request> {
     let n = count(buf.len())?;
     let p = buf.addr() as usize as *const c_void;
+    // SAFETY: reads a constant that rsmpi's C shim defines.
+    let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
     // SAFETY: the range is readable and unwritten until the request completes: the
     // contract of `UserBuf::new`, upheld by its creator; the HostRequest that owns the
     // MPI_Request waits for it before it goes away.
-    let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
     let rc = unsafe {
         if sync {
             ffi::MPI_Issend(p, n, byte(), dest, tag, comm.as_raw(), &mut req)
@@ -338,9 +339,10 @@ pub(super) fn isend(comm: &Comm, buf: UserBuf, dest: i32, tag: i32, sync: bool) 
 pub(super) fn irecv(comm: &Comm, buf: UserBufMut, source: i32, tag: i32) -> Result<Request> {
     let n = count(buf.len())?;
     let p = buf.addr() as usize as *mut c_void;
+    // SAFETY: reads a constant that rsmpi's C shim defines.
+    let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
     // SAFETY: the range is writable and used by nobody else until the request
     // completes: the contract of `UserBufMut::new`; MPI writes at most `n` bytes.
-    let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
     let rc = unsafe { ffi::MPI_Irecv(p, n, byte(), source, tag, comm.as_raw(), &mut req) };
     check("MPI_Irecv", rc)?;
     Ok(req)
