@@ -1,10 +1,14 @@
-//! Which Rust types travel as messages (rsmpi's `Equivalence` and `Buffer` traits).
+//! Which Rust types travel as messages (rsmpi's `Equivalence` and `Buffer` traits), and how
+//! many of them ([`Count`]).
 //!
 //! The primitive integers and floats are equivalent to MPI datatypes; a buffer is one value,
 //! a slice, an array or a `Vec` of them. Bytes are reinterpreted with `bytemuck`, so no
 //! `unsafe` is needed here.
 
 use bytemuck::Pod;
+
+/// A count of elements, as rsmpi types it.
+pub type Count = i32;
 
 /// A type that can be sent as is (`MPI_Datatype` equivalence): plain old data.
 pub trait Equivalence: Pod {

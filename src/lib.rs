@@ -27,18 +27,34 @@
 //! (the message layer), [`buffer_mode`], [`boot`] (bootstrap and the `pwrun` launcher) and
 //! [`sys`].
 #![deny(missing_docs)]
-// `unsafe` only in `request.rs`, where requests hand borrowed buffers to the message layer,
-// and in `host_mpi.rs`'s `raw` module (MPI calls that rsmpi does not wrap).
+// `unsafe` only where a buffer is lent to a backend: `request.rs` (requests, whose scope keeps
+// the buffer borrowed), pagewire's backend's `blocking.rs`, and the host-MPI backend's
+// `ffi.rs` (every call into MPI).
 #![deny(unsafe_code)]
+//
+// The facade's files depend one way, each on files below it only:
+//
+//   lib.rs             the crate root: re-exports, `initialize`
+//   collective/        CommunicatorCollectives, Root, the reduction operations
+//   point_to_point.rs  Destination, Source, Message
+//   request.rs         scopes and requests
+//   status.rs          Status
+//   topology/          Universe, Communicator, SimpleCommunicator, Process
+//   backend/           the seam: pagewire's backend, the host MPI library's (feature `mpi`)
+//   config.rs, datatype.rs, error.rs
 
+mod backend;
 pub mod collective;
+mod config;
 mod datatype;
-#[cfg(feature = "mpi")]
-pub mod host_mpi;
+mod error;
 pub mod point_to_point;
 pub mod request;
+mod status;
 pub mod topology;
 
+#[cfg(feature = "mpi")]
+pub use backend::host_mpi;
 pub use collective::{CommunicatorCollectives, Root, SystemOperation, UserOperation};
 pub use datatype::{Buffer, BufferMut, Equivalence};
 pub use pagewire_transport::{boot, buffer_mode, msg, nic, sys, Error, Result};

@@ -5,28 +5,24 @@
 //! rank `r`, and a [`Status`] names the sender by its rank in the communicator of the
 //! receive.
 //!
-//! On the mpi transport every call here goes to the communicator's host MPI library
-//! (`MPI_Send`, `MPI_Irecv`, `MPI_Iprobe`, `MPI_Improbe`/`MPI_Mrecv`, …); a truncated
-//! receive is then an [`Error::Mpi`] (MPI does not report the message's length).
+//! On the mpi transport every call here goes to the host MPI library (`MPI_Send`,
+//! `MPI_Irecv`, `MPI_Iprobe`, `MPI_Improbe`/`MPI_Mrecv`, …); a truncated receive is then an
+//! [`Error::Mpi`] (MPI does not report the message's length).
 
-// Without the `mpi` feature, `Matched` has one variant, and its matches are what clippy calls
-// infallible destructuring; they keep one shape for both builds.
-#![allow(clippy::infallible_destructuring_match)]
+use pagewire_transport::msg;
 
-use std::rc::Rc;
-
-use pagewire_transport::msg::{self, MessageHandle};
-
+use crate::backend::{MatchedMessage, MessageBackend, PointToPointBackend};
 use crate::datatype::{Buffer, BufferMut, Equivalence};
-#[cfg(feature = "mpi")]
-use crate::host_mpi::HostMessage;
+use crate::error::{fatal, Error, Result};
 use crate::request::{self, LocalScope, Request};
-use crate::topology::{Inner, Rank, RankMap, SimpleCommunicator, Tag};
-use crate::{Error, Result};
+use crate::topology::{Communicator, Rank, SimpleCommunicator, Tag};
+
+pub use crate::status::Status;
+pub use crate::topology::communicator::{AnyProcess, Process};
 
 /// A blocking probe's watch on its senders: every [`msg::LIVENESS_CHECK_AFTER`] without a
-/// message, the message layer checks that a rank that could send it is alive, so a probe
-/// on a dead sender ends in [`Error::Communication`] instead of spinning.
+/// message, the backend checks that a rank that could send it is alive, so a probe on a
+/// dead sender ends in [`Error::Communication`] instead of spinning.
 struct SenderWatch {
     since: std::time::Instant,
 }
@@ -43,71 +39,12 @@ impl SenderWatch {
             return Ok(());
         }
         self.since = std::time::Instant::now();
-        let c = src.comm();
-        #[cfg(feature = "mpi")]
-        if c.host().is_some() {
-            // MPI reports its own failures.
-            return Ok(());
-        }
-        let senders: Vec<usize> = match src.source()? {
-            Some(r) => vec![c.world_rank(r)],
-            None => (0..crate::topology::Communicator::size(c) as usize)
-                .map(|r| c.world_rank(r))
-                .collect(),
-        };
-        c.inner.p2p().borrow_mut().check_probe_senders(&senders)
+        src.comm().backend().check_senders(src.source()?)
     }
 }
 
-/// What a completed receive reports (`MPI_Status`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Status {
-    pub(crate) inner: msg::Status,
-}
-
-impl Status {
-    /// The message layer's status with the source as a rank of the group `ranks` (`None`:
-    /// the world).
-    pub(crate) fn in_group(ranks: Option<&RankMap>, mut inner: msg::Status) -> Status {
-        if let Some(m) = ranks {
-            inner.source = m.local_rank(inner.source);
-        }
-        Status { inner }
-    }
-
-    /// The sender's rank.
-    pub fn source_rank(&self) -> Rank {
-        self.inner.source as Rank
-    }
-    /// The message's tag.
-    pub fn tag(&self) -> Tag {
-        self.inner.tag
-    }
-    /// Bytes received.
-    pub fn count_bytes(&self) -> usize {
-        self.inner.count
-    }
-    /// Elements of type `T` received.
-    pub fn count<T: Equivalence>(&self) -> usize {
-        self.inner.count / std::mem::size_of::<T>().max(1)
-    }
-}
-
-/// A process of a communicator, to send to or receive from.
-#[derive(Clone, Copy)]
-pub struct Process<'c> {
-    pub(crate) comm: &'c SimpleCommunicator,
-    pub(crate) rank: Rank,
-}
-
-/// Any process of a communicator, to receive from.
-#[derive(Clone, Copy)]
-pub struct AnyProcess<'c> {
-    pub(crate) comm: &'c SimpleCommunicator,
-}
-
+/// The rank `rank` of `comm`, checked.
 fn rank_of(comm: &SimpleCommunicator, rank: Rank) -> Result<usize> {
-    use crate::topology::Communicator;
     if rank < 0 || rank >= comm.size() {
         return Err(Error::NoSuchRank {
             rank: rank.max(0) as usize,
@@ -115,10 +52,6 @@ fn rank_of(comm: &SimpleCommunicator, rank: Rank) -> Result<usize> {
         });
     }
     Ok(rank as usize)
-}
-
-fn fatal<T>(r: Result<T>) -> T {
-    r.unwrap_or_else(|e| panic!("pagewire: {e}"))
 }
 
 /// Sending (rsmpi's `Destination`).
@@ -191,12 +124,14 @@ pub trait Destination {
 impl Destination for Process<'_> {
     fn try_send_with_tag<B: Buffer + ?Sized>(&self, buf: &B, tag: Tag) -> Result<()> {
         let dest = rank_of(self.comm, self.rank)?;
-        request::blocking_send(self.comm, dest, tag, buf.as_bytes(), false).map(|_| ())
+        let backend = self.comm.backend();
+        backend.send(dest, tag, buf.as_bytes(), false).map(|_| ())
     }
 
     fn try_synchronous_send_with_tag<B: Buffer + ?Sized>(&self, buf: &B, tag: Tag) -> Result<()> {
         let dest = rank_of(self.comm, self.rank)?;
-        request::blocking_send(self.comm, dest, tag, buf.as_bytes(), true).map(|_| ())
+        let backend = self.comm.backend();
+        backend.send(dest, tag, buf.as_bytes(), true).map(|_| ())
     }
 
     fn try_immediate_send_impl<'a, 's>(
@@ -207,7 +142,7 @@ impl Destination for Process<'_> {
         sync: bool,
     ) -> Result<Request<'a, 's>> {
         let dest = rank_of(self.comm, self.rank)?;
-        request::immediate_send(self.comm, scope, dest, tag, bytes, sync)
+        request::immediate_send(self.comm.backend(), scope, dest, tag, bytes, sync)
     }
 }
 
@@ -307,7 +242,10 @@ pub trait Source {
         tag: Option<Tag>,
     ) -> Result<Status> {
         let src = self.source()?;
-        request::blocking_receive(self.comm(), src, tag, buf.as_bytes_mut())
+        let backend = self.comm().backend();
+        backend
+            .receive(src, tag, buf.as_bytes_mut())
+            .map(Status::new)
     }
     /// `receive_vec_with_tag`, returning errors.
     fn try_receive_vec_with_tag<T: Equivalence>(
@@ -325,7 +263,7 @@ pub trait Source {
         tag: Option<Tag>,
     ) -> Result<Request<'a, 's>> {
         let src = self.source()?;
-        request::immediate_receive(self.comm(), scope, src, tag, buf.as_bytes_mut())
+        request::immediate_receive(self.comm().backend(), scope, src, tag, buf.as_bytes_mut())
     }
     /// `probe_with_tag`, returning errors.
     fn try_probe_with_tag(&self, tag: Option<Tag>) -> Result<Status> {
@@ -339,15 +277,8 @@ pub trait Source {
     }
     /// `immediate_probe`, returning errors.
     fn try_immediate_probe_with_tag(&self, tag: Option<Tag>) -> Result<Option<Status>> {
-        let c = self.comm();
-        #[cfg(feature = "mpi")]
-        if let Some(h) = c.host() {
-            let r = h.iprobe(self.source()?, tag)?;
-            return Ok(r.map(|inner| Status::in_group(None, inner)));
-        }
-        let src = self.source()?.map(|r| c.world_rank(r));
-        let r = c.inner.p2p().borrow_mut().iprobe(src, tag, c.context)?;
-        Ok(r.map(|inner| Status::in_group(c.ranks.as_deref(), inner)))
+        let found = self.comm().backend().immediate_probe(self.source()?, tag)?;
+        Ok(found.map(Status::new))
     }
     /// `matched_probe_with_tag`, returning errors.
     fn try_matched_probe_with_tag(&self, tag: Option<Tag>) -> Result<(Message, Status)> {
@@ -364,29 +295,12 @@ pub trait Source {
         &self,
         tag: Option<Tag>,
     ) -> Result<Option<(Message, Status)>> {
-        let c = self.comm();
-        #[cfg(feature = "mpi")]
-        if let Some(h) = c.host() {
-            let r = h.improbe(self.source()?, tag)?;
-            return Ok(r.map(|(handle, inner)| {
-                let status = Status::in_group(None, inner);
-                let message = Message {
-                    inner: c.inner.clone(),
-                    ranks: None,
-                    handle: Some(Matched::Host(handle)),
-                    status,
-                };
-                (message, status)
-            }));
-        }
-        let src = self.source()?.map(|r| c.world_rank(r));
-        let r = c.inner.p2p().borrow_mut().improbe(src, tag, c.context)?;
-        Ok(r.map(|(handle, inner)| {
-            let status = Status::in_group(c.ranks.as_deref(), inner);
+        let backend = self.comm().backend();
+        let found = backend.immediate_matched_probe(self.source()?, tag)?;
+        Ok(found.map(|(matched, status)| {
+            let status = Status::new(status);
             let message = Message {
-                inner: c.inner.clone(),
-                ranks: c.ranks.clone(),
-                handle: Some(Matched::Pagewire(handle)),
+                matched: Some(matched),
                 status,
             };
             (message, status)
@@ -411,7 +325,6 @@ impl Source for AnyProcess<'_> {
         self.comm
     }
 }
-
 /// A message that a matched probe took out of matching (rsmpi's `Message`, `MPI_Message`):
 /// only this handle can receive it, with [`Message::matched_receive_into`] and friends
 /// (`MPI_Mrecv`, `MPI_Imrecv`).
@@ -421,28 +334,15 @@ impl Source for AnyProcess<'_> {
 /// `MPI_Message` erroneous; rsmpi panics).
 #[must_use = "a matched message is received with matched_receive_into or matched_receive_vec"]
 pub struct Message {
-    inner: Rc<Inner>,
-    ranks: Option<Rc<RankMap>>,
-    handle: Option<Matched>,
+    /// Where the message waits, until received; it keeps the universe running.
+    matched: Option<MatchedMessage>,
     status: Status,
-}
-
-/// Where a matched message waits.
-#[derive(Debug)]
-enum Matched {
-    /// Parked in pagewire's message layer.
-    Pagewire(MessageHandle),
-    /// An `MPI_Message` of the host MPI library (mpi transport). One left unreceived is
-    /// drained in `Message::drop`, while the message still holds the universe (so MPI is
-    /// not finalised yet).
-    #[cfg(feature = "mpi")]
-    Host(HostMessage),
 }
 
 impl std::fmt::Debug for Message {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Message")
-            .field("handle", &self.handle)
+            .field("handle", &self.matched)
             .field("status", &self.status)
             .finish()
     }
@@ -487,18 +387,8 @@ impl Message {
         mut self,
         buf: &mut B,
     ) -> Result<Status> {
-        match self.handle.take().expect("an unreceived message") {
-            Matched::Pagewire(handle) => request::matched_receive(
-                &self.inner,
-                self.ranks.clone(),
-                handle,
-                buf.as_bytes_mut(),
-            ),
-            #[cfg(feature = "mpi")]
-            Matched::Host(message) => message
-                .receive(buf.as_bytes_mut())
-                .map(|s| Status::in_group(None, s)),
-        }
+        let matched = self.matched.take().expect("an unreceived message");
+        matched.receive(buf.as_bytes_mut()).map(Status::new)
     }
 
     /// [`Message::matched_receive_vec`], returning errors.
@@ -518,42 +408,16 @@ impl Message {
         scope: &'s LocalScope<'a>,
         buf: &'a mut B,
     ) -> Result<Request<'a, 's>> {
-        match self.handle.take().expect("an unreceived message") {
-            Matched::Pagewire(handle) => request::immediate_matched_receive(
-                &self.inner,
-                self.ranks.clone(),
-                scope,
-                handle,
-                buf.as_bytes_mut(),
-            ),
-            #[cfg(feature = "mpi")]
-            Matched::Host(message) => request::immediate_host_matched_receive(
-                &self.inner,
-                scope,
-                message,
-                buf.as_bytes_mut(),
-            ),
-        }
+        let matched = self.matched.take().expect("an unreceived message");
+        request::immediate_matched_receive(scope, matched, buf.as_bytes_mut())
     }
 }
 
 impl Drop for Message {
     fn drop(&mut self) {
-        if let Some(handle) = self.handle.take() {
-            let handle = match handle {
-                Matched::Pagewire(handle) => handle,
-                // A HostMessage drains itself when dropped.
-                #[cfg(feature = "mpi")]
-                Matched::Host(message) => {
-                    drop(message);
-                    return;
-                }
-            };
-            let mut scratch = vec![0u8; self.status.count_bytes()];
-            // A failure (the sender died, or the layer is busy in an unwinding caller) leaves
-            // nothing more to do with a message nobody wants.
-            let _ = request::matched_receive(&self.inner, None, handle, &mut scratch);
-        }
+        // An unreceived message is received into a scratch buffer and discarded by its
+        // backend when dropped (see the type's documentation).
+        drop(self.matched.take());
     }
 }
 

@@ -1,0 +1,306 @@
+//! pagewire's own backend: the message layer (`transport::msg`) on a NIC provider, in the
+//! buffer mode of `PAGEWIRE_MODE`, with the collective algorithms of `pagewire-collectives`
+//! on it.
+//!
+//! **Groups.** Each communicator has its own group: its ranks `0..size`, each naming a world
+//! rank (the message layer's rank); a split orders them by key, then by rank in the parent.
+//! Its calls take and report ranks of its group ([`RankMap`] translates).
+//!
+//! **Context ids** keep communicators apart: each has its own, so its messages never match
+//! another communicator's. They are agreed collectively, as MPICH does: every process keeps
+//! the lowest context id it has never used, the parent communicator takes the maximum over
+//! its ranks, and every rank moves its own past it. A process's contexts only grow, so no two
+//! communicators a process belongs to share one, whatever the order in which different
+//! groups created them. The sibling communicators of one split share a context: they have no
+//! rank in common. Ids are not reused after a communicator is dropped; point-to-point
+//! contexts stay below 2^31 (bit 31, [`COLLECTIVE_CONTEXT_BIT`], marks a communicator's
+//! collective context), so a job can create 2^31 - 1 communicators.
+//!
+//! Files: this one holds the universe and its communicators, `point_to_point.rs` the
+//! point-to-point calls, requests and matched messages, `collective.rs` the collectives,
+//! `blocking.rs` the blocking calls on borrowed buffers (this backend's only `unsafe`).
+
+mod blocking;
+mod collective;
+pub(crate) mod point_to_point;
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use pagewire_collectives::Op;
+use pagewire_odp::OdpMode;
+use pagewire_pindown::PindownMode;
+use pagewire_transport::boot::{self, Bootstrap};
+use pagewire_transport::buffer_mode::copy::CopyMode;
+use pagewire_transport::buffer_mode::BufferMode;
+use pagewire_transport::msg::{self, PointToPoint};
+use pagewire_transport::nic;
+
+use crate::backend::traits::{CollectiveBackend, CommunicatorBackend};
+use crate::config::{ModeKind, TransportKind, UniverseConfig};
+use crate::error::{Error, Result};
+
+/// The bit that turns a communicator's context into its collective context: collective
+/// messages use `context | 0x8000_0000` (the world communicator's point-to-point context is
+/// 0, its collective context `0x8000_0000`), so they never match point-to-point messages of
+/// the same communicator, whatever their tags. Point-to-point contexts stay below 2^31.
+pub const COLLECTIVE_CONTEXT_BIT: u32 = 0x8000_0000;
+
+/// What a rank that joins no communicator contributes to a split as its color: negative, so
+/// no rank's color matches it.
+const NO_COLOR: i64 = -1;
+
+/// A universe on pagewire's stack: its message layer and context ids.
+struct PagewireUniverse {
+    /// The message layer. Declared before `boot`, so it is freed before the bootstrap.
+    p2p: RefCell<PointToPoint>,
+    boot: Box<dyn Bootstrap>,
+    /// The lowest point-to-point context this process has not used (the world uses 0).
+    next_context: Cell<u32>,
+}
+
+/// A communicator on pagewire's stack: its group and context in the message layer.
+#[derive(Clone)]
+pub(crate) struct PagewireComm {
+    universe: Rc<PagewireUniverse>,
+    context: u32,
+    rank: usize,
+    size: usize,
+    /// The group's world ranks; `None` for the world's own order.
+    ranks: Option<Rc<RankMap>>,
+}
+
+impl std::fmt::Debug for PagewireComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PagewireComm")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("context", &self.context)
+            .field("world_ranks", &self.world_ranks())
+            .finish()
+    }
+}
+
+impl PagewireComm {
+    /// Starts pagewire's stack as `cfg` says (bootstrap, NIC, buffer mode, message layer) and
+    /// returns the world communicator.
+    pub(crate) fn start_world(cfg: UniverseConfig) -> Result<PagewireComm> {
+        let boot = boot::from_env()?;
+        let nic = nic::open(&*boot)?;
+        let mode: Box<dyn BufferMode> = match cfg.mode {
+            ModeKind::Copy => Box::new(CopyMode::new(cfg.copy)),
+            ModeKind::Odp => Box::new(OdpMode::new(cfg.odp)),
+            ModeKind::Pindown => Box::new(PindownMode::new()),
+        };
+        let p2p = PointToPoint::new(nic, &*boot, mode, cfg.msg.clone())?;
+        if std::env::var("PAGEWIRE_VERBOSE").as_deref() == Ok("1") && boot.rank() == 0 {
+            eprintln!(
+                "pagewire: {} ranks, mode {}, eager limit {} B, rendezvous {:?}, copy chunk {} B x depth {} ({} slots)",
+                boot.size(),
+                p2p.mode_name(),
+                p2p.eager_limit(),
+                cfg.msg.rndv,
+                cfg.copy.chunk,
+                cfg.copy.depth,
+                cfg.copy.slots
+            );
+            eprintln!("pagewire: {}", p2p.mode_description());
+        }
+        let (rank, size) = (p2p.rank(), p2p.size());
+        Ok(PagewireComm {
+            universe: Rc::new(PagewireUniverse {
+                p2p: RefCell::new(p2p),
+                boot,
+                next_context: Cell::new(1),
+            }),
+            context: 0,
+            rank,
+            size,
+            ranks: None,
+        })
+    }
+
+    /// The world rank (the message layer's rank) of rank `rank` of this communicator.
+    fn world_rank(&self, rank: usize) -> usize {
+        self.ranks.as_ref().map_or(rank, |m| m.world_rank(rank))
+    }
+
+    /// The world rank of each rank, for the collectives; `None`: the same numbers.
+    fn world_ranks(&self) -> Option<&[usize]> {
+        self.ranks.as_ref().map(|m| &m.world[..])
+    }
+
+    /// A new communicator of the same universe, with `context` and its group.
+    fn new_comm(&self, context: u32, rank: usize, size: usize, ranks: Option<Rc<RankMap>>) -> Self {
+        PagewireComm {
+            universe: self.universe.clone(),
+            context,
+            rank,
+            size,
+            ranks,
+        }
+    }
+
+    /// Takes `agreed`, the maximum over this communicator's ranks of their lowest unused
+    /// context, as a new communicator's context, and moves this process's past it.
+    fn take_context(&self, agreed: u32) -> Result<u32> {
+        if agreed >= COLLECTIVE_CONTEXT_BIT - 1 {
+            return Err(Error::Exhausted {
+                what: "communicator context ids",
+                limit: u64::from(COLLECTIVE_CONTEXT_BIT - 1),
+                hint: "ids are not reused: create communicators once and keep them",
+            });
+        }
+        self.universe.next_context.set(agreed + 1);
+        Ok(agreed)
+    }
+}
+
+impl CommunicatorBackend for PagewireComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn duplicate(&self) -> Result<PagewireComm> {
+        let mine = self.universe.next_context.get();
+        let mut agreed = 0u32;
+        self.all_reduce(
+            std::slice::from_ref(&mine),
+            std::slice::from_mut(&mut agreed),
+            &Op::Max,
+        )?;
+        let context = self.take_context(agreed)?;
+        Ok(self.new_comm(context, self.rank, self.size, self.ranks.clone()))
+    }
+
+    fn split(&self, color: Option<i32>, key: i32) -> Result<Option<PagewireComm>> {
+        // One allgather of (color, key, lowest unused context) per rank.
+        let mine = [
+            color.map_or(NO_COLOR, i64::from),
+            i64::from(key),
+            i64::from(self.universe.next_context.get()),
+        ];
+        let mut all = vec![0i64; 3 * self.size];
+        self.all_gather(&mine[..], &mut all[..])?;
+        let agreed = all.chunks(3).map(|e| e[2]).max().unwrap_or(0);
+        let context = self.take_context(u32::try_from(agreed).unwrap_or(u32::MAX))?;
+        let Some(color) = color else {
+            return Ok(None);
+        };
+        let mut members: Vec<(i64, usize)> = all
+            .chunks(3)
+            .enumerate()
+            .filter(|(_, e)| e[0] == i64::from(color))
+            .map(|(r, e)| (e[1], r))
+            .collect();
+        members.sort_unstable();
+        let rank = members
+            .iter()
+            .position(|&(_, r)| r == self.rank)
+            .expect("this rank passed its own color");
+        let world: Vec<usize> = members.iter().map(|&(_, r)| self.world_rank(r)).collect();
+        let world_size = self.universe.p2p.borrow().size();
+        let size = world.len();
+        let ranks = RankMap::new(world, world_size).map(Rc::new);
+        Ok(Some(self.new_comm(context, rank, size, ranks)))
+    }
+
+    fn progress(&self) -> Result<()> {
+        self.universe.p2p.borrow_mut().progress().map(|_| ())
+    }
+
+    fn transport(&self) -> TransportKind {
+        TransportKind::Pagewire
+    }
+
+    fn mode_name(&self) -> &'static str {
+        self.universe.p2p.borrow().mode_name()
+    }
+
+    fn with_message_layer<R>(&self, f: impl FnOnce(&PointToPoint) -> R) -> Result<R> {
+        Ok(f(&self.universe.p2p.borrow()))
+    }
+
+    fn bootstrap(&self) -> &dyn Bootstrap {
+        &*self.universe.boot
+    }
+}
+
+/// The ranks of a communicator other than the world: the world rank of each of its ranks,
+/// and back.
+#[derive(Debug, PartialEq, Eq)]
+struct RankMap {
+    world: Vec<usize>,
+    /// By world rank: its rank here, or `usize::MAX` for a non-member.
+    local: Vec<usize>,
+}
+
+impl RankMap {
+    /// The group whose rank `i` is world rank `world[i]`; `None` when that is the world
+    /// itself (`world_size` ranks in order).
+    fn new(world: Vec<usize>, world_size: usize) -> Option<RankMap> {
+        if world.len() == world_size && world.iter().enumerate().all(|(i, &w)| i == w) {
+            return None;
+        }
+        let mut local = vec![usize::MAX; world_size];
+        for (i, &w) in world.iter().enumerate() {
+            local[w] = i;
+        }
+        Some(RankMap { world, local })
+    }
+
+    /// The world rank of rank `rank` of the group.
+    fn world_rank(&self, rank: usize) -> usize {
+        self.world[rank]
+    }
+
+    /// The group rank of world rank `world` (a sender in this communicator's context is
+    /// always a member; a non-member keeps its world rank).
+    fn local_rank(&self, world: usize) -> usize {
+        match self.local.get(world) {
+            Some(&r) if r != usize::MAX => r,
+            _ => world,
+        }
+    }
+}
+
+/// The message layer's status with the source as a rank of the group `ranks` (`None`: the
+/// world).
+fn in_group(ranks: Option<&RankMap>, mut status: msg::Status) -> msg::Status {
+    if let Some(m) = ranks {
+        status.source = m.local_rank(status.source);
+    }
+    status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_maps_translate_both_ways_and_the_world_needs_none() {
+        assert!(RankMap::new(vec![0, 1, 2], 3).is_none());
+        let m = RankMap::new(vec![3, 1], 4).expect("a proper subgroup");
+        assert_eq!((m.world_rank(0), m.world_rank(1)), (3, 1));
+        assert_eq!((m.local_rank(3), m.local_rank(1)), (0, 1));
+        assert_eq!(m.local_rank(2), 2, "a non-member keeps its world rank");
+        assert!(RankMap::new(vec![1, 0], 2).is_some(), "a reordered world");
+    }
+
+    #[test]
+    fn statuses_name_the_source_in_the_group() {
+        let m = RankMap::new(vec![3, 1], 4).expect("a proper subgroup");
+        let s = msg::Status {
+            source: 3,
+            tag: 7,
+            count: 2,
+        };
+        assert_eq!(in_group(Some(&m), s).source, 0);
+        assert_eq!(in_group(None, s), s);
+        assert_eq!(COLLECTIVE_CONTEXT_BIT, 0x8000_0000);
+    }
+}

@@ -1,0 +1,228 @@
+//! Point-to-point on pagewire's stack: the message layer's calls in the communicator's
+//! context, ranks translated to and from world ranks; its requests ([`PagewireRequest`]) and
+//! matched messages ([`PagewireMessage`]).
+
+use std::rc::Rc;
+
+use pagewire_transport::msg::raw::{UserBuf, UserBufMut};
+use pagewire_transport::msg::{MessageHandle, PointToPoint, RequestId, Status};
+
+use super::{blocking, in_group, PagewireComm, PagewireUniverse, RankMap};
+use crate::backend::traits::{MessageBackend, PointToPointBackend, RequestBackend};
+use crate::error::Result;
+
+impl PointToPointBackend for PagewireComm {
+    type Request = PagewireRequest;
+    type Message = PagewireMessage;
+
+    fn send(&self, dest: usize, tag: i32, bytes: &[u8], sync: bool) -> Result<Status> {
+        let mut p2p = self.universe.p2p.borrow_mut();
+        let dest = self.world_rank(dest);
+        blocking::send(&mut p2p, dest, tag, self.context, bytes, sync)
+            .map(|s| in_group(self.ranks.as_deref(), s))
+    }
+
+    fn receive(&self, source: Option<usize>, tag: Option<i32>, bytes: &mut [u8]) -> Result<Status> {
+        let mut p2p = self.universe.p2p.borrow_mut();
+        let source = source.map(|r| self.world_rank(r));
+        blocking::receive(&mut p2p, source, tag, self.context, bytes)
+            .map(|s| in_group(self.ranks.as_deref(), s))
+    }
+
+    fn immediate_send(
+        &self,
+        dest: usize,
+        tag: i32,
+        buf: UserBuf,
+        sync: bool,
+    ) -> Result<PagewireRequest> {
+        let id = self.universe.p2p.borrow_mut().isend(
+            self.world_rank(dest),
+            tag,
+            self.context,
+            buf,
+            sync,
+        )?;
+        Ok(self.request(id))
+    }
+
+    fn immediate_receive(
+        &self,
+        source: Option<usize>,
+        tag: Option<i32>,
+        buf: UserBufMut,
+    ) -> Result<PagewireRequest> {
+        let id = self.universe.p2p.borrow_mut().irecv(
+            source.map(|r| self.world_rank(r)),
+            tag,
+            self.context,
+            buf,
+        )?;
+        Ok(self.request(id))
+    }
+
+    fn immediate_probe(&self, source: Option<usize>, tag: Option<i32>) -> Result<Option<Status>> {
+        let source = source.map(|r| self.world_rank(r));
+        let found = self
+            .universe
+            .p2p
+            .borrow_mut()
+            .iprobe(source, tag, self.context)?;
+        Ok(found.map(|s| in_group(self.ranks.as_deref(), s)))
+    }
+
+    fn immediate_matched_probe(
+        &self,
+        source: Option<usize>,
+        tag: Option<i32>,
+    ) -> Result<Option<(PagewireMessage, Status)>> {
+        let source = source.map(|r| self.world_rank(r));
+        let found = self
+            .universe
+            .p2p
+            .borrow_mut()
+            .improbe(source, tag, self.context)?;
+        Ok(found.map(|(handle, status)| {
+            let status = in_group(self.ranks.as_deref(), status);
+            let message = PagewireMessage {
+                universe: self.universe.clone(),
+                ranks: self.ranks.clone(),
+                handle: Some(handle),
+                len: status.count,
+            };
+            (message, status)
+        }))
+    }
+
+    fn check_senders(&self, source: Option<usize>) -> Result<()> {
+        let senders: Vec<usize> = match source {
+            Some(r) => vec![self.world_rank(r)],
+            None => (0..self.size).map(|r| self.world_rank(r)).collect(),
+        };
+        self.universe.p2p.borrow_mut().check_probe_senders(&senders)
+    }
+}
+
+impl PagewireComm {
+    /// The request of operation `id`, started on this communicator.
+    fn request(&self, id: RequestId) -> PagewireRequest {
+        PagewireRequest {
+            universe: self.universe.clone(),
+            ranks: self.ranks.clone(),
+            id: Some(id),
+        }
+    }
+}
+
+/// An operation of the message layer that nobody has completed yet.
+pub(crate) struct PagewireRequest {
+    universe: Rc<PagewireUniverse>,
+    /// The communicator's group, to report the source as its rank.
+    ranks: Option<Rc<RankMap>>,
+    /// `None` once completed.
+    id: Option<RequestId>,
+}
+
+impl std::fmt::Debug for PagewireRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PagewireRequest")
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+impl RequestBackend for PagewireRequest {
+    fn wait(&mut self) -> Result<Status> {
+        let id = self.id.take().expect("a request not completed yet");
+        let r = self.universe.p2p.borrow_mut().wait(id);
+        r.map(|s| in_group(self.ranks.as_deref(), s))
+    }
+
+    fn test(&mut self) -> Result<Option<Status>> {
+        let id = self.id.expect("a request not completed yet");
+        let r = self.universe.p2p.borrow_mut().test(id)?;
+        match r {
+            None => Ok(None),
+            Some(result) => {
+                self.id = None;
+                result.map(|s| Some(in_group(self.ranks.as_deref(), s)))
+            }
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        let Some(id) = self.id else {
+            return true;
+        };
+        let mut p2p = self.universe.p2p.borrow_mut();
+        let _ = p2p.progress();
+        p2p.is_done(id)
+    }
+}
+
+impl Drop for PagewireRequest {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            finish_abandoned(&mut self.universe.p2p.borrow_mut(), id);
+        }
+    }
+}
+
+/// Ends an operation nobody will complete: cancel if it has not matched, else wait.
+fn finish_abandoned(p2p: &mut PointToPoint, id: RequestId) {
+    if !p2p.cancel(id) {
+        let _ = p2p.wait(id);
+    } else {
+        let _ = p2p.test(id);
+    }
+}
+
+/// A message a matched probe parked in the message layer.
+pub(crate) struct PagewireMessage {
+    universe: Rc<PagewireUniverse>,
+    ranks: Option<Rc<RankMap>>,
+    /// `None` once received.
+    handle: Option<MessageHandle>,
+    /// The message's size in bytes.
+    len: usize,
+}
+
+impl std::fmt::Debug for PagewireMessage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PagewireMessage")
+            .field("handle", &self.handle)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl MessageBackend for PagewireMessage {
+    type Request = PagewireRequest;
+
+    fn receive(mut self, bytes: &mut [u8]) -> Result<Status> {
+        let handle = self.handle.take().expect("an unreceived message");
+        blocking::matched_receive(&self.universe.p2p, handle, bytes)
+            .map(|s| in_group(self.ranks.as_deref(), s))
+    }
+
+    fn immediate_receive(mut self, buf: UserBufMut) -> Result<PagewireRequest> {
+        let handle = self.handle.take().expect("an unreceived message");
+        let id = self.universe.p2p.borrow_mut().imrecv(handle, buf)?;
+        Ok(PagewireRequest {
+            universe: self.universe.clone(),
+            ranks: self.ranks.clone(),
+            id: Some(id),
+        })
+    }
+}
+
+impl Drop for PagewireMessage {
+    fn drop(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            let mut scratch = vec![0u8; self.len];
+            // A failure (the sender died, or the layer is busy in an unwinding caller) leaves
+            // nothing more to do with a message nobody wants.
+            let _ = blocking::matched_receive(&self.universe.p2p, handle, &mut scratch);
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! How a universe is configured ([`UniverseConfig`], from the `PAGEWIRE_*` variables): what
+//! carries the calls ([`TransportKind`], which chooses the backend) and pagewire's buffer mode
+//! ([`ModeKind`]) and settings.
+
+use pagewire_odp::OdpConfig;
+use pagewire_transport::buffer_mode::copy::CopyConfig;
+use pagewire_transport::msg::MsgConfig;
+
+use crate::error::{Error, Result};
+
+/// Which buffer mode moves user buffers (`PAGEWIRE_MODE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModeKind {
+    /// Pinned bounce buffers, pipelined.
+    Copy,
+    /// On-demand paging: unpinned user buffers, network page faults, prefetch.
+    Odp,
+    /// Registration in place, kept in a pin-down cache.
+    Pindown,
+}
+
+/// What carries the facade's calls (`PAGEWIRE_TRANSPORT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportKind {
+    /// pagewire's message layer on one of its NIC providers (`PAGEWIRE_TRANSPORT=soft`, the
+    /// default, or `verbs`) in the buffer mode of `PAGEWIRE_MODE`.
+    Pagewire,
+    /// The host MPI library (`PAGEWIRE_TRANSPORT=mpi`; feature `mpi`, under `mpirun`):
+    /// every point-to-point and collective call is forwarded to it, so one binary measures
+    /// pagewire and the MPI library side by side.
+    HostMpi,
+}
+
+/// Everything [`Universe::from_config`](crate::Universe::from_config) needs;
+/// [`UniverseConfig::from_env`] reads it from the `PAGEWIRE_*` variables.
+#[derive(Clone, Debug)]
+pub struct UniverseConfig {
+    /// What carries the calls.
+    pub transport: TransportKind,
+    /// The buffer mode.
+    pub mode: ModeKind,
+    /// The copy mode's pool.
+    pub copy: CopyConfig,
+    /// The ODP mode's regions and prefetch policy.
+    pub odp: OdpConfig,
+    /// The message layer.
+    pub msg: MsgConfig,
+}
+
+impl UniverseConfig {
+    /// Reads `PAGEWIRE_TRANSPORT` (`mpi`, or a NIC provider that
+    /// [`nic::open`](crate::nic::open) checks), `PAGEWIRE_MODE` (`copy`, `pindown` or `odp`),
+    /// the modes' and the message layer's settings.
+    pub fn from_env() -> Result<UniverseConfig> {
+        let transport = match std::env::var("PAGEWIRE_TRANSPORT").as_deref() {
+            Ok("mpi") if cfg!(feature = "mpi") => TransportKind::HostMpi,
+            Ok("mpi") => return Err(no_mpi_feature()),
+            _ => TransportKind::Pagewire,
+        };
+        let mode = match std::env::var("PAGEWIRE_MODE").as_deref() {
+            Err(_) | Ok("") | Ok("copy") => ModeKind::Copy,
+            Ok("odp") => ModeKind::Odp,
+            Ok("pindown") => ModeKind::Pindown,
+            Ok(other) => {
+                return Err(Error::InvalidArgument(format!(
+                    "PAGEWIRE_MODE={other}: expected copy, pindown or odp"
+                )))
+            }
+        };
+        Ok(UniverseConfig {
+            transport,
+            mode,
+            copy: CopyConfig::from_env()?,
+            odp: OdpConfig::from_env()?,
+            msg: MsgConfig::from_env()?,
+        })
+    }
+}
+
+/// What `PAGEWIRE_TRANSPORT=mpi` gives in a build without the `mpi` feature.
+pub(crate) fn no_mpi_feature() -> Error {
+    Error::InvalidArgument(
+        "PAGEWIRE_TRANSPORT=mpi, but pagewire was built without the `mpi` feature; rebuild \
+         with `--features mpi` (it needs an MPI library: Debian's libmpich-dev, libclang-dev \
+         and pkg-config) and start the program with mpirun, or use pagewire's own transport \
+         (PAGEWIRE_TRANSPORT=soft)"
+            .into(),
+    )
+}
