@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # mpirun (cargo feature `mpi`, README "Running under mpirun"): installs MPICH if missing,
 # builds and lints the feature, runs its unit tests, then runs under a real `mpirun`:
-#   - tests/mpirun.rs on 2, 3 and 4 ranks: the host-MPI backend (src/host_mpi.rs) against
+#   - tests/mpirun.rs on 2, 3 and 4 ranks: the host-MPI backend (src/backend/host_mpi/) against
 #     sequential references, pagewire's facade on the soft NIC bootstrapped by MPI, and a
 #     rank failing inside a collective (the job must end with an error on both transports);
 #   - tests/mpirun_suites.rs on 2, 3 and 4 ranks: the facade's collective suite and its
