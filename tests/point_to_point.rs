@@ -540,6 +540,57 @@ fn odp_mode_bytes_arrive_exactly_with_rget() {
     );
 }
 
+/// The default protocol in a zero-copy mode: messages of 64 KiB and more are split, the
+/// receiver reading the front while the sender writes the back.
+fn split_rendezvous(u: &pagewire::Universe) {
+    byte_exact(u);
+    probe_and_truncation(u);
+    // The sender computes after starting the send: the receiver's half lands at once, the
+    // sender's when it next polls; the bytes are exact either way.
+    let world = u.world();
+    let peer = world.process_at_rank(1 - world.rank());
+    let n = (4 << 20) + 4096 + 5;
+    let data = pattern(99, n);
+    if world.rank() == 0 {
+        request::scope(|scope| {
+            let r = peer.immediate_send_with_tag(scope, &data[..], 7);
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            r.wait();
+        });
+    } else {
+        let mut got = vec![0u8; n];
+        peer.receive_into_with_tag(&mut got[..], 7);
+        assert!(got == data, "split message differs");
+    }
+    let c = u.with_p2p(|p| p.counters());
+    if world.rank() == 1 {
+        assert!(c.rndv_split > 0, "no receive was split: {c:?}");
+    }
+}
+
+#[test]
+fn odp_mode_split_rendezvous_is_byte_exact_and_never_overruns() {
+    ranks(
+        "odp_mode_split_rendezvous_is_byte_exact_and_never_overruns",
+        2,
+        &[("PAGEWIRE_MODE", "odp")],
+        split_rendezvous,
+    );
+}
+
+#[test]
+fn pindown_mode_split_rendezvous_is_byte_exact_and_never_overruns() {
+    ranks(
+        "pindown_mode_split_rendezvous_is_byte_exact_and_never_overruns",
+        2,
+        &[
+            ("PAGEWIRE_MODE", "pindown"),
+            ("PAGEWIRE_MEMLOCK_LIMIT", "unlimited"),
+        ],
+        split_rendezvous,
+    );
+}
+
 #[test]
 fn odp_mode_bytes_arrive_exactly_with_rput_explicit_regions_no_prefetch() {
     ranks(

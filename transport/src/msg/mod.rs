@@ -24,6 +24,7 @@ mod request;
 mod rndv;
 mod rndv_get;
 mod rndv_put;
+mod rndv_split;
 pub mod wire;
 
 pub use matching::{Envelope, MessageHandle, Selector, ANY_SOURCE, ANY_TAG};
@@ -53,6 +54,9 @@ pub const TAG_UB: i32 = i32::MAX;
 /// 32 KiB was faster still for 32 KiB messages but doubles the pinned slots per peer.
 pub const DEFAULT_EAGER_LIMIT: usize = 16 << 10;
 
+/// Default of [`MsgConfig::split_min`]: measured (README, "Choosing the defaults").
+pub const DEFAULT_SPLIT_MIN: usize = 64 << 10;
+
 /// Which rendezvous protocol large messages use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RndvProtocol {
@@ -71,6 +75,9 @@ pub struct MsgConfig {
     pub eager_limit: usize,
     /// Rendezvous protocol (`PAGEWIRE_RNDV=get|put|auto`).
     pub rndv: RndvProtocol,
+    /// Zero-copy messages of at least this many bytes are moved by both sides at once
+    /// (`auto` only; [`rndv_split`]); `PAGEWIRE_RNDV_SPLIT_MIN`, `off` = never.
+    pub split_min: usize,
     /// Data messages in flight per peer before the sender waits (`PAGEWIRE_EAGER_CREDITS`).
     pub credits: u32,
     /// Extra receive slots per peer for control messages.
@@ -113,6 +120,7 @@ impl Default for MsgConfig {
         MsgConfig {
             eager_limit: DEFAULT_EAGER_LIMIT,
             rndv: RndvProtocol::Auto,
+            split_min: DEFAULT_SPLIT_MIN,
             credits: 16,
             control_slots: 8,
             send_slots: 32,
@@ -136,6 +144,15 @@ impl MsgConfig {
         }
         if let Some(v) = env_usize("PAGEWIRE_UNEXPECTED_BUDGET")? {
             c.unexpected_budget = v;
+        }
+        match std::env::var("PAGEWIRE_RNDV_SPLIT_MIN").as_deref() {
+            Ok("off") => c.split_min = usize::MAX,
+            Ok(_) => {
+                if let Some(v) = env_usize("PAGEWIRE_RNDV_SPLIT_MIN")? {
+                    c.split_min = v.max(8192);
+                }
+            }
+            Err(_) => {}
         }
         c.wait = match std::env::var("PAGEWIRE_WAIT").as_deref() {
             Err(_) | Ok("") | Ok("auto") => WaitPolicy::Auto,
@@ -326,7 +343,7 @@ pub(crate) struct RecvReq {
 
 pub(crate) enum RecvState {
     Posted,
-    Rndv(rndv::RndvRecv),
+    Rndv(Box<rndv::RndvRecv>),
 }
 
 /// An RDMA operation in flight for a rendezvous chunk.
@@ -375,6 +392,8 @@ pub struct MsgCounters {
     pub credit_waits: u64,
     /// Unexpected payloads kept in their slot because the budget was used up.
     pub held_slots: u64,
+    /// Rendezvous receives moved by both sides at once (split rendezvous).
+    pub rndv_split: u64,
 }
 
 /// The message layer of one rank.

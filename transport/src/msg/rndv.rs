@@ -86,6 +86,13 @@ pub(crate) struct RndvRecv {
     /// Bytes landed.
     pub landed: usize,
     pub next_key: u64,
+    /// RGET: where this side's reads stop (`eff`, or the start of the split tail).
+    pub read_end: usize,
+    /// Split rendezvous ([`super::rndv_split`]): the tail `(offset, len)` the sender writes.
+    pub split_tail: Option<(usize, usize)>,
+    /// The lease of that tail, held until its FIN (apart from `leases`, which bound the
+    /// reads in flight).
+    pub tail_lease: Option<Lease>,
 }
 
 /// Chunk `k` of `total` bytes cut in `chunk`-byte pieces: (offset, length).
@@ -258,9 +265,16 @@ impl PointToPoint {
             pieces: Vec::new(),
             landed: 0,
             next_key: 0,
+            read_end: eff,
+            split_tail: None,
+            tail_lease: None,
         };
+        let split = get
+            && self.cfg.rndv == RndvProtocol::Auto
+            && t.zero_copy
+            && super::rndv_split::splittable(&state.announced, eff, self.cfg.split_min);
         if let Some(Req::Recv(r)) = self.reqs.get_mut(rid) {
-            r.state = RecvState::Rndv(state);
+            r.state = RecvState::Rndv(Box::new(state));
         }
         if eff == 0 {
             // Nothing to take (an empty receive buffer): tell the sender to stop.
@@ -276,6 +290,9 @@ impl PointToPoint {
             self.send_control(peer, m)?;
             self.finish_recv(rid);
             return Ok(());
+        }
+        if split {
+            self.start_split(rid)?;
         }
         if get && nothing_announced {
             // The sender had no lease free when it sent the RTS: tell it who we are, so it
@@ -342,7 +359,11 @@ impl PointToPoint {
                 _ => (Vec::new(), None),
             },
             Req::Recv(r) => match &mut r.state {
-                RecvState::Rndv(rv) => (std::mem::take(&mut rv.leases), Some(rv.t)),
+                RecvState::Rndv(rv) => {
+                    let mut l = std::mem::take(&mut rv.leases);
+                    l.extend(rv.tail_lease.take().map(|t| (u64::MAX, t)));
+                    (l, Some(rv.t))
+                }
                 _ => (Vec::new(), None),
             },
             Req::Done(_) => (Vec::new(), None),

@@ -78,11 +78,13 @@ impl PointToPoint {
             let Some(desc) = rv.announced.front().copied() else {
                 return Ok(events);
             };
-            let (peer, buf, t, eff, issued) = (rv.peer, r.buf, rv.t, rv.eff as u64, rv.issued);
-            let end = (desc.offset + desc.len).min(eff);
+            let (peer, buf, t, read_end, issued) =
+                (rv.peer, r.buf, rv.t, rv.read_end as u64, rv.issued);
+            let end = (desc.offset + desc.len).min(read_end);
             let piece_off = desc.offset + issued;
             if piece_off >= end {
-                // Past what a short receive buffer takes, or fully posted.
+                // Past what a short receive buffer (or this side of a split) takes, or
+                // fully posted.
                 self.next_announced(rid, desc.chunk, issued > 0);
                 continue;
             }

@@ -62,6 +62,9 @@ impl PointToPoint {
 
     /// Receiver: a region was written.
     pub(crate) fn on_fin(&mut self, h: Header) -> Result<()> {
+        if h.chunk == super::rndv_split::SPLIT_CHUNK {
+            return self.on_split_fin(h);
+        }
         let rid = RequestId(h.rreq);
         let Some(lease) = self.take_lease(rid, h.chunk as u64) else {
             return Ok(());
@@ -90,6 +93,9 @@ impl PointToPoint {
     /// Sender: the receiver is ready for a region.
     pub(crate) fn on_cts(&mut self, _peer: usize, h: Header) -> Result<()> {
         let id = RequestId(h.sreq);
+        if h.chunk == super::rndv_split::SPLIT_CHUNK && self.write_split_tail(id, &h)? {
+            return Ok(());
+        }
         let mut ready = None;
         if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
             let addr = s.buf.addr();

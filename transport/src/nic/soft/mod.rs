@@ -746,6 +746,11 @@ impl Nic for SoftNic {
         }
         let write = advice == Advice::PrefetchWrite;
         self.inner.watch.on_post();
+        if self.inner.own.present().missing_span(addr, len).is_none() {
+            // Every page is mapped for the NIC already (and the monitor, just flushed, keeps
+            // the bits true): nothing to do, as for a prefetch of resident ODP pages.
+            return Ok(());
+        }
         let newly = self
             .inner
             .watch
