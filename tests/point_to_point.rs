@@ -911,3 +911,138 @@ fn a_blocking_probe_on_a_dead_sender_is_an_error_not_a_hang() {
         probe_on_a_dead_sender,
     );
 }
+
+/// Sizes on both sides of every switch point of the fast path (issue 12): the inline limit
+/// (256 B with the 64-byte header), the ring's packet size (16,320 B: a 16 KiB eager message
+/// takes two packets), the eager limit (16 KiB), the split and CMA thresholds (64 KiB) and
+/// the copy mode's chunk (512 KiB).
+const SWITCH_SIZES: [usize; 17] = [
+    191,
+    192,
+    193,
+    16_255,
+    16_256,
+    16_257,
+    16_383,
+    16_384,
+    16_385,
+    65_535,
+    65_536,
+    65_537,
+    524_287,
+    524_288,
+    524_289,
+    (1 << 20) + 1,
+    0,
+];
+
+/// Rank 0 starts every size many times over without waiting (more messages than the ring
+/// has slots, so it wraps, and more than the receiver has credits, so some wait), while
+/// rank 1 receives them with wildcard source and tag in the order they were sent; every
+/// byte is checked, then the same goes back the other way.
+fn switch_points(u: &pagewire::Universe) {
+    const ROUNDS: usize = 6;
+    let world = u.world();
+    let me = world.rank();
+    let peer = world.process_at_rank(1 - me);
+    let messages: Vec<Vec<u8>> = (0..ROUNDS)
+        .flat_map(|r| {
+            SWITCH_SIZES
+                .iter()
+                .enumerate()
+                .map(move |(i, &n)| pattern((r * 100 + i) as u64, n))
+        })
+        .collect();
+    for sender in 0..2 {
+        if me == sender {
+            request::scope(|scope| {
+                let reqs: Vec<_> = messages
+                    .iter()
+                    .enumerate()
+                    .map(|(k, m)| peer.immediate_send_with_tag(scope, &m[..], k as i32))
+                    .collect();
+                request::wait_all(reqs);
+            });
+        } else {
+            for (k, want) in messages.iter().enumerate() {
+                let mut got = vec![0u8; want.len() + 64];
+                let s = world.any_process().receive_into(&mut got[..]);
+                assert_eq!(
+                    (s.source_rank(), s.tag(), s.count_bytes()),
+                    (sender, k as i32, want.len()),
+                    "message {k} out of order or wrong length"
+                );
+                assert!(got[..want.len()] == want[..], "message {k}: bytes differ");
+                assert!(
+                    got[want.len()..].iter().all(|&b| b == 0),
+                    "message {k}: overran"
+                );
+            }
+        }
+        world.barrier();
+    }
+}
+
+#[test]
+fn switch_point_sizes_wrap_the_ring_and_keep_order_in_every_mode() {
+    for mode in ["copy", "pindown", "odp"] {
+        ranks(
+            "switch_point_sizes_wrap_the_ring_and_keep_order_in_every_mode",
+            2,
+            &[
+                ("PAGEWIRE_MODE", mode),
+                ("PAGEWIRE_MEMLOCK_LIMIT", "unlimited"),
+            ],
+            switch_points,
+        );
+    }
+}
+
+/// 10,000 ping-pongs of 8 bytes: the NIC makes (almost) no system call per message while
+/// both ranks poll (issue 12: fewer than 0.05 per message; the driver threads' rare timed
+/// wake-ups are all that may show).
+fn no_syscalls_per_message(u: &pagewire::Universe) {
+    const N: usize = 10_000;
+    let world = u.world();
+    let peer = world.process_at_rank(1 - world.rank());
+    let mut buf = [7u8; 8];
+    for _ in 0..100 {
+        // Warm up: connections, slots and caches are set up before counting.
+        if world.rank() == 0 {
+            peer.send(&buf[..]);
+            peer.receive_into(&mut buf[..]);
+        } else {
+            peer.receive_into(&mut buf[..]);
+            peer.send(&buf[..]);
+        }
+    }
+    let before = u.with_p2p(|p| p.nic_counters().syscalls);
+    for _ in 0..N {
+        if world.rank() == 0 {
+            peer.send(&buf[..]);
+            peer.receive_into(&mut buf[..]);
+        } else {
+            peer.receive_into(&mut buf[..]);
+            peer.send(&buf[..]);
+        }
+    }
+    let calls = u.with_p2p(|p| p.nic_counters().syscalls) - before;
+    let per_message = calls as f64 / (2 * N) as f64;
+    assert!(
+        per_message < 0.05,
+        "{calls} system calls for {} messages ({per_message:.3} per message)",
+        2 * N
+    );
+}
+
+#[test]
+fn small_messages_make_no_system_calls_in_every_mode() {
+    for mode in ["copy", "pindown", "odp"] {
+        util::ranks_alone(
+            "small_messages_make_no_system_calls_in_every_mode",
+            2,
+            &[("PAGEWIRE_MODE", mode)],
+            no_syscalls_per_message,
+        );
+    }
+}

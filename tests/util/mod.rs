@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use pagewire::boot::{self, JobOutcome, LaunchConfig};
@@ -21,6 +21,22 @@ pub fn ranks(name: &str, n: usize, env: &[(&str, &str)], body: fn(&pagewire::Uni
         body(&universe);
         return;
     }
+    let _shared = ALONE.read().unwrap_or_else(|e| e.into_inner());
+    let outcome = launch(name, n, env);
+    assert!(outcome.success(), "job of test {name} failed: {outcome:?}");
+}
+
+/// Held for reading by every job of this binary, for writing by a job that must have the
+/// machine's cores to itself ([`ranks_alone`]).
+static ALONE: RwLock<()> = RwLock::new(());
+
+/// [`ranks`], with no other job of this test binary running meanwhile: for checks that
+/// hold only while every rank has a core (what a test measures about polling ranks).
+pub fn ranks_alone(name: &str, n: usize, env: &[(&str, &str)], body: fn(&pagewire::Universe)) {
+    if std::env::var(ROLE).as_deref() == Ok(name) {
+        return ranks(name, n, env, body);
+    }
+    let _alone = ALONE.write().unwrap_or_else(|e| e.into_inner());
     let outcome = launch(name, n, env);
     assert!(outcome.success(), "job of test {name} failed: {outcome:?}");
 }
@@ -46,6 +62,7 @@ pub fn jobs(
         return;
     }
     let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _shared = ALONE.read().unwrap_or_else(|e| e.into_inner());
     for &n in rank_counts {
         let t = Instant::now();
         let outcome = launch(name, n, env);

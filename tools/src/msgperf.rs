@@ -59,11 +59,13 @@ pub struct RowCounters {
     pub npf_pages: u64,
     /// Pages made present by prefetch.
     pub prefetch_pages: u64,
+    /// System calls the NICs made (issue 12: none per small message while both poll).
+    pub syscalls: u64,
 }
 
 impl RowCounters {
     /// How many counters (the length of [`RowCounters::to_array`]).
-    pub const N: usize = 10;
+    pub const N: usize = 11;
 
     /// This rank's totals so far (zeros on the mpi transport, which has no pagewire
     /// counters).
@@ -81,6 +83,7 @@ impl RowCounters {
                 npf_responder: n.npf_responder,
                 npf_pages: n.npf_pages,
                 prefetch_pages: n.prefetch_pages,
+                syscalls: n.syscalls,
             }
         })
         .unwrap_or_default()
@@ -99,6 +102,7 @@ impl RowCounters {
             self.npf_responder,
             self.npf_pages,
             self.prefetch_pages,
+            self.syscalls,
         ]
     }
 
@@ -115,6 +119,7 @@ impl RowCounters {
             npf_responder: a[7],
             npf_pages: a[8],
             prefetch_pages: a[9],
+            syscalls: a[10],
         }
     }
 
@@ -133,6 +138,11 @@ impl RowCounters {
     /// Network page faults per message.
     pub fn npfs_per_message(&self) -> f64 {
         (self.npf_requester + self.npf_responder) as f64 / self.messages.max(1) as f64
+    }
+
+    /// NIC system calls per message.
+    pub fn syscalls_per_message(&self) -> f64 {
+        self.syscalls as f64 / self.messages.max(1) as f64
     }
 }
 
@@ -392,14 +402,14 @@ pub fn print(name: &str, procs: i32, rows: &[Row]) {
 /// apart so the table above stays comparable with IMB's.
 pub fn print_counters(rows: &[Row]) {
     println!("# counters of ranks 0+1 over the timed repetitions:");
-    println!("#      #bytes   hit%     misses  evictions  fallbacks  invalid.   NPF/msg  NPF pages  prefetched");
+    println!("#      #bytes   hit%     misses  evictions  fallbacks  invalid.   NPF/msg  NPF pages  prefetched  syscalls/msg");
     for r in rows {
         let c = &r.counters;
         let hit = c
             .hit_rate()
             .map_or_else(|| "-".to_string(), |h| format!("{h:.1}"));
         println!(
-            "# {:>11} {:>6} {:>10} {:>10} {:>10} {:>9} {:>9.2} {:>10} {:>11}",
+            "# {:>11} {:>6} {:>10} {:>10} {:>10} {:>9} {:>9.2} {:>10} {:>11} {:>13.3}",
             r.bytes,
             hit,
             c.misses,
@@ -408,7 +418,8 @@ pub fn print_counters(rows: &[Row]) {
             c.invalidations,
             c.npfs_per_message(),
             c.npf_pages,
-            c.prefetch_pages
+            c.prefetch_pages,
+            c.syscalls_per_message()
         );
     }
     println!();

@@ -880,3 +880,117 @@ fn a_rank_killed_mid_job_takes_the_job_down_and_leaves_no_shared_memory() {
     assert!(left.is_empty(), "shared memory left behind: {left:?}");
     let _ = std::fs::remove_dir_all(out);
 }
+
+/// A SEND or RDMA WRITE whose local memory is unmapped or unregistered completes with a
+/// local protection error and the process goes on (issue 12): the soft NIC copies its own
+/// process's memory with the CPU, guarded so that a bad address fails the work request, not
+/// the process. Inline payloads are copied at post time, registered ones at transmission.
+fn local_faults_body(r: &Rank) {
+    let me = r.rank();
+    let page = PAGE_SIZE as usize;
+    let mut landing = AnonMapping::new(1 << 16).unwrap();
+    landing.as_mut_slice()[8192..8292].copy_from_slice(&pattern(5, 100));
+    let lmr = r.nic.register(landing.addr(), 1 << 16, rw()).unwrap();
+    let rl = r.exchange(&lmr);
+    // Three pages; the middle one is unmapped after registration (ODP, so it is never
+    // pinned and its present bits follow the unmap).
+    let victim = AnonMapping::new(3 * page).unwrap();
+    let odp = r
+        .nic
+        .register(victim.addr(), 3 * page as u64, rw() | Access::ON_DEMAND)
+        .unwrap();
+    let hole = victim.unmap_range(page, page).unwrap();
+    let bad = hole.hole_addr();
+    let cases: Vec<(&str, Opcode, Sge, bool)> = vec![
+        (
+            "inline SEND from unmapped memory",
+            Opcode::Send,
+            sge(bad, 64, 0),
+            true,
+        ),
+        (
+            "SEND from an unmapped page of an ODP region",
+            Opcode::Send,
+            sge(bad, 64, odp.lkey),
+            false,
+        ),
+        (
+            "RDMA WRITE from an unmapped page of an ODP region",
+            Opcode::RdmaWrite {
+                remote_addr: rl[1 - me].0,
+                rkey: rl[1 - me].1,
+            },
+            sge(bad - 100, 300, odp.lkey),
+            false,
+        ),
+        (
+            "SEND with a key nobody registered",
+            Opcode::Send,
+            sge(landing.addr(), 64, lmr.lkey ^ 0x0ff0_0000),
+            false,
+        ),
+    ];
+    for (what, opcode, s, inline) in cases {
+        let qp = r.fresh_pair(0, 1);
+        if me == 1 {
+            post_recv(r, qp, 1, &[sge(landing.addr(), 4096, lmr.lkey)]);
+        }
+        r.boot.barrier().unwrap();
+        if me == 0 {
+            // SAFETY (test): the addresses are ours; the NIC must fail on them, not crash.
+            unsafe {
+                r.nic
+                    .post_send(
+                        qp,
+                        &SendWr {
+                            wr_id: 7,
+                            opcode,
+                            sgl: &[s],
+                            inline,
+                            signaled: true,
+                        },
+                    )
+                    .unwrap()
+            };
+            let c = r.wait();
+            assert_eq!(
+                (c.wr_id, c.status),
+                (7, WcStatus::LocalProtectionError),
+                "{what}"
+            );
+        }
+        r.boot.barrier().unwrap();
+    }
+    // The process goes on: a good SEND on a fresh pair arrives.
+    let qp = r.fresh_pair(0, 1);
+    if me == 1 {
+        post_recv(r, qp, 2, &[sge(landing.addr(), 4096, lmr.lkey)]);
+    }
+    r.boot.barrier().unwrap();
+    if me == 0 {
+        post_send(
+            r,
+            qp,
+            3,
+            Opcode::Send,
+            &[sge(landing.addr() + 8192, 100, lmr.lkey)],
+        );
+    }
+    let c = r.wait();
+    assert_eq!(c.status, WcStatus::Success, "{c:?}");
+    if me == 1 {
+        assert_eq!(c.byte_len, 100);
+        assert_eq!(&landing.as_slice()[..100], &pattern(5, 100)[..]);
+    }
+    r.boot.barrier().unwrap();
+}
+
+#[test]
+fn a_send_or_write_from_unmapped_or_unregistered_memory_fails_locally_and_the_process_goes_on() {
+    ranks(
+        "a_send_or_write_from_unmapped_or_unregistered_memory_fails_locally_and_the_process_goes_on",
+        2,
+        &[],
+        local_faults_body,
+    );
+}

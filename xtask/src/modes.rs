@@ -177,9 +177,14 @@ pub const FILE_SETS: &[Entry] = &[
         ..file(Row::OdpNic, "transport/src/nic/soft/mod.rs")
     },
     Entry {
-        functions: Some(&["missing_pages", "fault_range"]),
-        note: "which pages of a DMA are not present, and the batch to fault in",
-        ..file(Row::OdpNic, "transport/src/nic/soft/engine.rs")
+        functions: Some(&["missing_span"]),
+        note: "which pages of a DMA are not present",
+        ..file(Row::OdpNic, "transport/src/nic/soft/engine/requester.rs")
+    },
+    Entry {
+        functions: Some(&["fault_extent"]),
+        note: "the batch to fault in",
+        ..file(Row::OdpNic, "transport/src/nic/soft/engine/mod.rs")
     },
 ];
 

@@ -42,6 +42,8 @@ pub struct Counters {
     pub(crate) bytes_staged: AtomicU64,
     pub(crate) bytes_inline: AtomicU64,
     pub(crate) error_completions: AtomicU64,
+    /// System calls this NIC made (the soft provider: `sys::syscalls_made` at snapshot).
+    pub(crate) syscalls: AtomicU64,
 }
 
 impl Counters {
@@ -98,6 +100,7 @@ impl Counters {
             bytes_staged: self.bytes_staged.load(Relaxed),
             bytes_inline: self.bytes_inline.load(Relaxed),
             error_completions: self.error_completions.load(Relaxed),
+            syscalls: self.syscalls.load(Relaxed),
         }
     }
 }
@@ -143,6 +146,9 @@ pub struct CountersSnapshot {
     pub bytes_inline: u64,
     /// Completions with a status other than success.
     pub error_completions: u64,
+    /// System calls the NIC made, its driver thread's included (issue 12: none per message
+    /// while both sides poll; only to move bytes between processes, pin, fault or sleep).
+    pub syscalls: u64,
 }
 
 impl CountersSnapshot {
@@ -166,6 +172,7 @@ impl CountersSnapshot {
             self.bytes_staged,
             self.bytes_inline,
             self.error_completions,
+            self.syscalls,
         ];
         w.extend_from_slice(&self.npf_histogram);
         w.iter().flat_map(|v| v.to_le_bytes()).collect()
@@ -173,7 +180,7 @@ impl CountersSnapshot {
 
     /// The inverse of [`CountersSnapshot::to_bytes`]; `None` if the length is wrong.
     pub fn from_bytes(b: &[u8]) -> Option<CountersSnapshot> {
-        const SCALARS: usize = 17;
+        const SCALARS: usize = 18;
         if b.len() != (SCALARS + NPF_HISTOGRAM_BUCKETS) * 8 {
             return None;
         }
@@ -199,6 +206,7 @@ impl CountersSnapshot {
             bytes_staged: w[14],
             bytes_inline: w[15],
             error_completions: w[16],
+            syscalls: w[17],
             npf_histogram: std::array::from_fn(|i| w[SCALARS + i]),
         })
     }
@@ -245,6 +253,7 @@ impl CountersSnapshot {
             bytes_staged: self.bytes_staged - earlier.bytes_staged,
             bytes_inline: self.bytes_inline - earlier.bytes_inline,
             error_completions: self.error_completions - earlier.error_completions,
+            syscalls: self.syscalls - earlier.syscalls,
         }
     }
 }

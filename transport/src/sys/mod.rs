@@ -17,6 +17,19 @@ use std::time::Duration;
 
 use crate::nic::PAGE_SIZE;
 
+/// System calls made through this module (process-wide).
+static SYSCALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn count_syscall() {
+    SYSCALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// How many system calls this process has made through this module's wrappers: what the
+/// soft NIC counts as its own (issue 12).
+pub fn syscalls_made() -> u64 {
+    SYSCALLS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// A contiguous range of some process's address space.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Extent {
@@ -73,6 +86,7 @@ pub fn cma_copy(
         // remote and local address against the target's and our page tables and fails with
         // EFAULT instead of touching unmapped memory; local extents are written only for
         // Read, under the caller's guarantee above.
+        count_syscall();
         let n = unsafe {
             match dir {
                 CmaDirection::Read => libc::process_vm_readv(
@@ -146,6 +160,7 @@ pub fn page_span(addr: u64, len: u64) -> (u64, u64) {
 /// `mlock` on the pages covering the range.
 pub fn mlock(addr: u64, len: u64) -> io::Result<()> {
     let (a, l) = page_span(addr, len);
+    count_syscall();
     // SAFETY: mlock only changes residency of the calling process's pages; it fails with
     // ENOMEM for unmapped ranges and never touches memory contents.
     if unsafe { libc::mlock(a as *const libc::c_void, l as usize) } != 0 {
@@ -159,6 +174,7 @@ pub fn mlock(addr: u64, len: u64) -> io::Result<()> {
 pub fn is_mapped(addr: u64, len: u64) -> bool {
     let (a, l) = page_span(addr, len);
     let mut vec = vec![0u8; (l / PAGE_SIZE) as usize];
+    count_syscall();
     // SAFETY: vec holds one byte per page of the range, as mincore requires.
     unsafe { libc::mincore(a as *mut libc::c_void, l as usize, vec.as_mut_ptr()) == 0 }
 }
@@ -173,6 +189,7 @@ pub fn is_mapped_all(extents: &[Extent]) -> bool {
 /// `munlock` on the pages covering the range.
 pub fn munlock(addr: u64, len: u64) -> io::Result<()> {
     let (a, l) = page_span(addr, len);
+    count_syscall();
     // SAFETY: as for mlock.
     if unsafe { libc::munlock(a as *const libc::c_void, l as usize) } != 0 {
         return Err(io::Error::last_os_error());
@@ -190,6 +207,7 @@ pub fn populate(addr: u64, len: u64, write: bool) -> io::Result<()> {
     } else {
         libc::MADV_POPULATE_READ
     };
+    count_syscall();
     // SAFETY: MADV_POPULATE_* faults pages in as a CPU access would, without modifying
     // their contents; an unmapped range yields an error.
     if unsafe { libc::madvise(a as *mut libc::c_void, l as usize, advice) } != 0 {
@@ -205,6 +223,7 @@ pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
         tv_sec: timeout.as_secs() as libc::time_t,
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
     };
+    count_syscall();
     // SAFETY: the word is a valid, aligned u32 for the duration of the call; FUTEX_WAIT
     // only reads it. Spurious wake-ups and EAGAIN are fine for the callers, who re-check.
     unsafe {
@@ -220,6 +239,7 @@ pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
 
 /// Wakes every waiter on `word` (`FUTEX_WAKE`, shared).
 pub fn futex_wake(word: &AtomicU32) {
+    count_syscall();
     // SAFETY: the word is valid and aligned; FUTEX_WAKE does not access memory contents.
     unsafe {
         libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
@@ -254,6 +274,7 @@ impl ProcessHandle {
             events: libc::POLLIN,
             revents: 0,
         };
+        count_syscall();
         // SAFETY: one valid pollfd, zero timeout.
         let n = unsafe { libc::poll(&mut p, 1, 0) };
         n == 0
@@ -297,6 +318,7 @@ pub fn pages_mapped(pagemap: &File, addr: u64, len: u64, out: &mut Vec<bool>) ->
     let mut buf = vec![0u8; pages * 8];
     let mut off = 0;
     while off < buf.len() {
+        count_syscall();
         let n = pagemap.read_at(&mut buf[off..], (start / PAGE_SIZE) * 8 + off as u64)?;
         if n == 0 {
             break;

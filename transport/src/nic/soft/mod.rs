@@ -95,6 +95,9 @@ const DRIVER_ASLEEP: usize = 256;
 /// Header word: how many times the application has polled (a heartbeat peers read to tell
 /// whether it is polling before they wake its driver).
 const APP_POLLS: usize = 320;
+/// Header word: non-zero while an application thread is inside the NIC (posting or
+/// polling, a long DMA included): it is not idle, so peers do not wake its driver.
+const APP_IN_NIC: usize = 384;
 const PENDING_OFFSET: usize = HEADER_BYTES;
 const PENDING_BYTES: usize = 4096;
 const TPT_OFFSET: usize = PENDING_OFFSET + PENDING_BYTES;
@@ -260,6 +263,16 @@ impl RankMemory {
     fn note_app_poll(&self) {
         let w = &self.seg.words(APP_POLLS, 1)[0];
         w.store(w.load(Relaxed) + 1, Relaxed);
+    }
+
+    /// Whether an application thread of this rank is inside its NIC now.
+    pub(crate) fn app_in_nic(&self) -> bool {
+        self.seg.words(APP_IN_NIC, 1)[0].load(Relaxed) != 0
+    }
+
+    /// The owner: an application thread enters (`true`) or leaves its NIC.
+    fn note_app_in_nic(&self, inside: bool) {
+        self.seg.words(APP_IN_NIC, 1)[0].store(inside as u64, Relaxed);
     }
 
     fn asleep_word(&self) -> &AtomicU64 {
@@ -816,7 +829,10 @@ impl Nic for SoftNic {
 
     unsafe fn post_send(&self, qpn: u32, wr: &SendWr<'_>) -> Result<()> {
         self.inner.watch.on_post();
-        self.inner.post_send(qpn, wr)
+        self.inner.own.note_app_in_nic(true);
+        let r = self.inner.post_send(qpn, wr);
+        self.inner.own.note_app_in_nic(false);
+        r
     }
 
     unsafe fn post_recv(&self, qpn: u32, wr: &RecvWr<'_>) -> Result<()> {
@@ -827,14 +843,19 @@ impl Nic for SoftNic {
     fn poll_cq(&self, cq: u32, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
         self.inner.watch.on_post();
         self.inner.own.note_app_poll();
+        self.inner.own.note_app_in_nic(true);
         let mut eng = self.inner.engine.lock();
         self.inner.progress(&mut eng);
-        eng.drain_cq(cq, out, max)
+        let n = eng.drain_cq(cq, out, max);
+        drop(eng);
+        self.inner.own.note_app_in_nic(false);
+        n
     }
 
     fn counters(&self) -> CountersSnapshot {
         let mut s = self.inner.counters.snapshot();
         s.invalidated_pages += self.inner.watch.invalidated_pages();
+        s.syscalls = sys::syscalls_made();
         s
     }
 }

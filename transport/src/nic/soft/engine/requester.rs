@@ -244,7 +244,7 @@ impl Inner {
                             // The responder has not taken it: if its application is not
                             // polling and its driver sleeps, wake the driver.
                             let polls = peer.mem.app_polls();
-                            if polls == *peer_polls_seen {
+                            if polls == *peer_polls_seen && !peer.mem.app_in_nic() {
                                 peer.mem.wake_driver_if_asleep();
                             }
                             *peer_polls_seen = polls;
