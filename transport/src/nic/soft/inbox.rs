@@ -16,6 +16,8 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 
+use smallvec::SmallVec;
+
 use super::ring::Ring;
 
 /// Passes without a packet after which a ring leaves the hot set.
@@ -72,34 +74,15 @@ impl Inbox {
         self.hot.len()
     }
 
-    /// One pass: calls `drain(src)` for every ring that may have packets (the hot set, then
-    /// senders whose pending bit was set); `drain` returns whether it found any. `ring(src)`
-    /// is sender `src`'s ring.
-    pub(crate) fn pass<'r>(
+    /// The rings that may have packets this pass: the hot set, then the senders whose
+    /// pending bit was set (which join the hot set). Drain each, then report with
+    /// [`Inbox::drained`].
+    pub(crate) fn due<'r>(
         &mut self,
         pending: PendingBits<'_>,
         ring: impl Fn(usize) -> Ring<'r>,
-        mut drain: impl FnMut(usize) -> bool,
-    ) {
-        let mut i = 0;
-        while i < self.hot.len() {
-            let src = self.hot[i].0;
-            if drain(src) {
-                self.hot[i].1 = 0;
-            } else {
-                self.hot[i].1 += 1;
-                if self.hot[i].1 >= DEMOTE_AFTER {
-                    let r = ring(src);
-                    r.set_watched(false);
-                    // A packet published while the sender still saw the flag set.
-                    drain(src);
-                    self.is_hot[src] = false;
-                    self.hot.swap_remove(i);
-                    continue;
-                }
-            }
-            i += 1;
-        }
+    ) -> SmallVec<[usize; 8]> {
+        let mut due: SmallVec<[usize; 8]> = self.hot.iter().map(|&(src, _)| src).collect();
         for (wi, w) in pending.words.iter().enumerate() {
             if w.load(Relaxed) == 0 {
                 continue;
@@ -115,10 +98,37 @@ impl Inbox {
                     self.is_hot[src] = true;
                     ring(src).set_watched(true);
                     self.hot.push((src, 0));
+                    due.push(src);
                 }
-                drain(src);
             }
         }
+        due
+    }
+
+    /// Ring `src`, due this pass, had packets (`any`) or not. True when it has just left the
+    /// hot set, after `ring(src)`'s watch flag went down: the caller drains it once more,
+    /// for a packet published while its sender still saw the flag up.
+    pub(crate) fn drained<'r>(
+        &mut self,
+        src: usize,
+        any: bool,
+        ring: impl Fn(usize) -> Ring<'r>,
+    ) -> bool {
+        let Some(i) = self.hot.iter().position(|&(s, _)| s == src) else {
+            return false;
+        };
+        if any {
+            self.hot[i].1 = 0;
+            return false;
+        }
+        self.hot[i].1 += 1;
+        if self.hot[i].1 < DEMOTE_AFTER {
+            return false;
+        }
+        ring(src).set_watched(false);
+        self.is_hot[src] = false;
+        self.hot.swap_remove(i);
+        true
     }
 }
 
@@ -143,15 +153,23 @@ mod tests {
         announce(&r1, pending, 1);
         assert_eq!(bits_words[0].load(Relaxed), 0b10);
         let mut seen = Vec::new();
-        inbox.pass(pending, ring, |src| {
-            let mut any = false;
-            while ring(src).peek().is_some() {
-                ring(src).pop();
-                seen.push(src);
-                any = true;
+        let pass = |inbox: &mut Inbox, seen: &mut Vec<usize>| {
+            for src in inbox.due(pending, ring) {
+                let mut any = false;
+                while ring(src).peek().is_some() {
+                    ring(src).pop();
+                    seen.push(src);
+                    any = true;
+                }
+                if inbox.drained(src, any, ring) {
+                    while ring(src).peek().is_some() {
+                        ring(src).pop();
+                        seen.push(src);
+                    }
+                }
             }
-            any
-        });
+        };
+        pass(&mut inbox, &mut seen);
         assert_eq!(seen, vec![1]);
         assert_eq!(bits_words[0].load(Relaxed), 0);
         assert!(r1.watched());
@@ -161,20 +179,11 @@ mod tests {
         r1.publish(s, &Header::default());
         announce(&r1, pending, 1);
         assert_eq!(bits_words[0].load(Relaxed), 0);
-        let mut n = 0;
-        inbox.pass(pending, ring, |src| {
-            let mut any = false;
-            while ring(src).peek().is_some() {
-                ring(src).pop();
-                n += 1;
-                any = true;
-            }
-            any
-        });
-        assert_eq!(n, 1);
+        pass(&mut inbox, &mut seen);
+        assert_eq!(seen, vec![1, 1]);
         // Idle: it leaves the hot set, and is no longer watched.
         for _ in 0..DEMOTE_AFTER {
-            inbox.pass(pending, ring, |_| false);
+            pass(&mut inbox, &mut seen);
         }
         assert_eq!(inbox.hot_len(), 0);
         assert!(!r1.watched());

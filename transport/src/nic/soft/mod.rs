@@ -849,7 +849,7 @@ impl Nic for SoftNic {
         let n = eng.drain_cq(cq, out, max);
         drop(eng);
         self.inner.own.note_app_in_nic(false);
-        n
+        n.ok_or_else(|| Error::InvalidArgument(format!("no completion queue {cq}")))
     }
 
     fn counters(&self) -> CountersSnapshot {

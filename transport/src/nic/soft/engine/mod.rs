@@ -361,22 +361,20 @@ impl Engine {
             .ok_or_else(|| Error::InvalidArgument(format!("no queue pair {qpn}")))
     }
 
+    /// Moves up to `max` completions of `cq` into `out`: how many, or `None` if there is no
+    /// such queue.
     pub(crate) fn drain_cq(
         &mut self,
         cq: u32,
         out: &mut Vec<Completion>,
         max: usize,
-    ) -> Result<usize> {
-        let q = self
-            .cqs
-            .get_mut(cq as usize)
-            .and_then(Option::as_mut)
-            .ok_or_else(|| Error::InvalidArgument(format!("no completion queue {cq}")))?;
+    ) -> Option<usize> {
+        let q = self.cqs.get_mut(cq as usize)?.as_mut()?;
         let n = max.min(q.entries.len());
         for _ in 0..n {
             out.push(q.entries.pop_front().expect("counted"));
         }
-        Ok(n)
+        Some(n)
     }
 
     /// Whether requests or READ responses are outstanding (the driver thread keeps
@@ -472,13 +470,17 @@ impl super::Inner {
         // polling application serves faults on its memory at once, and the driver thread
         // serves them while the application computes.
         self.serve_faults();
-        let mut inbox = std::mem::take(&mut eng.inbox);
-        inbox.pass(
-            self.own.pending(),
-            |src| self.own.ring_from(src),
-            |src| self.drain_ring(eng, src),
-        );
-        eng.inbox = inbox;
+        let due = eng
+            .inbox
+            .due(self.own.pending(), |src| self.own.ring_from(src));
+        for src in due {
+            let any = self.drain_ring(eng, src);
+            if eng.inbox.drained(src, any, |s| self.own.ring_from(s)) {
+                // Leaving the hot set: its watch flag is down now; a packet published while
+                // the sender still saw it up is taken here.
+                self.drain_ring(eng, src);
+            }
+        }
         let mut i = 0;
         while i < eng.busy.len() {
             let qpn = eng.busy[i];
