@@ -15,6 +15,7 @@ pub mod launcher;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod pwrun_client;
+#[allow(unsafe_code)]
 mod sys;
 
 #[cfg(feature = "mpi")]

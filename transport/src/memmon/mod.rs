@@ -87,6 +87,7 @@
 //! never stale.
 
 mod uffd;
+#[allow(unsafe_code)]
 mod uffd_sys;
 
 pub use uffd::UffdMonitor;

@@ -19,6 +19,7 @@
 
 mod eager;
 pub mod matching;
+#[allow(unsafe_code)]
 pub mod raw;
 mod request;
 mod rndv;

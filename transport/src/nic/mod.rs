@@ -435,6 +435,7 @@ pub trait Nic: Send + Sync {
     /// while the NIC writes it, for RDMA READ) until the completion is polled, exactly as for
     /// `ibv_post_send`. The NIC itself never dereferences user addresses: it moves bytes with
     /// kernel copies, so an unmapped address ends in an error completion, not a crash.
+    #[allow(unsafe_code)]
     unsafe fn post_send(&self, qpn: u32, wr: &SendWr<'_>) -> Result<()>;
 
     /// Posts a receive work request.
@@ -442,6 +443,7 @@ pub trait Nic: Send + Sync {
     /// # Safety
     /// The memory named by `wr.sgl` must not be accessed by Rust code until the receive
     /// completes (the NIC writes it), as for `ibv_post_recv`.
+    #[allow(unsafe_code)]
     unsafe fn post_recv(&self, qpn: u32, wr: &RecvWr<'_>) -> Result<()>;
 
     /// Moves up to `max` completions of `cq` into `out`; returns how many. Also drives the

@@ -30,6 +30,7 @@
 //!   before DMA into present pages. A fault on unmapped memory ends in an error completion.
 
 mod ack;
+#[allow(unsafe_code)]
 mod dma;
 mod engine;
 mod inbox;
@@ -37,6 +38,7 @@ mod odp_watch;
 mod pin;
 mod present;
 mod ring;
+#[allow(unsafe_code)]
 mod shm;
 mod tpt;
 
@@ -827,6 +829,7 @@ impl Nic for SoftNic {
         Ok(())
     }
 
+    #[allow(unsafe_code)]
     unsafe fn post_send(&self, qpn: u32, wr: &SendWr<'_>) -> Result<()> {
         self.inner.watch.on_post();
         self.inner.own.note_app_in_nic(true);
@@ -835,6 +838,7 @@ impl Nic for SoftNic {
         r
     }
 
+    #[allow(unsafe_code)]
     unsafe fn post_recv(&self, qpn: u32, wr: &RecvWr<'_>) -> Result<()> {
         self.inner.watch.on_post();
         self.inner.post_recv(qpn, wr)
