@@ -13,6 +13,27 @@ use crate::nic::PAGE_SIZE;
 /// Bytes of the bitmap object.
 pub(crate) const PRESENT_BYTES: usize = (ADDRESS_SPACE_END / PAGE_SIZE / 8) as usize;
 
+/// The bitmap words the pages of `[addr, addr+len)` fall in, each with the mask of those
+/// pages' bits.
+fn word_masks(addr: u64, len: u64) -> impl Iterator<Item = (usize, u64)> {
+    let r = pages(addr, len);
+    let mut p = r.start;
+    std::iter::from_fn(move || {
+        if p >= r.end {
+            return None;
+        }
+        let bits_here = (64 - p % 64).min(r.end - p);
+        let mask = if bits_here == 64 {
+            u64::MAX
+        } else {
+            ((1u64 << bits_here) - 1) << (p % 64)
+        };
+        let word = (p / 64) as usize;
+        p += bits_here;
+        Some((word, mask))
+    })
+}
+
 /// A view of one rank's present bitmap.
 #[derive(Clone, Copy)]
 pub(crate) struct PresentBits<'a> {
@@ -61,24 +82,15 @@ impl<'a> PresentBits<'a> {
     /// The first and last page of the range that are not present, if any (no allocation:
     /// the data path's check).
     pub(crate) fn missing_span(&self, addr: u64, len: u64) -> Option<(u64, u64)> {
-        let r = pages(addr, len);
         let mut first = None;
         let mut last = 0;
-        let mut p = r.start;
-        while p < r.end {
-            let bits_here = (64 - p % 64).min(r.end - p);
-            let mask = if bits_here == 64 {
-                u64::MAX
-            } else {
-                ((1u64 << bits_here) - 1) << (p % 64)
-            };
-            let absent = !self.words[(p / 64) as usize].load(Acquire) & mask;
+        for (word, mask) in word_masks(addr, len) {
+            let absent = !self.words[word].load(Acquire) & mask;
             if absent != 0 {
-                let base = p - p % 64;
+                let base = word as u64 * 64;
                 first.get_or_insert(base + absent.trailing_zeros() as u64);
                 last = base + 63 - absent.leading_zeros() as u64;
             }
-            p += bits_here;
         }
         first.map(|f| (f, last))
     }
@@ -100,17 +112,9 @@ impl<'a> PresentBits<'a> {
     }
 
     fn update(&self, addr: u64, len: u64, present: bool) -> u64 {
-        let r = pages(addr, len);
         let mut changed = 0u64;
-        let mut p = r.start;
-        while p < r.end {
-            let bits_here = (64 - p % 64).min(r.end - p);
-            let mask = if bits_here == 64 {
-                u64::MAX
-            } else {
-                ((1u64 << bits_here) - 1) << (p % 64)
-            };
-            let w = &self.words[(p / 64) as usize];
+        for (word, mask) in word_masks(addr, len) {
+            let w = &self.words[word];
             let old = if present {
                 w.fetch_or(mask, AcqRel)
             } else {
@@ -121,7 +125,6 @@ impl<'a> PresentBits<'a> {
             } else {
                 (mask & old).count_ones()
             } as u64;
-            p += bits_here;
         }
         changed
     }

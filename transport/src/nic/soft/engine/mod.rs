@@ -431,6 +431,19 @@ impl Engine {
     }
 }
 
+impl QueuePair {
+    /// A work request's scatter-gather list fits the queue pair's `max_sge`.
+    fn check_sges(&self, n: usize) -> Result<()> {
+        if n > self.caps.max_sge as usize {
+            return Err(Error::InvalidArgument(format!(
+                "{n} scatter-gather entries; the queue pair allows {}",
+                self.caps.max_sge
+            )));
+        }
+        Ok(())
+    }
+}
+
 fn total_len(sgl: &[Sge]) -> u64 {
     sgl.iter().map(|s| s.len as u64).sum()
 }

@@ -44,13 +44,7 @@ impl Inner {
                 hint: "poll the send completion queue before posting more",
             });
         }
-        if wr.sgl.len() > qp.caps.max_sge as usize {
-            return Err(Error::InvalidArgument(format!(
-                "{} scatter-gather entries; the queue pair allows {}",
-                wr.sgl.len(),
-                qp.caps.max_sge
-            )));
-        }
+        qp.check_sges(wr.sgl.len())?;
         let total = total_len(wr.sgl);
         let kind = match wr.opcode {
             Opcode::Send => OpKind::Send { imm: None },

@@ -49,13 +49,7 @@ impl Inner {
                 hint: "poll the receive completion queue before posting more",
             });
         }
-        if wr.sgl.len() > qp.caps.max_sge as usize {
-            return Err(Error::InvalidArgument(format!(
-                "{} scatter-gather entries; the queue pair allows {}",
-                wr.sgl.len(),
-                qp.caps.max_sge
-            )));
-        }
+        qp.check_sges(wr.sgl.len())?;
         let op = RecvOp {
             wr_id: wr.wr_id,
             sges: wr.sgl.len() as u32,
