@@ -216,6 +216,10 @@ impl Drop for MpiBootstrap {
             // Unwinding: do not finalise (it would wait for ranks that may be waiting for
             // us); take the job down, as pwrun does when a rank fails.
             eprintln!("pagewire: rank {} failed; aborting the MPI job", self.rank);
+            // Hydra's proxies may drop what a rank wrote just before MPI_Abort (they kill
+            // the job on the abort message, racing the output pipes); a short pause on this
+            // failure path gives the line above, and the panic message, time to be forwarded.
+            std::thread::sleep(std::time::Duration::from_millis(100));
             SimpleCommunicator::world().abort(1);
         }
         // MPI_Finalize (rsmpi's Universe drop).
