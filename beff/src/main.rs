@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::Parser;
 use pagewire::traits::*;
 use pagewire::{TransportKind, Universe};
-use pagewire_tools::mode_all::{self, AllModesPlan, BenchArgs, BufferMode, ModeChoice};
+use pagewire_tools::mode_all::{self, AllModesPlan, BenchArgs, ModeChoice, ModeVariant};
 use pagewire_tools::msgperf;
 use pagewire_tools::plot::{LinePlot, Series};
 
@@ -245,13 +245,16 @@ fn all_modes(args: &Args) -> anyhow::Result<()> {
         AllModesPlan::Launch { ranks } => ranks,
     };
     let argv: Vec<OsString> = std::env::args_os().skip(1).collect();
-    let mut job_args = mode_all::strip_options(&argv, &["--mode", "--json", "--plot", "--seed"]);
+    let mut job_args = mode_all::strip_options(
+        &argv,
+        &["--mode", "--json", "--plot", "--seed", "--memlock"],
+    );
     // The same random patterns in every mode.
     let seed = args.seed.unwrap_or_else(time_seed);
     job_args.extend(["--seed".into(), seed.to_string().into()]);
     let runs: Vec<mode_all::ModeRun<RunReport>> =
-        mode_all::run_each_mode(ranks, &job_args, &BufferMode::ALL)?;
-    let modes: Vec<BufferMode> = runs.iter().map(|r| r.mode).collect();
+        mode_all::run_each_mode(ranks, &job_args, &ModeVariant::all(args.bench.memlock))?;
+    let modes: Vec<ModeVariant> = runs.iter().map(|r| r.mode).collect();
     let first = &runs[0].result;
     println!();
     println!(
@@ -300,7 +303,7 @@ fn all_modes(args: &Args) -> anyhow::Result<()> {
     if let Some(path) = &args.bench.json {
         let all: serde_json::Map<String, serde_json::Value> = runs
             .iter()
-            .map(|r| Ok((r.mode.name().to_string(), serde_json::to_value(&r.result)?)))
+            .map(|r| Ok((r.mode.to_string(), serde_json::to_value(&r.result)?)))
             .collect::<anyhow::Result<_>>()?;
         write_json(path, &serde_json::json!({ "seed": seed, "modes": all }))?;
     }

@@ -15,7 +15,7 @@ use imb_bench::settings::{self, IterPolicy, Iterations, OffCache};
 use pagewire::boot::Launcher;
 use pagewire::traits::*;
 use pagewire_tools::mode_all::{
-    self, AllModesPlan, BenchArgs, BufferMode, ModeChoice, TransportChoice,
+    self, AllModesPlan, BenchArgs, ModeChoice, ModeVariant, TransportChoice,
 };
 
 /// IMB's flags, which IMB spells with one dash; `normalise` gives them a second one.
@@ -222,13 +222,17 @@ fn all_modes(args: &Args, normalised: &[OsString]) -> anyhow::Result<()> {
         AllModesPlan::Idle => return Ok(()),
         AllModesPlan::Launch { ranks } => ranks,
     };
-    let child_args = mode_all::strip_options(&normalised[1..], &["--mode", "--json", "--plot"]);
-    let runs = mode_all::run_each_mode::<RunResult>(ranks, &child_args, &BufferMode::ALL)?;
+    let child_args = mode_all::strip_options(
+        &normalised[1..],
+        &["--mode", "--json", "--plot", "--memlock"],
+    );
+    let variants = ModeVariant::all(args.bench.memlock);
+    let runs = mode_all::run_each_mode::<RunResult>(ranks, &child_args, &variants)?;
     print!("{}", report::side_by_side(&runs));
     if let Some(path) = &args.bench.json {
         let all: Vec<_> = runs
             .iter()
-            .map(|r| serde_json::json!({ "mode": r.mode, "result": r.result }))
+            .map(|r| serde_json::json!({ "mode": r.mode.to_string(), "result": r.result }))
             .collect();
         std::fs::write(path, serde_json::to_string_pretty(&all)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -236,7 +240,7 @@ fn all_modes(args: &Args, normalised: &[OsString]) -> anyhow::Result<()> {
     if let Some(path) = &args.bench.plot {
         let labelled: Vec<(String, &RunResult)> = runs
             .iter()
-            .map(|r| (r.mode.name().to_string(), &r.result))
+            .map(|r| (r.mode.to_string(), &r.result))
             .collect();
         for file in report::plot(&labelled, path)? {
             eprintln!("imb-bench: wrote {}", file.display());

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use pagewire_tools::mode_all::{BufferMode, ModeRun, SideBySide};
+use pagewire_tools::mode_all::{ModeRun, ModeVariant, SideBySide};
 use pagewire_tools::plot::{LinePlot, Series};
 
 use crate::run::{RunResult, Table};
@@ -71,7 +71,7 @@ pub fn side_by_side(runs: &[ModeRun<RunResult>]) -> String {
     let Some(first) = runs.first() else {
         return String::new();
     };
-    let modes: Vec<BufferMode> = runs.iter().map(|r| r.mode).collect();
+    let modes: Vec<ModeVariant> = runs.iter().map(|r| r.mode).collect();
     let mut s = format!(
         "\n#----------------------------------------------------------------\n\
          # pagewire: the buffer modes side by side ({} ranks; ratio = mode / {})\n\

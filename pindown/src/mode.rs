@@ -14,6 +14,13 @@
 //! monitor's contract). When no monitor works (`PAGEWIRE_MEMMON=none`, or userfaultfd is
 //! not permitted) or a range cannot be watched (System V shared memory), registrations are
 //! not kept between transfers: slower, never stale.
+//!
+//! **Expert switch, unsafe:** `PAGEWIRE_PINDOWN_INVALIDATE=off` keeps every registration
+//! cached and ignores the monitor, as MPI libraries run that rely on malloc hooks they do
+//! not have, or `leave_pinned` without MMU notifiers (seed 002 §II-III). A buffer freed and
+//! reallocated at the same address then reuses the stale registration, which stays bound to
+//! the old pages (issue 13): old bytes are sent and received bytes vanish. It exists to
+//! measure what invalidation costs and to show that the tests can see the failure.
 
 use std::sync::Arc;
 
@@ -51,6 +58,33 @@ pub struct PindownMode {
     monitor: Option<Arc<dyn MemoryMonitor>>,
     /// Registrations are kept between transfers only when invalidations are delivered.
     caching: bool,
+    /// Whether the monitor's invalidations reach the cache (`PAGEWIRE_PINDOWN_INVALIDATE`;
+    /// `None`: read at attach).
+    invalidate: Option<bool>,
+}
+
+/// The locked-memory limit the cache sizes itself by: `PAGEWIRE_MEMLOCK_LIMIT` when set (the
+/// soft NIC's account follows it too), else RLIMIT_MEMLOCK.
+fn memlock_limit() -> Option<u64> {
+    std::env::var("PAGEWIRE_MEMLOCK_LIMIT")
+        .ok()
+        .and_then(|v| pagewire_transport::nic::soft::parse_bytes(&v))
+        .unwrap_or_else(pagewire_transport::sys::memlock_rlimit)
+}
+
+/// Parses `PAGEWIRE_PINDOWN_INVALIDATE` (`on`, the default, or `off`).
+pub fn invalidation_from_env() -> Result<bool> {
+    match std::env::var("PAGEWIRE_PINDOWN_INVALIDATE")
+        .as_deref()
+        .map(str::trim)
+    {
+        Err(_) | Ok("") | Ok("on") => Ok(true),
+        Ok("off") => Ok(false),
+        Ok(other) => Err(TransportError::InvalidArgument(format!(
+            "PAGEWIRE_PINDOWN_INVALIDATE={other}: expected on or off (off is unsafe: stale \
+             registrations are reused)"
+        ))),
+    }
 }
 
 impl std::fmt::Debug for PindownMode {
@@ -77,7 +111,20 @@ impl PindownMode {
             }),
             monitor: None,
             caching: false,
+            invalidate: None,
         }
+    }
+
+    /// Delivers (`true`, the default) or ignores the memory monitor's invalidations; `false`
+    /// is unsafe (see the module docs) and overrides `PAGEWIRE_PINDOWN_INVALIDATE`.
+    pub fn with_invalidation(mut self, on: bool) -> PindownMode {
+        self.invalidate = Some(on);
+        self
+    }
+
+    /// Whether invalidations reach the cache.
+    pub fn invalidates(&self) -> bool {
+        self.invalidate != Some(false)
     }
 
     /// The memory monitor, once attached (for reports).
@@ -137,7 +184,9 @@ impl BufferMode for PindownMode {
         format!(
             "pindown: policy {policy}, limit {bytes} and {} entries, {}; memory monitor: {}",
             limits.max_entries,
-            if self.caching {
+            if !self.invalidates() {
+                "caching with invalidation OFF (unsafe: stale registrations are reused)"
+            } else if self.caching {
                 "caching"
             } else {
                 "not caching (registrations last one transfer)"
@@ -149,12 +198,22 @@ impl BufferMode for PindownMode {
     }
 
     fn attach(&mut self, nic: &Arc<dyn Nic>) {
+        let invalidate = match self.invalidate {
+            Some(on) => on,
+            None => {
+                invalidation_from_env().unwrap_or_else(|e| panic!("pagewire: pindown mode: {e}"))
+            }
+        };
+        self.invalidate = Some(invalidate);
         // The sink reaches the cache through a weak handle: the cache's registrar keeps the
         // monitor (and so the sink) alive, and a strong handle would be a cycle.
         let slot: Arc<parking_lot::Mutex<Option<WeakCache>>> =
             Arc::new(parking_lot::Mutex::new(None));
         let sink_slot = slot.clone();
         let sink = move |addr: u64, len: u64, cause: Cause| {
+            if !invalidate {
+                return;
+            }
             let weak = sink_slot.lock();
             if let Some(cache) = weak.as_ref().and_then(|w| w.upgrade()) {
                 match cause {
@@ -168,11 +227,12 @@ impl BufferMode for PindownMode {
             memmon::monitor_from_env(Arc::new(sink))
                 .unwrap_or_else(|e| panic!("pagewire: pindown mode: {e}")),
         );
-        self.caching = monitor.is_reliable();
+        // Without invalidation nothing is dropped for want of a monitor either.
+        self.caching = monitor.is_reliable() || !invalidate;
         let registrar = MonitoredRegistrar::new(NicRegistrar::new(nic.clone()), monitor.clone());
         let reserve = nic.counters().pinned_now + (256 << 10) * 4;
         let config = self.config.unwrap_or_else(|| {
-            CacheConfig::from_env(pagewire_transport::sys::memlock_rlimit(), reserve)
+            CacheConfig::from_env(memlock_limit(), reserve)
                 .unwrap_or_else(|e| panic!("pagewire: pindown mode settings: {e}"))
         });
         let cache = SharedPinDownCache::new(crate::PinDownCache::with_config(registrar, config));
@@ -288,7 +348,7 @@ impl BufferMode for PindownMode {
         let lease = c.lease(h);
         let _ = c.release(h);
         if let Some(l) = lease {
-            if !self.caching || !c.registrar().is_watched(l.lkey) {
+            if self.invalidates() && (!self.caching || !c.registrar().is_watched(l.lkey)) {
                 // Nobody would tell us if this memory changed: do not keep it registered.
                 c.invalidate(l.base, l.len);
             }

@@ -4,7 +4,9 @@
 
 use pagewire_pindown::{Acquire, Limits, NicRegistrar, PinDownCache, Policy};
 use pagewire_transport::boot::SingletonBootstrap;
-use pagewire_transport::nic::soft::{DmaMode, MemlockLimit, OdpCheck, SoftConfig, SoftNic};
+use pagewire_transport::nic::soft::{
+    DmaMode, MemlockLimit, OdpCheck, PinMethod, SoftConfig, SoftNic,
+};
 use pagewire_transport::nic::PAGE_SIZE;
 use pagewire_transport::sys::AnonMapping;
 
@@ -20,6 +22,8 @@ fn nic(memlock: u64) -> SoftNic {
                 source: "test",
             },
             odp_check: OdpCheck::Monitor,
+            // These tests read VmLck, which only mlock moves.
+            pin: PinMethod::Mlock,
         },
     )
     .expect("soft NIC")

@@ -6,7 +6,9 @@
 
 use pagewire_pindown::{Acquire, Limits, NicRegistrar, PinDownCache, Policy};
 use pagewire_transport::boot::SingletonBootstrap;
-use pagewire_transport::nic::soft::{DmaMode, MemlockLimit, OdpCheck, SoftConfig, SoftNic};
+use pagewire_transport::nic::soft::{
+    DmaMode, MemlockLimit, OdpCheck, PinMethod, SoftConfig, SoftNic,
+};
 use pagewire_transport::nic::Nic;
 use pagewire_transport::sys::{vm_locked_and_resident, AnonMapping};
 
@@ -27,6 +29,8 @@ fn vmlck_stays_within_max_bytes_and_returns_after_drop() {
                 source: "test",
             },
             odp_check: OdpCheck::Monitor,
+            // These tests read VmLck, which only mlock moves.
+            pin: PinMethod::Mlock,
         },
     )
     .expect("soft NIC");

@@ -49,6 +49,76 @@ pub struct BenchArgs {
     /// Ranks to start when started without a launcher.
     #[arg(long, default_value_t = 2)]
     pub np: usize,
+    /// The tight world's locked-memory limit for `--mode all` (bytes, with K/M/G): pindown
+    /// runs once with the limit lifted (HPC) and once under this one. Default: this shell's
+    /// `ulimit -l`, or 8M where that is unlimited.
+    #[arg(long, value_name = "BYTES", value_parser = parse_memlock)]
+    pub memlock: Option<u64>,
+}
+
+fn parse_memlock(s: &str) -> std::result::Result<u64, String> {
+    match pagewire_transport::nic::soft::parse_bytes(s) {
+        Some(Some(b)) => Ok(b),
+        _ => Err(format!("{s:?}: expected bytes like 65536, 64K or 8M")),
+    }
+}
+
+/// The locked-memory limit a run sees (seed 000 §6.2's two worlds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MemlockWorld {
+    /// Whatever the shell gives (copy and odp, which pin only their bounce pools).
+    Machine,
+    /// Lifted: the HPC world, where the pin-down cache rarely unpins.
+    Unlimited,
+    /// A tight limit (bytes): the cloud world, where the cache evicts and pins again.
+    Limit(u64),
+}
+
+/// One run of `--mode all`: a buffer mode under a locked-memory world.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ModeVariant {
+    /// The buffer mode.
+    pub mode: BufferMode,
+    /// The memlock limit its ranks run under.
+    pub memlock: MemlockWorld,
+}
+
+impl ModeVariant {
+    /// The runs of `--mode all`: copy, pindown with the limit lifted (HPC), pindown under
+    /// `tight` (default: the machine's `ulimit -l`, or 8 MiB where that is unlimited), odp.
+    pub fn all(tight: Option<u64>) -> Vec<ModeVariant> {
+        let tight = tight
+            .or_else(pagewire_transport::sys::memlock_rlimit)
+            .unwrap_or(8 << 20);
+        let v = |mode, memlock| ModeVariant { mode, memlock };
+        vec![
+            v(BufferMode::Copy, MemlockWorld::Machine),
+            v(BufferMode::Pindown, MemlockWorld::Unlimited),
+            v(BufferMode::Pindown, MemlockWorld::Limit(tight)),
+            v(BufferMode::Odp, MemlockWorld::Machine),
+        ]
+    }
+}
+
+impl std::fmt::Display for ModeVariant {
+    /// `copy`, `odp`, `pindown-hpc` (limit lifted), `pindown-8M` (under 8 MiB).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.memlock {
+            MemlockWorld::Machine => f.write_str(self.mode.name()),
+            MemlockWorld::Unlimited => write!(f, "{}-hpc", self.mode.name()),
+            MemlockWorld::Limit(b) => write!(f, "{}-{}", self.mode.name(), short_bytes(b)),
+        }
+    }
+}
+
+/// `65536` -> `64K`, `8388608` -> `8M`, else bytes.
+fn short_bytes(b: u64) -> String {
+    match b {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{}G", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{}M", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{}K", b >> 10),
+        b => b.to_string(),
+    }
 }
 
 /// A buffer mode (DESIGN.md "Buffer modes").
@@ -170,8 +240,8 @@ pub fn universe_config(
 /// One mode's result, as its run wrote it with `--json`.
 #[derive(Clone, Debug)]
 pub struct ModeRun<T> {
-    /// The mode.
-    pub mode: BufferMode,
+    /// The mode and its memlock world.
+    pub mode: ModeVariant,
     /// What the run wrote.
     pub result: T,
 }
@@ -223,7 +293,7 @@ pub fn all_modes_plan(np: usize, program: &str) -> Result<AllModesPlan> {
 pub fn run_each_mode<T: DeserializeOwned>(
     ranks: usize,
     args: &[OsString],
-    modes: &[BufferMode],
+    modes: &[ModeVariant],
 ) -> Result<Vec<ModeRun<T>>> {
     let program = std::env::current_exe().map_err(|e| Error::ModeRun {
         mode: "first",
@@ -233,7 +303,8 @@ pub fn run_each_mode<T: DeserializeOwned>(
         .file_name()
         .map_or_else(|| "bench".into(), |n| n.to_string_lossy().into_owned());
     let mut runs = Vec::new();
-    for &mode in modes {
+    for &variant in modes {
+        let mode = variant.mode;
         let json = result_file(&stem, mode);
         let mut job_args = args.to_vec();
         job_args.extend(
@@ -246,7 +317,29 @@ pub fn run_each_mode<T: DeserializeOwned>(
             args: job_args,
             ..boot::LaunchConfig::new(ranks, &program)
         };
-        let outcome = boot::launch(&cfg).map_err(|e| Error::ModeRun {
+        // The world's limit: in the launched ranks' environment (the soft NIC's account and
+        // the pin-down cache's default size follow PAGEWIRE_MEMLOCK_LIMIT), and in the kernel's
+        // RLIMIT_MEMLOCK where this process may set it (lifting it needs CAP_SYS_RESOURCE;
+        // without it, a process with CAP_IPC_LOCK is not limited by the kernel anyway).
+        let limit = match variant.memlock {
+            MemlockWorld::Machine => None,
+            MemlockWorld::Unlimited => Some(None),
+            MemlockWorld::Limit(b) => Some(Some(b)),
+        };
+        let mut cfg = cfg;
+        let saved = limit.and_then(|l| {
+            cfg.env.push((
+                "PAGEWIRE_MEMLOCK_LIMIT".into(),
+                l.map_or_else(|| "unlimited".into(), |b| b.to_string())
+                    .into(),
+            ));
+            pagewire_transport::sys::set_memlock_rlimit(l).ok()
+        });
+        let outcome = boot::launch(&cfg);
+        if let Some(old) = saved {
+            let _ = pagewire_transport::sys::restore_memlock_rlimit(old);
+        }
+        let outcome = outcome.map_err(|e| Error::ModeRun {
             mode: mode.name(),
             message: e.to_string(),
         })?;
@@ -262,7 +355,7 @@ pub fn run_each_mode<T: DeserializeOwned>(
         let result = read_json(&json);
         let _ = std::fs::remove_file(&json);
         runs.push(ModeRun {
-            mode,
+            mode: variant,
             result: result?,
         });
     }
@@ -327,8 +420,8 @@ pub struct SideBySide {
     /// What the values are, with unit (e.g. `Mbytes/sec` or `t[usec]`); repeated per mode
     /// in the headings as `MODE VALUE`.
     pub value_heading: String,
-    /// The modes, in column order; ratios are to the first.
-    pub modes: Vec<BufferMode>,
+    /// The runs, in column order; ratios are to the first.
+    pub modes: Vec<ModeVariant>,
     /// Rows: the key and one value per mode (`None` where a mode has none).
     pub rows: Vec<(String, Vec<Option<f64>>)>,
 }
@@ -381,6 +474,16 @@ mod tests {
     }
 
     #[test]
+    fn mode_all_runs_pindown_in_both_worlds_with_labels() {
+        let runs = ModeVariant::all(Some(8 << 20));
+        let labels: Vec<String> = runs.iter().map(|r| r.to_string()).collect();
+        assert_eq!(labels, ["copy", "pindown-hpc", "pindown-8M", "odp"]);
+        assert_eq!(short_bytes(64 << 10), "64K");
+        assert_eq!(short_bytes(1000), "1000");
+        assert!(parse_memlock("64K") == Ok(65536) && parse_memlock("lots").is_err());
+    }
+
+    #[test]
     fn strips_valued_options_in_both_spellings() {
         let args = os(&[
             "PingPong",
@@ -409,7 +512,13 @@ mod tests {
         let t = SideBySide {
             key_heading: "#bytes".into(),
             value_heading: "MB/s".into(),
-            modes: BufferMode::ALL.to_vec(),
+            modes: BufferMode::ALL
+                .iter()
+                .map(|&mode| ModeVariant {
+                    mode,
+                    memlock: MemlockWorld::Machine,
+                })
+                .collect(),
             rows: vec![
                 ("1024".into(), vec![Some(100.0), Some(150.0), Some(50.0)]),
                 ("0".into(), vec![Some(0.0), Some(0.0), None]),

@@ -559,8 +559,135 @@ fn vmlck_rises_on_registration_and_falls_on_deregistration() {
     ranks(
         "vmlck_rises_on_registration_and_falls_on_deregistration",
         1,
-        &[("PAGEWIRE_MEMLOCK_LIMIT", "64M")],
+        &[("PAGEWIRE_MEMLOCK_LIMIT", "64M"), ("PAGEWIRE_PIN", "mlock")],
         vmlck_body,
+    );
+}
+
+/// Issue 13: with long-term pins (the default where io_uring works) a registration does
+/// not `mlock` (VmLck stays), is charged to the memlock account all the same, and stays
+/// bound to the pages it pinned. After the application discards a registered range and
+/// writes new bytes there: a peer's READ through the region gets the old bytes, its WRITE
+/// lands where the application cannot see it (and a second READ finds it there), and a
+/// WRITE *from* a replaced local region sends its old bytes: what an HCA does (seed 002).
+fn bound_body(r: &Rank) {
+    const LEN: usize = 64 << 10;
+    let qps = r.connect_all(false);
+    let me = r.rank();
+    let qp = qps[1 - me].unwrap();
+    let mut buf = AnonMapping::new(LEN).unwrap();
+    buf.as_mut_slice().fill(0xaa);
+    let (lck0, _) = vm_locked_and_resident().unwrap();
+    let mr = r.nic.register(buf.addr(), LEN as u64, rw()).unwrap();
+    let (lck1, _) = vm_locked_and_resident().unwrap();
+    assert_eq!(lck1, lck0, "a long-term pin does not mlock");
+    assert_eq!(r.nic.counters().pinned_now, LEN as u64, "but it is charged");
+    let mut land = AnonMapping::new(LEN).unwrap();
+    let land_mr = r.nic.register(land.addr(), LEN as u64, rw()).unwrap();
+    let remote = r.exchange(&mr);
+    let (raddr, rkey, _) = remote[1 - me];
+    // Both replace their registered range: new pages, new bytes, registration kept.
+    buf.discard(0, LEN).unwrap();
+    buf.as_mut_slice().fill(0x55);
+    enter_nic(r);
+    r.boot.barrier().unwrap();
+    if me == 0 {
+        // READ rank 1's region: the old bytes.
+        let read = Opcode::RdmaRead {
+            remote_addr: raddr,
+            rkey,
+        };
+        post_send(
+            r,
+            qp,
+            1,
+            read,
+            &[sge(land.addr(), LEN as u64, land_mr.lkey)],
+        );
+        assert_eq!(r.wait().status, WcStatus::Success);
+        assert!(
+            land.as_slice().iter().all(|&b| b == 0xaa),
+            "READ saw old pages"
+        );
+        // WRITE into it from this rank's replaced region: this region's old bytes (0xaa)
+        // go where rank 1's application cannot see them.
+        land.as_mut_slice().fill(0);
+        let write = Opcode::RdmaWrite {
+            remote_addr: raddr + 4096,
+            rkey,
+        };
+        post_send(r, qp, 2, write, &[sge(buf.addr(), 4096, mr.lkey)]);
+        assert_eq!(r.wait().status, WcStatus::Success);
+        post_send(
+            r,
+            qp,
+            3,
+            read,
+            &[sge(land.addr(), LEN as u64, land_mr.lkey)],
+        );
+        assert_eq!(r.wait().status, WcStatus::Success);
+        assert!(land.as_slice().iter().all(|&b| b == 0xaa));
+        // And new bytes from a fresh region land in the old pages, not in the range.
+        let mut fresh = AnonMapping::new(4096).unwrap();
+        fresh.as_mut_slice().fill(0x77);
+        let fresh_mr = r.nic.register(fresh.addr(), 4096, rw()).unwrap();
+        post_send(r, qp, 4, write, &[sge(fresh.addr(), 4096, fresh_mr.lkey)]);
+        assert_eq!(r.wait().status, WcStatus::Success);
+        post_send(
+            r,
+            qp,
+            5,
+            read,
+            &[sge(land.addr(), LEN as u64, land_mr.lkey)],
+        );
+        assert_eq!(r.wait().status, WcStatus::Success);
+        assert!(land.as_slice()[4096..8192].iter().all(|&b| b == 0x77));
+        assert!(land.as_slice()[..4096].iter().all(|&b| b == 0xaa));
+        r.nic.deregister(fresh_mr.lkey).unwrap();
+    }
+    r.boot.barrier().unwrap();
+    // Nobody's application saw a byte of it.
+    assert!(
+        buf.as_slice().iter().all(|&b| b == 0x55),
+        "the range is untouched"
+    );
+    let c = r.nic.counters();
+    assert_eq!(c.detached_regions, 1, "{c:?}");
+    // Counted by the NIC that moved them: rank 0's by CMA, rank 1's driver when staged.
+    let moved: u64 = r
+        .boot
+        .allgather(&c.detached_bytes.to_le_bytes())
+        .unwrap()
+        .iter()
+        .map(|b| u64::from_le_bytes(b[..8].try_into().unwrap()))
+        .sum();
+    assert!(moved >= 2 * LEN as u64, "{moved} bytes: {c:?}");
+    r.nic.deregister(mr.lkey).unwrap();
+    r.nic.deregister(land_mr.lkey).unwrap();
+    assert_eq!(r.nic.counters().pinned_now, 0);
+    assert!(c.registration_mean_us() > 0.0);
+}
+
+#[test]
+fn a_pinned_region_stays_bound_to_its_pages_when_the_application_replaces_them() {
+    ranks(
+        "a_pinned_region_stays_bound_to_its_pages_when_the_application_replaces_them",
+        2,
+        &[("PAGEWIRE_PIN", "longterm")],
+        bound_body,
+    );
+}
+
+#[test]
+fn a_pinned_region_stays_bound_to_its_pages_on_the_staged_path_too() {
+    ranks(
+        "a_pinned_region_stays_bound_to_its_pages_on_the_staged_path_too",
+        2,
+        &[
+            ("PAGEWIRE_PIN", "longterm"),
+            ("PAGEWIRE_SOFT_DMA", "staged"),
+        ],
+        bound_body,
     );
 }
 

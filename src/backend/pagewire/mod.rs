@@ -105,6 +105,7 @@ impl PagewireComm {
                 cfg.copy.slots
             );
             eprintln!("pagewire: {}", p2p.mode_description());
+            eprintln!("pagewire: pinning: {}", p2p.pinning_description());
         }
         let (rank, size) = (p2p.rank(), p2p.size());
         Ok(PagewireComm {

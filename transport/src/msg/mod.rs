@@ -590,6 +590,11 @@ impl PointToPoint {
         self.mode.describe()
     }
 
+    /// How the NIC pins registered memory (one line).
+    pub fn pinning_description(&self) -> String {
+        self.nic.pinning()
+    }
+
     /// The eager limit in force.
     pub fn eager_limit(&self) -> usize {
         self.cfg.eager_limit

@@ -21,6 +21,12 @@ pub(crate) fn add_serialized(c: &AtomicU64, n: u64) {
     c.store(c.load(Relaxed).wrapping_add(n), Relaxed);
 }
 
+/// The histogram bucket of a duration: `i` such that it took under `2^i` µs.
+fn micros_bucket(nanos: u64) -> usize {
+    let micros = nanos / 1000;
+    ((u64::BITS - micros.leading_zeros()) as usize).min(NPF_HISTOGRAM_BUCKETS - 1)
+}
+
 /// Live counters, updated with relaxed atomics from the data path.
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -44,6 +50,12 @@ pub struct Counters {
     pub(crate) error_completions: AtomicU64,
     /// System calls this NIC made (the soft provider: `sys::syscalls_made` at snapshot).
     pub(crate) syscalls: AtomicU64,
+    pub(crate) registration_ns: AtomicU64,
+    pub(crate) deregistration_ns: AtomicU64,
+    pub(crate) registration_histogram: [AtomicU64; NPF_HISTOGRAM_BUCKETS],
+    pub(crate) deregistration_histogram: [AtomicU64; NPF_HISTOGRAM_BUCKETS],
+    pub(crate) detached_regions: AtomicU64,
+    pub(crate) detached_bytes: AtomicU64,
 }
 
 impl Counters {
@@ -56,6 +68,22 @@ impl Counters {
         self.pinned_now.fetch_sub(bytes, Relaxed);
     }
 
+    /// Counts one registration (`register`) or deregistration that took `nanos`.
+    pub(crate) fn record_registration(&self, register: bool, nanos: u64) {
+        let (total, histogram) = if register {
+            (&self.registration_ns, &self.registration_histogram)
+        } else {
+            (&self.deregistration_ns, &self.deregistration_histogram)
+        };
+        if register {
+            self.registrations.fetch_add(1, Relaxed);
+        } else {
+            self.deregistrations.fetch_add(1, Relaxed);
+        }
+        total.fetch_add(nanos, Relaxed);
+        histogram[micros_bucket(nanos)].fetch_add(1, Relaxed);
+    }
+
     pub(crate) fn record_npf(&self, requester: bool, pages: u64, nanos: u64) {
         if requester {
             self.npf_requester.fetch_add(1, Relaxed);
@@ -64,9 +92,7 @@ impl Counters {
         }
         self.npf_pages.fetch_add(pages, Relaxed);
         self.npf_resolve_ns.fetch_add(nanos, Relaxed);
-        let micros = nanos / 1000;
-        let bucket = (u64::BITS - micros.leading_zeros()) as usize;
-        self.npf_histogram[bucket.min(NPF_HISTOGRAM_BUCKETS - 1)].fetch_add(1, Relaxed);
+        self.npf_histogram[micros_bucket(nanos)].fetch_add(1, Relaxed);
     }
 
     /// Counts payload bytes by path. Callers are serialised (the soft engine's lock), so a
@@ -101,6 +127,16 @@ impl Counters {
             bytes_inline: self.bytes_inline.load(Relaxed),
             error_completions: self.error_completions.load(Relaxed),
             syscalls: self.syscalls.load(Relaxed),
+            registration_ns: self.registration_ns.load(Relaxed),
+            deregistration_ns: self.deregistration_ns.load(Relaxed),
+            registration_histogram: std::array::from_fn(|i| {
+                self.registration_histogram[i].load(Relaxed)
+            }),
+            deregistration_histogram: std::array::from_fn(|i| {
+                self.deregistration_histogram[i].load(Relaxed)
+            }),
+            detached_regions: self.detached_regions.load(Relaxed),
+            detached_bytes: self.detached_bytes.load(Relaxed),
         }
     }
 }
@@ -149,6 +185,20 @@ pub struct CountersSnapshot {
     /// System calls the NIC made, its driver thread's included (issue 12: none per message
     /// while both sides poll; only to move bytes between processes, pin, fault or sleep).
     pub syscalls: u64,
+    /// Total time spent registering, in nanoseconds (pinning included).
+    pub registration_ns: u64,
+    /// Total time spent deregistering, in nanoseconds (unpinning included).
+    pub deregistration_ns: u64,
+    /// Registration-time histogram (bucket `i`: under `2^i` µs).
+    pub registration_histogram: [u64; NPF_HISTOGRAM_BUCKETS],
+    /// Deregistration-time histogram (bucket `i`: under `2^i` µs).
+    pub deregistration_histogram: [u64; NPF_HISTOGRAM_BUCKETS],
+    /// Pinned regions whose range the application unmapped or replaced while registered:
+    /// the NIC keeps using the pages it pinned (issue 13).
+    pub detached_regions: u64,
+    /// Payload bytes the NIC moved to or from pages the application no longer maps
+    /// (through detached regions): data the application will never see, or stale data sent.
+    pub detached_bytes: u64,
 }
 
 impl CountersSnapshot {
@@ -173,15 +223,22 @@ impl CountersSnapshot {
             self.bytes_inline,
             self.error_completions,
             self.syscalls,
+            self.registration_ns,
+            self.deregistration_ns,
+            self.detached_regions,
+            self.detached_bytes,
         ];
         w.extend_from_slice(&self.npf_histogram);
+        w.extend_from_slice(&self.registration_histogram);
+        w.extend_from_slice(&self.deregistration_histogram);
         w.iter().flat_map(|v| v.to_le_bytes()).collect()
     }
 
     /// The inverse of [`CountersSnapshot::to_bytes`]; `None` if the length is wrong.
     pub fn from_bytes(b: &[u8]) -> Option<CountersSnapshot> {
-        const SCALARS: usize = 18;
-        if b.len() != (SCALARS + NPF_HISTOGRAM_BUCKETS) * 8 {
+        const SCALARS: usize = 22;
+        const H: usize = NPF_HISTOGRAM_BUCKETS;
+        if b.len() != (SCALARS + 3 * H) * 8 {
             return None;
         }
         let w: Vec<u64> = b
@@ -207,8 +264,24 @@ impl CountersSnapshot {
             bytes_inline: w[15],
             error_completions: w[16],
             syscalls: w[17],
+            registration_ns: w[18],
+            deregistration_ns: w[19],
+            detached_regions: w[20],
+            detached_bytes: w[21],
             npf_histogram: std::array::from_fn(|i| w[SCALARS + i]),
+            registration_histogram: std::array::from_fn(|i| w[SCALARS + H + i]),
+            deregistration_histogram: std::array::from_fn(|i| w[SCALARS + 2 * H + i]),
         })
+    }
+
+    /// Mean registration time in microseconds (0 when there was none).
+    pub fn registration_mean_us(&self) -> f64 {
+        mean_us(self.registration_ns, self.registrations)
+    }
+
+    /// Mean deregistration time in microseconds (0 when there was none).
+    pub fn deregistration_mean_us(&self) -> f64 {
+        mean_us(self.deregistration_ns, self.deregistrations)
     }
 
     /// Mean NPF resolution time in microseconds (0 when there was none).
@@ -254,7 +327,25 @@ impl CountersSnapshot {
             bytes_inline: self.bytes_inline - earlier.bytes_inline,
             error_completions: self.error_completions - earlier.error_completions,
             syscalls: self.syscalls - earlier.syscalls,
+            registration_ns: self.registration_ns - earlier.registration_ns,
+            deregistration_ns: self.deregistration_ns - earlier.deregistration_ns,
+            registration_histogram: std::array::from_fn(|i| {
+                self.registration_histogram[i] - earlier.registration_histogram[i]
+            }),
+            deregistration_histogram: std::array::from_fn(|i| {
+                self.deregistration_histogram[i] - earlier.deregistration_histogram[i]
+            }),
+            detached_regions: self.detached_regions - earlier.detached_regions,
+            detached_bytes: self.detached_bytes - earlier.detached_bytes,
         }
+    }
+}
+
+fn mean_us(total_ns: u64, n: u64) -> f64 {
+    if n == 0 {
+        0.0
+    } else {
+        total_ns as f64 / n as f64 / 1000.0
     }
 }
 

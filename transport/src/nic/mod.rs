@@ -452,6 +452,11 @@ pub trait Nic: Send + Sync {
 
     /// The device's counters now.
     fn counters(&self) -> CountersSnapshot;
+
+    /// One line: how registrations pin memory (`PAGEWIRE_VERBOSE=1` prints it).
+    fn pinning(&self) -> String {
+        "ibv_reg_mr (the RDMA driver's long-term pins)".into()
+    }
 }
 
 /// Which provider `open` brings up (`PAGEWIRE_TRANSPORT`).

@@ -6,8 +6,10 @@
 //! [`guarded_copy`] inside one, so an unmapped address becomes `EFAULT`, not a crash.
 
 mod guarded_copy;
+mod longterm_pin;
 
 pub use guarded_copy::{guarded_copy, install as install_fault_guard};
+pub use longterm_pin::{LongTermPin, LongTermPins, PinnedSnapshot, MAX_PIN_CHUNK, PIN_SLOTS};
 
 use std::fs::File;
 use std::io;
@@ -293,6 +295,39 @@ pub fn allow_cma_from_siblings() -> bool {
         libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0);
     }
     true
+}
+
+/// Sets this process's soft `RLIMIT_MEMLOCK` (`None`: unlimited), which the processes it
+/// starts inherit: the benchmarks' "HPC" (lifted) and "tight" worlds of seed 000 §6.2.
+/// Returns the previous `(soft, hard)` pair for [`restore_memlock_rlimit`]. Past the hard
+/// limit the hard limit is raised too, which needs `CAP_SYS_RESOURCE` (root).
+pub fn set_memlock_rlimit(bytes: Option<u64>) -> io::Result<(u64, u64)> {
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    count_syscall();
+    // SAFETY: getrlimit writes one rlimit struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut old) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let v = bytes.unwrap_or(libc::RLIM_INFINITY);
+    restore_memlock_rlimit((v, old.rlim_max.max(v)))?;
+    Ok((old.rlim_cur, old.rlim_max))
+}
+
+/// Sets the `(soft, hard)` `RLIMIT_MEMLOCK` pair [`set_memlock_rlimit`] returned.
+pub fn restore_memlock_rlimit((soft, hard): (u64, u64)) -> io::Result<()> {
+    let r = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    count_syscall();
+    // SAFETY: setrlimit reads one rlimit we own.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &r) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The soft `RLIMIT_MEMLOCK` in bytes (`None` when unlimited).

@@ -30,6 +30,7 @@
 //!   before DMA into present pages. A fault on unmapped memory ends in an error completion.
 
 mod ack;
+mod bound;
 #[allow(unsafe_code)]
 mod dma;
 mod engine;
@@ -43,7 +44,7 @@ mod shm;
 mod tpt;
 
 pub use odp_watch::OdpCheck;
-pub use pin::MemlockLimit;
+pub use pin::{MemlockLimit, PinMethod};
 
 use std::fs::File;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
@@ -63,10 +64,11 @@ use crate::nic::{
 use crate::sys::{self, CmaDirection, Extent, ProcessHandle};
 
 use ack::{AckLine, ACK_LINE_BYTES, ACK_WORDS};
+use bound::BoundWatch;
 use engine::Engine;
 use inbox::PendingBits;
 use odp_watch::PresentWatch;
-use pin::PinAccount;
+use pin::{PinAccount, RegionPin};
 use present::{PresentBits, PRESENT_BYTES};
 use ring::RING_BYTES;
 use shm::SharedSegment;
@@ -128,11 +130,14 @@ pub struct SoftConfig {
     pub memlock: MemlockLimit,
     /// How ODP present bits learn of address-space changes (`PAGEWIRE_SOFT_ODP_CHECK`).
     pub odp_check: OdpCheck,
+    /// How registrations pin (`PAGEWIRE_PIN=auto|longterm|mlock`).
+    pub pin: PinMethod,
 }
 
 impl SoftConfig {
     /// Reads `PAGEWIRE_SOFT_DMA`, `PAGEWIRE_MEMLOCK_LIMIT` (bytes, with an optional
-    /// K/M/G suffix, or `unlimited`) and `PAGEWIRE_SOFT_ODP_CHECK` (`monitor`, `pagemap`).
+    /// K/M/G suffix, or `unlimited`), `PAGEWIRE_SOFT_ODP_CHECK` (`monitor`, `pagemap`) and
+    /// `PAGEWIRE_PIN` (`auto`, `longterm`, `mlock`).
     pub fn from_env() -> Result<SoftConfig> {
         let dma = match std::env::var("PAGEWIRE_SOFT_DMA").as_deref() {
             Err(_) | Ok("") | Ok("auto") => DmaMode::Auto,
@@ -159,10 +164,12 @@ impl SoftConfig {
             },
         };
         let odp_check = OdpCheck::parse(std::env::var("PAGEWIRE_SOFT_ODP_CHECK").ok().as_deref())?;
+        let pin = PinMethod::parse(std::env::var("PAGEWIRE_PIN").ok().as_deref())?;
         Ok(SoftConfig {
             dma,
             memlock,
             odp_check,
+            pin,
         })
     }
 }
@@ -364,7 +371,18 @@ pub(crate) struct Peer {
 /// Local bookkeeping of this NIC's regions.
 pub(crate) struct RegionBook {
     regions: Vec<Option<RegionInfo>>,
+    /// How each pinned region holds its pages (by table index).
+    held: Vec<Option<HeldPages>>,
     pins: PinAccount,
+}
+
+/// The pages a pinned region holds, and what the NIC needs to keep using them.
+struct HeldPages {
+    pin: RegionPin,
+    /// The memory monitor's watch on the range (long-term pins only).
+    watch: Option<crate::memmon::SubscriptionId>,
+    /// The copy of the pinned pages the region uses once the application replaced them.
+    detached: Option<sys::PinnedSnapshot>,
 }
 
 pub(crate) struct Inner {
@@ -374,6 +392,8 @@ pub(crate) struct Inner {
     pub own: Arc<RankMemory>,
     /// Keeps `own`'s present bits true against address-space changes.
     pub watch: PresentWatch,
+    /// Detaches pinned regions whose range the application replaced.
+    bound: BoundWatch,
     pub peers: Vec<Peer>,
     regions: Mutex<RegionBook>,
     pub engine: Mutex<Engine>,
@@ -472,6 +492,7 @@ impl SoftNic {
             implicit_odp: true,
             prefetch: true,
         };
+        let pins = PinAccount::with_method(config.memlock, config.pin)?;
         let inner = Arc::new(Inner {
             rank,
             caps,
@@ -479,9 +500,11 @@ impl SoftNic {
             own,
             watch,
             peers,
+            bound: BoundWatch::new(pins.long_term())?,
             regions: Mutex::new(RegionBook {
                 regions: vec![None; MAX_MRS],
-                pins: PinAccount::new(config.memlock),
+                held: (0..MAX_MRS).map(|_| None).collect(),
+                pins,
             }),
             engine: Mutex::new(Engine::new(size)),
             faults_served: AtomicU64::new(0),
@@ -518,6 +541,17 @@ impl SoftNic {
     pub fn memlock(&self) -> (MemlockLimit, u64) {
         let r = self.inner.regions.lock();
         (r.pins.limit_value(), r.pins.pinned_bytes())
+    }
+
+    /// One line: how this NIC pins registered memory, and whether regions stay bound to
+    /// their pages (`PAGEWIRE_VERBOSE=1` prints it).
+    pub fn describe_pinning(&self) -> String {
+        let how = self.inner.regions.lock().pins.describe();
+        if self.inner.bound.active() {
+            format!("{how}; regions stay bound to their pages")
+        } else {
+            format!("{how}; regions follow their address range (no long-term pins or no memory monitor)")
+        }
     }
 }
 
@@ -656,6 +690,7 @@ impl Inner {
     }
 
     fn deregister(&self, lkey: u32) -> Result<()> {
+        let t0 = sys::monotonic_ns();
         let mut book = self.regions.lock();
         let idx = lkey as usize % MAX_MRS;
         let info = book.regions[idx]
@@ -663,15 +698,74 @@ impl Inner {
             .ok_or(Error::UnknownKey { key: lkey })?;
         self.own.tpt().revoke(lkey, Duration::from_secs(5));
         book.regions[idx] = None;
-        if !info.access.contains(Access::ON_DEMAND) {
-            let freed = book.pins.unpin(info.addr, info.len);
+        let mut unwatch = None;
+        if let Some(held) = book.held[idx].take() {
+            unwatch = held.watch;
+            let freed = book.pins.unpin(info.addr, info.len, held.pin);
             self.counters.sub_pinned(freed);
         }
-        self.counters.deregistrations.fetch_add(1, Relaxed);
+        drop(book);
+        if let Some(id) = unwatch {
+            self.bound.unsubscribe(id);
+        }
+        self.counters
+            .record_registration(false, sys::monotonic_ns().saturating_sub(t0));
         Ok(())
     }
 
+    /// The owner entered the NIC: deliver address-space changes to ODP's present bits and
+    /// detach the pinned regions whose range changed (`bound.rs`).
+    pub(crate) fn on_entry(&self) {
+        self.watch.on_post();
+        if let Some(changed) = self.bound.take_changes() {
+            self.detach(&changed);
+        }
+    }
+
+    /// Points every live long-term-pinned region overlapping `changed` at a copy of its
+    /// pinned pages.
+    fn detach(&self, changed: &[(u64, u64)]) {
+        let mut book = self.regions.lock();
+        let tpt = self.own.tpt();
+        for idx in 0..MAX_MRS {
+            let Some(info) = book.regions[idx] else {
+                continue;
+            };
+            let (start, span) = sys::page_span(info.addr, info.len);
+            let hit = changed.iter().any(|&(a, b)| a < start + span && start < b);
+            let RegionBook { held, pins, .. } = &mut *book;
+            let Some(h) = held[idx].as_mut() else {
+                continue;
+            };
+            if !hit || h.detached.is_some() {
+                continue;
+            }
+            match pins.snapshot(&h.pin) {
+                Some(Ok(copy)) => {
+                    let alias = copy.addr() + (info.addr - start);
+                    tpt.publish(Translation {
+                        key: info.lkey,
+                        base: info.addr,
+                        len: info.len,
+                        access: info.access,
+                        alias,
+                    });
+                    h.detached = Some(copy);
+                    self.counters.detached_regions.fetch_add(1, Relaxed);
+                }
+                Some(Err(e)) => eprintln!(
+                    "pagewire: soft NIC: region {:#010x} ({:#x}+{}) changed under its \
+                     registration, but its pinned pages could not be copied ({e}); DMA \
+                     through it follows the address range",
+                    info.lkey, info.addr, info.len
+                ),
+                None => {}
+            }
+        }
+    }
+
     fn register(&self, addr: u64, len: u64, access: Access) -> Result<RegionInfo> {
+        let t0 = sys::monotonic_ns();
         if len == 0 {
             return Err(Error::InvalidArgument(
                 "cannot register a zero-length region".into(),
@@ -690,19 +784,50 @@ impl Inner {
                 "REMOTE_WRITE requires LOCAL_WRITE (as in verbs)".into(),
             ));
         }
+        // Watched before the pin, so a change between the two is not missed; outside the
+        // book's lock, which the monitor's sinks may take (a cache deregistering).
+        let watch = if access.contains(Access::ON_DEMAND) {
+            None
+        } else {
+            self.bound.subscribe(addr, len)
+        };
+        let mut unwatch = None;
         let mut book = self.regions.lock();
-        let idx = book
-            .regions
-            .iter()
-            .position(Option::is_none)
-            .ok_or(Error::Exhausted {
+        let Some(idx) = book.regions.iter().position(Option::is_none) else {
+            drop(book);
+            if let Some(id) = watch {
+                self.bound.unsubscribe(id);
+            }
+            return Err(Error::Exhausted {
                 what: "memory regions",
                 limit: MAX_MRS as u64,
                 hint: "deregister regions you no longer use, or use implicit ODP",
-            })?;
+            });
+        };
         if !access.contains(Access::ON_DEMAND) {
-            let pinned = book.pins.pin(addr, len)?;
+            let (pinned, pin) = match book.pins.pin(addr, len) {
+                Ok(p) => p,
+                Err(e) => {
+                    drop(book);
+                    if let Some(id) = watch {
+                        self.bound.unsubscribe(id);
+                    }
+                    return Err(e);
+                }
+            };
+            let watch = match (&pin, watch) {
+                (RegionPin::LongTerm(_), w) => w,
+                (RegionPin::Locked, w) => {
+                    unwatch = w;
+                    None
+                }
+            };
             self.counters.add_pinned(pinned);
+            book.held[idx] = Some(HeldPages {
+                pin,
+                watch,
+                detached: None,
+            });
         }
         let tpt = self.own.tpt();
         let key = tpt.fresh_key(idx);
@@ -711,6 +836,7 @@ impl Inner {
             base: addr,
             len,
             access,
+            alias: 0,
         });
         let info = RegionInfo {
             addr,
@@ -720,7 +846,12 @@ impl Inner {
             access,
         };
         book.regions[idx] = Some(info);
-        self.counters.registrations.fetch_add(1, Relaxed);
+        drop(book);
+        if let Some(id) = unwatch {
+            self.bound.unsubscribe(id);
+        }
+        self.counters
+            .record_registration(true, sys::monotonic_ns().saturating_sub(t0));
         Ok(info)
     }
 }
@@ -760,7 +891,7 @@ impl Nic for SoftNic {
             return Ok(());
         }
         let write = advice == Advice::PrefetchWrite;
-        self.inner.watch.on_post();
+        self.inner.on_entry();
         if self.inner.own.present().missing_span(addr, len).is_none() {
             // Every page is mapped for the NIC already (and the monitor, just flushed, keeps
             // the bits true): nothing to do, as for a prefetch of resident ODP pages.
@@ -831,7 +962,7 @@ impl Nic for SoftNic {
 
     #[allow(unsafe_code)]
     unsafe fn post_send(&self, qpn: u32, wr: &SendWr<'_>) -> Result<()> {
-        self.inner.watch.on_post();
+        self.inner.on_entry();
         self.inner.own.note_app_in_nic(true);
         let r = self.inner.post_send(qpn, wr);
         self.inner.own.note_app_in_nic(false);
@@ -840,12 +971,12 @@ impl Nic for SoftNic {
 
     #[allow(unsafe_code)]
     unsafe fn post_recv(&self, qpn: u32, wr: &RecvWr<'_>) -> Result<()> {
-        self.inner.watch.on_post();
+        self.inner.on_entry();
         self.inner.post_recv(qpn, wr)
     }
 
     fn poll_cq(&self, cq: u32, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
-        self.inner.watch.on_post();
+        self.inner.on_entry();
         self.inner.own.note_app_poll();
         self.inner.own.note_app_in_nic(true);
         let mut eng = self.inner.engine.lock();
@@ -854,6 +985,10 @@ impl Nic for SoftNic {
         drop(eng);
         self.inner.own.note_app_in_nic(false);
         n.ok_or_else(|| Error::InvalidArgument(format!("no completion queue {cq}")))
+    }
+
+    fn pinning(&self) -> String {
+        self.describe_pinning()
     }
 
     fn counters(&self) -> CountersSnapshot {

@@ -1,5 +1,9 @@
-//! Real pinning: non-ODP registrations `mlock` their pages, refcounted per page because
-//! regions overlap, and are charged against RLIMIT_MEMLOCK (or `PAGEWIRE_MEMLOCK_LIMIT`).
+//! Real pinning (issue 13): non-ODP registrations pin their pages long-term, as
+//! `ibv_reg_mr` does (`pin_user_pages(FOLL_LONGTERM)` in `ib_umem_get`), through io_uring
+//! fixed-buffer registration ([`sys::LongTermPins`]); where io_uring is unavailable, or for
+//! memory the kernel will not pin long-term (read-only or file mappings), with `mlock`
+//! (refcounted per page, because regions overlap and `munlock` is not). Every pin is charged
+//! against RLIMIT_MEMLOCK (or `PAGEWIRE_MEMLOCK_LIMIT`), once per page.
 //!
 //! As root the kernel waives the limit (CAP_IPC_LOCK), so the account is kept here as well:
 //! a registration fails with the same error an unprivileged user on a cluster would see.
@@ -8,7 +12,7 @@ use std::collections::BTreeMap;
 
 use crate::error::{Error, Result};
 use crate::nic::PAGE_SIZE;
-use crate::sys;
+use crate::sys::{self, LongTermPin, LongTermPins};
 
 /// The locked-memory limit in force and where it came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,19 +23,83 @@ pub struct MemlockLimit {
     pub source: &'static str,
 }
 
-/// Per-page pin counts of this process's NIC.
+/// How registrations pin their pages (`PAGEWIRE_PIN`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PinMethod {
+    /// Long-term pins where io_uring works, `mlock` otherwise (the default).
+    Auto,
+    /// Long-term pins, or fail at start-up.
+    LongTerm,
+    /// `mlock`/`munlock` (what the soft NIC did before issue 13; measurably slower).
+    Mlock,
+}
+
+impl PinMethod {
+    /// Parses a `PAGEWIRE_PIN` value (`None`/empty is [`PinMethod::Auto`]).
+    pub fn parse(value: Option<&str>) -> Result<PinMethod> {
+        match value.map(str::trim) {
+            None | Some("") | Some("auto") => Ok(PinMethod::Auto),
+            Some("longterm") => Ok(PinMethod::LongTerm),
+            Some("mlock") => Ok(PinMethod::Mlock),
+            Some(other) => Err(Error::InvalidArgument(format!(
+                "PAGEWIRE_PIN={other}: expected auto, longterm or mlock"
+            ))),
+        }
+    }
+}
+
+/// How one region's pages are held.
+#[derive(Debug)]
+pub(crate) enum RegionPin {
+    /// A long-term pin: the region stays bound to these pages.
+    LongTerm(LongTermPin),
+    /// `mlock`ed pages: they follow the address range (a replaced range is not held).
+    Locked,
+}
+
+/// Per-page pin counts of this process's NIC, and the pinning mechanism.
 #[derive(Debug)]
 pub(crate) struct PinAccount {
     counts: BTreeMap<u64, u32>,
+    /// Pages `mlock`ed, by refcount (a subset of `counts`).
+    locked: BTreeMap<u64, u32>,
     limit: MemlockLimit,
+    longterm: Option<LongTermPins>,
+    /// Why long-term pins are not in force, when they are not.
+    longterm_unavailable: Option<String>,
 }
 
 impl PinAccount {
-    pub(crate) fn new(limit: MemlockLimit) -> PinAccount {
-        PinAccount {
+    /// An account that pins with `method`; fails only if [`PinMethod::LongTerm`] is asked
+    /// for and io_uring does not work here.
+    pub(crate) fn with_method(limit: MemlockLimit, method: PinMethod) -> Result<PinAccount> {
+        let (longterm, why) = match method {
+            PinMethod::Mlock => (None, Some("PAGEWIRE_PIN=mlock".to_string())),
+            PinMethod::Auto | PinMethod::LongTerm => match LongTermPins::new() {
+                Ok(p) => (Some(p), None),
+                Err(e) if method == PinMethod::LongTerm => {
+                    return Err(Error::os(
+                        "PAGEWIRE_PIN=longterm: setting up io_uring fixed buffers (is \
+                         kernel.io_uring_disabled set, or io_uring blocked by seccomp?)",
+                        e,
+                    ))
+                }
+                Err(e) => (None, Some(format!("io_uring unavailable: {e}"))),
+            },
+        };
+        Ok(PinAccount {
             counts: BTreeMap::new(),
+            locked: BTreeMap::new(),
             limit,
-        }
+            longterm,
+            longterm_unavailable: why,
+        })
+    }
+
+    /// An `mlock` account (tests).
+    #[cfg(test)]
+    pub(crate) fn new(limit: MemlockLimit) -> PinAccount {
+        PinAccount::with_method(limit, PinMethod::Mlock).expect("mlock needs no setup")
     }
 
     /// The limit in force.
@@ -39,13 +107,29 @@ impl PinAccount {
         self.limit
     }
 
+    /// One line: how regions are pinned here.
+    pub(crate) fn describe(&self) -> String {
+        match (&self.longterm, &self.longterm_unavailable) {
+            (Some(_), _) => "long-term pins (io_uring fixed buffers, the kernel path of \
+                             ibv_reg_mr); mlock for memory the kernel will not pin long-term"
+                .into(),
+            (None, Some(why)) => format!("mlock ({why})"),
+            (None, None) => "mlock".into(),
+        }
+    }
+
+    /// Whether regions are pinned long-term (and so stay bound to their pages).
+    pub(crate) fn long_term(&self) -> bool {
+        self.longterm.is_some()
+    }
+
     /// Bytes pinned now.
     pub(crate) fn pinned_bytes(&self) -> u64 {
         self.counts.len() as u64 * PAGE_SIZE
     }
 
-    /// Pins the pages of the range; returns the bytes newly pinned.
-    pub(crate) fn pin(&mut self, addr: u64, len: u64) -> Result<u64> {
+    /// Pins the pages of the range; returns the bytes newly charged and how it is held.
+    pub(crate) fn pin(&mut self, addr: u64, len: u64) -> Result<(u64, RegionPin)> {
         let (start, span) = sys::page_span(addr, len);
         let first = start / PAGE_SIZE;
         let n = span / PAGE_SIZE;
@@ -63,38 +147,88 @@ impl PinAccount {
                 });
             }
         }
+        let held = match self.longterm.as_mut().map(|p| p.pin(start, span)) {
+            Some(Ok(pin)) => RegionPin::LongTerm(pin),
+            Some(Err(e)) if e.raw_os_error() == Some(libc::ENOMEM) => {
+                return Err(self.kernel_limit(requested))
+            }
+            Some(Err(e)) if !sys::is_mapped(start, span) => {
+                let _ = e;
+                return Err(Error::UnmappedRange { addr, len });
+            }
+            // Read-only or file mappings, or a full table: pinned the old way.
+            Some(Err(_)) | None => {
+                self.lock(start, span, addr, len, requested)?;
+                RegionPin::Locked
+            }
+        };
+        for p in first..first + n {
+            *self.counts.entry(p).or_insert(0) += 1;
+        }
+        Ok((requested, held))
+    }
+
+    fn kernel_limit(&self, requested: u64) -> Error {
+        Error::MemlockLimit {
+            requested,
+            pinned: self.pinned_bytes(),
+            limit: sys::memlock_rlimit().unwrap_or(0),
+            source_of_limit: "RLIMIT_MEMLOCK, enforced by the kernel",
+        }
+    }
+
+    /// `mlock`s the pages not yet locked by another region.
+    fn lock(&mut self, start: u64, span: u64, addr: u64, len: u64, requested: u64) -> Result<()> {
         if let Err(e) = sys::mlock(start, span) {
             return Err(match e.raw_os_error() {
                 Some(libc::ENOMEM) if !sys::is_mapped(start, span) => {
                     Error::UnmappedRange { addr, len }
                 }
                 Some(libc::ENOMEM) | Some(libc::EPERM) | Some(libc::EAGAIN) => {
-                    Error::MemlockLimit {
-                        requested,
-                        pinned: self.pinned_bytes(),
-                        limit: sys::memlock_rlimit().unwrap_or(0),
-                        source_of_limit: "RLIMIT_MEMLOCK, enforced by the kernel",
-                    }
+                    self.kernel_limit(requested)
                 }
                 _ => Error::os(format!("mlock({start:#x}, {span})"), e),
             });
         }
-        for p in first..first + n {
-            *self.counts.entry(p).or_insert(0) += 1;
+        let first = start / PAGE_SIZE;
+        for p in first..first + span / PAGE_SIZE {
+            *self.locked.entry(p).or_insert(0) += 1;
         }
-        Ok(requested)
+        Ok(())
     }
 
-    /// Unpins the pages of the range; returns the bytes no longer pinned by anyone.
-    pub(crate) fn unpin(&mut self, addr: u64, len: u64) -> u64 {
+    /// Unpins the region's pages; returns the bytes no longer charged to anyone.
+    pub(crate) fn unpin(&mut self, addr: u64, len: u64, held: RegionPin) -> u64 {
         let (start, span) = sys::page_span(addr, len);
         let first = start / PAGE_SIZE;
-        let mut freed: Vec<u64> = Vec::new();
+        match held {
+            RegionPin::LongTerm(pin) => {
+                if let Some(p) = self.longterm.as_mut() {
+                    p.unpin(pin);
+                }
+            }
+            RegionPin::Locked => self.unlock(first, span / PAGE_SIZE),
+        }
+        let mut freed = 0;
         for p in first..first + span / PAGE_SIZE {
             if let Some(c) = self.counts.get_mut(&p) {
                 *c -= 1;
                 if *c == 0 {
                     self.counts.remove(&p);
+                    freed += 1;
+                }
+            }
+        }
+        freed * PAGE_SIZE
+    }
+
+    fn unlock(&mut self, first: u64, n: u64) {
+        let mut freed: Vec<u64> = Vec::new();
+        for p in first..first + n {
+            if let Some(c) = self.locked.get_mut(&p) {
+                *c -= 1;
+                if *c == 0 {
+                    self.locked.remove(&p);
                     freed.push(p);
                 }
             }
@@ -110,7 +244,18 @@ impl PinAccount {
             let _ = sys::munlock(freed[i] * PAGE_SIZE, (j - i) as u64 * PAGE_SIZE);
             i = j;
         }
-        freed.len() as u64 * PAGE_SIZE
+    }
+
+    /// A copy of the pages `held` pins (not what the range maps now); `None` for `mlock`ed
+    /// regions, which hold no pages of their own once the range is replaced.
+    pub(crate) fn snapshot(
+        &mut self,
+        held: &RegionPin,
+    ) -> Option<std::io::Result<sys::PinnedSnapshot>> {
+        match (held, self.longterm.as_mut()) {
+            (RegionPin::LongTerm(pin), Some(p)) => Some(p.snapshot(pin)),
+            _ => None,
+        }
     }
 }
 
@@ -127,22 +272,24 @@ mod tests {
             source: "test",
         });
         let a = m.addr();
-        assert_eq!(acct.pin(a, 4 * PAGE_SIZE).unwrap(), 4 * PAGE_SIZE);
-        assert_eq!(
-            acct.pin(a + 2 * PAGE_SIZE, 4 * PAGE_SIZE).unwrap(),
-            2 * PAGE_SIZE
-        );
+        let (n, h1) = acct.pin(a, 4 * PAGE_SIZE).unwrap();
+        assert_eq!(n, 4 * PAGE_SIZE);
+        let (n, h2) = acct.pin(a + 2 * PAGE_SIZE, 4 * PAGE_SIZE).unwrap();
+        assert_eq!(n, 2 * PAGE_SIZE);
         let e = acct.pin(a + 6 * PAGE_SIZE, 2 * PAGE_SIZE).unwrap_err();
         assert!(matches!(e, Error::MemlockLimit { requested, limit, .. }
             if requested == 2 * PAGE_SIZE && limit == 6 * PAGE_SIZE));
         assert!(e.to_string().contains("test"), "{e}");
         assert_eq!(
-            acct.unpin(a, 4 * PAGE_SIZE),
+            acct.unpin(a, 4 * PAGE_SIZE, h1),
             2 * PAGE_SIZE,
             "shared pages stay pinned"
         );
         assert_eq!(acct.pinned_bytes(), 4 * PAGE_SIZE);
-        assert_eq!(acct.unpin(a + 2 * PAGE_SIZE, 4 * PAGE_SIZE), 4 * PAGE_SIZE);
+        assert_eq!(
+            acct.unpin(a + 2 * PAGE_SIZE, 4 * PAGE_SIZE, h2),
+            4 * PAGE_SIZE
+        );
         assert_eq!(acct.pinned_bytes(), 0);
     }
 

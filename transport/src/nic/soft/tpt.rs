@@ -31,6 +31,7 @@ const BASE: usize = 2;
 const LEN: usize = 3;
 const ACCESS: usize = 4;
 const INUSE: usize = 5;
+const ALIAS: usize = 6;
 
 /// What a key translates to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,9 +40,30 @@ pub(crate) struct Translation {
     pub base: u64,
     pub len: u64,
     pub access: Access,
+    /// Where the region's bytes are, when that is no longer its range: the copy of the
+    /// pinned pages of a region whose range the application unmapped or replaced (0: the
+    /// range itself). The owner's address space, like `base`.
+    pub alias: u64,
 }
 
 impl Translation {
+    /// The address DMA uses for `addr` (inside the region): `addr` itself, or its place in
+    /// the copy of the pages the region is bound to.
+    #[inline]
+    pub(crate) fn dma_addr(&self, addr: u64) -> u64 {
+        if self.alias == 0 {
+            addr
+        } else {
+            self.alias + (addr - self.base)
+        }
+    }
+
+    /// Whether the application no longer maps the pages this region is bound to.
+    #[inline]
+    pub(crate) fn detached(&self) -> bool {
+        self.alias != 0
+    }
+
     /// Whether the region pins nothing and maps pages by faults.
     pub(crate) fn on_demand(&self) -> bool {
         self.access.contains(Access::ON_DEMAND)
@@ -108,6 +130,7 @@ impl<'a> Tpt<'a> {
         e[BASE].store(t.base, Relaxed);
         e[LEN].store(t.len, Relaxed);
         e[ACCESS].store(t.access.bits() as u64, Relaxed);
+        e[ALIAS].store(t.alias, Relaxed);
         e[KEY].store(t.key as u64, Relaxed);
         e[SEQ].store(seq + 2, Release);
     }
@@ -146,6 +169,7 @@ impl<'a> Tpt<'a> {
                 base: e[BASE].load(Relaxed),
                 len: e[LEN].load(Relaxed),
                 access: Access::from_bits_truncate(e[ACCESS].load(Relaxed) as u32),
+                alias: e[ALIAS].load(Relaxed),
             };
             std::sync::atomic::fence(Acquire);
             if e[SEQ].load(Relaxed) != s1 {
@@ -212,6 +236,7 @@ mod tests {
             base: 0x1000,
             len: 0x2000,
             access: Access::LOCAL_WRITE | Access::REMOTE_READ,
+            alias: 0,
         });
         assert!(tpt
             .acquire(key, 0x1000, 0x2000, Access::REMOTE_READ)
@@ -240,6 +265,7 @@ mod tests {
             base: 0,
             len: 4096,
             access: Access::REMOTE_WRITE,
+            alias: 0,
         };
         tpt.publish(t);
         assert!(tpt.revoke(old, Duration::from_secs(1)));
@@ -267,10 +293,36 @@ mod tests {
             base: 0,
             len: 4096,
             access: Access::REMOTE_READ,
+            alias: 0,
         });
         let g = tpt.acquire(key, 0, 8, Access::REMOTE_READ).unwrap();
         assert!(!tpt.revoke(key, Duration::from_millis(20)), "still in use");
         drop(g);
         assert!(tpt.revoke(key, Duration::from_millis(20)));
+    }
+
+    #[test]
+    fn a_detached_region_translates_into_its_copy() {
+        let w = table();
+        let tpt = Tpt::new(&w);
+        let key = tpt.fresh_key(2);
+        let t = Translation {
+            key,
+            base: 0x10_0100,
+            len: 8192,
+            access: Access::LOCAL_WRITE,
+            alias: 0,
+        };
+        tpt.publish(t);
+        let bound = tpt.lookup(key).unwrap();
+        assert!(!bound.detached());
+        assert_eq!(bound.dma_addr(0x10_0200), 0x10_0200);
+        tpt.publish(Translation {
+            alias: 0x7000_0100,
+            ..t
+        });
+        let moved = tpt.lookup(key).unwrap();
+        assert!(moved.detached());
+        assert_eq!(moved.dma_addr(0x10_0200), 0x7000_0200);
     }
 }

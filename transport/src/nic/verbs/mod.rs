@@ -341,6 +341,7 @@ impl VerbsNic {
         } else {
             usize::try_from(len).map_err(|_| Error::InvalidArgument(format!("{what}: too long")))?
         };
+        let t0 = crate::sys::monotonic_ns();
         let mut mr = match self.pd.reg_mr(addr, pd_len, wr::access_bits(access)) {
             Ok(mr) => mr,
             Err(e) => return Err(self.registration_error(what, addr, len, odp, e)),
@@ -367,7 +368,8 @@ impl VerbsNic {
             )));
         }
         regions.insert(info.lkey, Region { mr, info, pinned });
-        self.counters.registrations.fetch_add(1, Relaxed);
+        self.counters
+            .record_registration(true, crate::sys::monotonic_ns().saturating_sub(t0));
         self.counters.add_pinned(pinned);
         Ok(info)
     }
@@ -827,6 +829,7 @@ impl Nic for VerbsNic {
     }
 
     fn deregister(&self, lkey: u32) -> Result<()> {
+        let t0 = crate::sys::monotonic_ns();
         let mut regions = self.regions.lock();
         let mut r = regions
             .remove(&lkey)
@@ -837,7 +840,8 @@ impl Nic for VerbsNic {
             return Err(os(call, e));
         }
         self.counters.sub_pinned(r.pinned);
-        self.counters.deregistrations.fetch_add(1, Relaxed);
+        self.counters
+            .record_registration(false, crate::sys::monotonic_ns().saturating_sub(t0));
         Ok(())
     }
 

@@ -390,9 +390,12 @@ impl Inner {
             }
         };
         let remote = Extent {
-            addr: raddr,
+            addr: guard.translation.dma_addr(raddr),
             len: op.total,
         };
+        if guard.translation.detached() {
+            self.counters.detached_bytes.fetch_add(op.total, Relaxed);
+        }
         if guard.translation.on_demand() {
             if let Some(span) = self.missing_span(peer, remote) {
                 // rNPF: the target's NIC answers receiver-not-ready while its driver thread
@@ -620,9 +623,12 @@ impl Inner {
                 .acquire(s.lkey, s.addr, s.len as u64, need)
                 .map_err(|_| WcStatus::LocalProtectionError)?;
             let e = Extent {
-                addr: s.addr,
+                addr: guard.translation.dma_addr(s.addr),
                 len: s.len as u64,
             };
+            if guard.translation.detached() {
+                self.counters.detached_bytes.fetch_add(e.len, Relaxed);
+            }
             if guard.translation.on_demand() {
                 if let Some(span) = self.missing_span(&self.peers[self.rank], e) {
                     let range = fault_extent(span);

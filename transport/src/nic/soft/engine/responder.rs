@@ -286,7 +286,7 @@ impl Inner {
         };
         let len = h.total_len;
         let target = Extent {
-            addr: sge.addr,
+            addr: guard.translation.dma_addr(sge.addr),
             len,
         };
         if guard.translation.on_demand()
@@ -295,7 +295,10 @@ impl Inner {
         {
             return false;
         }
-        if dma::copy(sge.addr, slot.payload_addr(), len).is_err() {
+        if guard.translation.detached() {
+            self.counters.detached_bytes.fetch_add(len, Relaxed);
+        }
+        if dma::copy(target.addr, slot.payload_addr(), len).is_err() {
             return false;
         }
         drop(guard);
@@ -371,7 +374,7 @@ impl Inner {
         let recv_cq = qp.recv_cq;
         let data_placed = kind == Kind::WriteImm && h.flags & CMA_DESCRIPTOR != 0;
         // Where the bytes go.
-        let targets: SmallVec<[Extent; 2]>;
+        let mut targets: SmallVec<[Extent; 2]>;
         // The parts of `targets` that lie in ODP regions (checked for faults below).
         let mut odp_targets: SmallVec<[Extent; 2]> = SmallVec::new();
         let mut take_recv = false;
@@ -476,6 +479,10 @@ impl Inner {
                 Ok(g) => {
                     if g.translation.on_demand() {
                         odp_targets = targets.clone();
+                    }
+                    if g.translation.detached() {
+                        targets[0].addr = g.translation.dma_addr(h.remote_addr);
+                        self.counters.detached_bytes.fetch_add(h.total_len, Relaxed);
                     }
                 }
                 Err(_) => {
@@ -602,9 +609,14 @@ impl Inner {
                 .acquire(s.lkey, s.addr, s.len as u64, Access::LOCAL_WRITE)
                 .map_err(|_| ())?;
             extents.push(Extent {
-                addr: s.addr,
+                addr: g.translation.dma_addr(s.addr),
                 len: s.len as u64,
             });
+            if g.translation.detached() {
+                self.counters
+                    .detached_bytes
+                    .fetch_add(s.len as u64, Relaxed);
+            }
             odp.push(g.translation.on_demand());
         }
         Ok((extents, odp))
