@@ -61,11 +61,24 @@ pub struct RowCounters {
     pub prefetch_pages: u64,
     /// System calls the NICs made (issue 12: none per small message while both poll).
     pub syscalls: u64,
+    /// Memory regions registered (pinned, for non-ODP regions).
+    pub registrations: u64,
+    /// Time spent registering, in nanoseconds.
+    pub registration_ns: u64,
+    /// Memory regions deregistered.
+    pub deregistrations: u64,
+    /// Time spent deregistering, in nanoseconds.
+    pub deregistration_ns: u64,
+    /// Registration-time histogram (bucket `i`: under `2^i` µs).
+    pub registration_histogram: [u64; REG_BUCKETS],
 }
+
+/// Buckets of the registration-time histogram.
+pub const REG_BUCKETS: usize = pagewire_transport::nic::counters::NPF_HISTOGRAM_BUCKETS;
 
 impl RowCounters {
     /// How many counters (the length of [`RowCounters::to_array`]).
-    pub const N: usize = 11;
+    pub const N: usize = 15 + REG_BUCKETS;
 
     /// This rank's totals so far (zeros on the mpi transport, which has no pagewire
     /// counters).
@@ -84,6 +97,11 @@ impl RowCounters {
                 npf_pages: n.npf_pages,
                 prefetch_pages: n.prefetch_pages,
                 syscalls: n.syscalls,
+                registrations: n.registrations,
+                registration_ns: n.registration_ns,
+                deregistrations: n.deregistrations,
+                deregistration_ns: n.deregistration_ns,
+                registration_histogram: n.registration_histogram,
             }
         })
         .unwrap_or_default()
@@ -91,7 +109,7 @@ impl RowCounters {
 
     /// The counters in field order, e.g. to send or reduce them as one buffer.
     pub fn to_array(self) -> [u64; Self::N] {
-        [
+        let head = [
             self.messages,
             self.hits,
             self.misses,
@@ -103,7 +121,16 @@ impl RowCounters {
             self.npf_pages,
             self.prefetch_pages,
             self.syscalls,
-        ]
+            self.registrations,
+            self.registration_ns,
+            self.deregistrations,
+            self.deregistration_ns,
+        ];
+        std::array::from_fn(|i| {
+            head.get(i)
+                .copied()
+                .unwrap_or_else(|| self.registration_histogram[i - head.len()])
+        })
     }
 
     /// The inverse of [`RowCounters::to_array`].
@@ -120,6 +147,11 @@ impl RowCounters {
             npf_pages: a[8],
             prefetch_pages: a[9],
             syscalls: a[10],
+            registrations: a[11],
+            registration_ns: a[12],
+            deregistrations: a[13],
+            deregistration_ns: a[14],
+            registration_histogram: std::array::from_fn(|i| a[15 + i]),
         }
     }
 
@@ -138,6 +170,18 @@ impl RowCounters {
     /// Network page faults per message.
     pub fn npfs_per_message(&self) -> f64 {
         (self.npf_requester + self.npf_responder) as f64 / self.messages.max(1) as f64
+    }
+
+    /// Mean time per registration in µs (`None` without any).
+    pub fn registration_us(&self) -> Option<f64> {
+        (self.registrations > 0)
+            .then(|| self.registration_ns as f64 / self.registrations as f64 / 1000.0)
+    }
+
+    /// Mean time per deregistration in µs (`None` without any).
+    pub fn deregistration_us(&self) -> Option<f64> {
+        (self.deregistrations > 0)
+            .then(|| self.deregistration_ns as f64 / self.deregistrations as f64 / 1000.0)
     }
 
     /// NIC system calls per message.
@@ -402,14 +446,15 @@ pub fn print(name: &str, procs: i32, rows: &[Row]) {
 /// apart so the table above stays comparable with IMB's.
 pub fn print_counters(rows: &[Row]) {
     println!("# counters of ranks 0+1 over the timed repetitions:");
-    println!("#      #bytes   hit%     misses  evictions  fallbacks  invalid.   NPF/msg  NPF pages  prefetched  syscalls/msg");
+    println!("#      #bytes   hit%     misses  evictions  fallbacks  invalid.   NPF/msg  NPF pages  prefetched  syscalls/msg  reg[usec]  dereg[usec]");
+    let us = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
     for r in rows {
         let c = &r.counters;
         let hit = c
             .hit_rate()
             .map_or_else(|| "-".to_string(), |h| format!("{h:.1}"));
         println!(
-            "# {:>11} {:>6} {:>10} {:>10} {:>10} {:>9} {:>9.2} {:>10} {:>11} {:>13.3}",
+            "# {:>11} {:>6} {:>10} {:>10} {:>10} {:>9} {:>9.2} {:>10} {:>11} {:>13.3} {:>10} {:>12}",
             r.bytes,
             hit,
             c.misses,
@@ -419,8 +464,35 @@ pub fn print_counters(rows: &[Row]) {
             c.npfs_per_message(),
             c.npf_pages,
             c.prefetch_pages,
-            c.syscalls_per_message()
+            c.syscalls_per_message(),
+            us(c.registration_us()),
+            us(c.deregistration_us())
         );
+    }
+    if rows.iter().any(|r| r.counters.registrations > 0) {
+        println!("# registrations by time (µs, bucket upper bounds), over the timed repetitions:");
+        let last = rows
+            .iter()
+            .filter_map(|r| {
+                r.counters
+                    .registration_histogram
+                    .iter()
+                    .rposition(|&n| n > 0)
+            })
+            .max()
+            .unwrap_or(0);
+        let mut head = format!("# {:>11}", "#bytes");
+        for b in 0..=last {
+            head += &format!(" {:>7}", format!("<{}", 1u64 << b));
+        }
+        println!("{head}");
+        for r in rows.iter().filter(|r| r.counters.registrations > 0) {
+            let mut line = format!("# {:>11}", r.bytes);
+            for b in 0..=last {
+                line += &format!(" {:>7}", r.counters.registration_histogram[b]);
+            }
+            println!("{line}");
+        }
     }
     println!();
 }
