@@ -137,7 +137,7 @@ fn mode_all_compares_the_modes_side_by_side() {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_beff"));
     cmd.args(SHORT)
         .arg("11")
-        .args(["--mode", "all", "--np", "2", "--json"])
+        .args(["--mode", "all", "--memlock", "8M", "--np", "2", "--json"])
         .arg(&json)
         .arg("--plot")
         .arg(&svg);
@@ -151,27 +151,33 @@ fn mode_all_compares_the_modes_side_by_side() {
     }
     let head = out
         .lines()
-        .find(|l| l.contains("pindown/copy"))
+        .find(|l| l.contains("pindown-hpc/copy"))
         .expect("side-by-side heading");
     assert!(
-        head.contains("odp/copy") && head.contains("copy MB/s"),
+        head.contains("pindown-8M/copy") && head.contains("odp/copy") && head.contains("copy MB/s"),
         "{head}"
     );
     let b_eff = out
         .lines()
         .find(|l| l.trim_start_matches('#').trim_start().starts_with("b_eff "))
         .expect("b_eff row");
+    // The key, four runs (copy, pindown in both memlock worlds, odp), three ratios.
     assert_eq!(
         b_eff.trim_start_matches('#').split_whitespace().count(),
-        6,
+        8,
         "{b_eff}"
     );
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(v["seed"], 11);
-    for mode in MODES {
-        let run = &v["modes"][mode];
-        assert_eq!(run["mode"], mode);
+    for (label, mode) in [
+        ("copy", "copy"),
+        ("pindown-hpc", "pindown"),
+        ("pindown-8M", "pindown"),
+        ("odp", "odp"),
+    ] {
+        let run = &v["modes"][label];
+        assert_eq!(run["mode"], mode, "{label}");
         assert_eq!(run["seed"], 11, "the same random patterns in every mode");
         assert_eq!(run["lengths"].as_array().unwrap().len(), 21);
         assert!(run["summary"]["b_eff"].as_f64().unwrap() > 0.0);

@@ -352,6 +352,8 @@ fn mode_all_prints_the_modes_side_by_side() {
         "1",
         "--mode",
         "all",
+        "--memlock",
+        "8M",
         "--json",
         json.to_str().unwrap(),
         "--plot",
@@ -364,8 +366,11 @@ fn mode_all_prints_the_modes_side_by_side() {
         out.contains("the buffer modes side by side (2 ranks"),
         "{out}"
     );
+    // pindown in both memlock worlds (issue 13): lifted, and the --memlock given.
     assert!(
-        out.contains("pindown/copy") && out.contains("odp/copy"),
+        out.contains("pindown-hpc/copy")
+            && out.contains("pindown-8M/copy")
+            && out.contains("odp/copy"),
         "{out}"
     );
     assert!(
@@ -384,7 +389,7 @@ fn mode_all_prints_the_modes_side_by_side() {
         .iter()
         .map(|r| r["mode"].as_str().unwrap())
         .collect();
-    assert_eq!(modes, ["copy", "pindown", "odp"]);
+    assert_eq!(modes, ["copy", "pindown-hpc", "pindown-8M", "odp"]);
     let rows = &v[1]["result"]["tables"][0]["rows"];
     assert_eq!(rows.as_array().unwrap().len(), 4, "{rows}");
     let summary = &v[1]["result"]["tables"][0]["summary"];
