@@ -182,8 +182,10 @@ pub struct CountersSnapshot {
     pub bytes_inline: u64,
     /// Completions with a status other than success.
     pub error_completions: u64,
-    /// System calls the NIC made, its driver thread's included (issue 12: none per message
+    /// System calls the NIC made in the application's threads (issue 12: none per message
     /// while both sides poll; only to move bytes between processes, pin, fault or sleep).
+    /// The driver thread's timed sleeps and wake-ups are not counted: they follow the clock
+    /// and the machine's load, not the messages.
     pub syscalls: u64,
     /// Total time spent registering, in nanoseconds (pinning included).
     pub registration_ns: u64,

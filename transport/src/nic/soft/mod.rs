@@ -593,6 +593,10 @@ impl Drop for SoftNic {
         for k in keys {
             let _ = self.inner.deregister(k);
         }
+        // The names go now: a NIC brought up again in this process (same job) must find
+        // them free, whoever still holds the mappings for a moment.
+        self.inner.own.seg.unlink_name();
+        self.inner.own.present.unlink_name();
     }
 }
 
@@ -603,6 +607,7 @@ impl Inner {
     /// (acknowledging peers' requests, streaming staged READ responses). While the
     /// application polls, it does all of this itself and the driver stays asleep.
     fn driver_loop(&self) {
+        sys::exclude_this_thread_from_count();
         let bell = self.own.doorbell();
         let asleep = self.own.asleep_word();
         let mut polls_seen = self.own.app_polls();

@@ -15,7 +15,8 @@ pub(crate) struct SharedSegment {
     ptr: *mut u8,
     len: usize,
     name: String,
-    owner: bool,
+    /// Whether this process created the object and its name has not been removed yet.
+    owner: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the mapping is process-shared memory accessed only through atomics or explicit
@@ -104,8 +105,20 @@ impl SharedSegment {
             ptr: p as *mut u8,
             len,
             name: name.to_string(),
-            owner,
+            owner: std::sync::atomic::AtomicBool::new(owner),
         })
+    }
+
+    /// Removes the object's name now, if this process created it (once); the mapping stays.
+    /// The owner calls it when its NIC goes down, so that the name is free at once even if
+    /// something (a monitor thread finishing an event) holds the mapping a little longer.
+    pub(crate) fn unlink_name(&self) {
+        if self.owner.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            if let Ok(c) = CString::new(format!("/{}", self.name)) {
+                // SAFETY: unlinking the object this process created, once.
+                unsafe { libc::shm_unlink(c.as_ptr()) };
+            }
+        }
     }
 
     /// Size in bytes.
@@ -162,12 +175,7 @@ impl Drop for SharedSegment {
     fn drop(&mut self) {
         // SAFETY: unmapping our own mapping once; no references into it outlive &self.
         unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
-        if self.owner {
-            if let Ok(c) = CString::new(format!("/{}", self.name)) {
-                // SAFETY: unlinking the object this process created.
-                unsafe { libc::shm_unlink(c.as_ptr()) };
-            }
-        }
+        self.unlink_name();
     }
 }
 
