@@ -1029,11 +1029,11 @@ fn no_syscalls_per_message(u: &pagewire::Universe) {
     let per_message = calls as f64 / (2 * N) as f64;
     // A system call on the per-message path would make at least 1 per message (before
     // issue 12: about 3). What remains are wake-ups of a peer's driver thread when that
-    // peer's rank is off its core, which depends on the machine's load, not on the
-    // protocol; the benchmark (pw-msgperf's syscalls/msg, 0.000 on a quiet machine) gives
-    // the figure, this test the property.
+    // peer's rank is off its core (at most one per message, and only on a loaded machine:
+    // 0.73 was seen with two other jobs running); the benchmark (pw-msgperf's syscalls/msg,
+    // 0.000 on a quiet machine) gives the figure, this test the property.
     assert!(
-        per_message < 0.5,
+        per_message < 1.0,
         "{calls} system calls for {} messages ({per_message:.3} per message)",
         2 * N
     );

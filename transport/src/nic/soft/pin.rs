@@ -57,12 +57,106 @@ pub(crate) enum RegionPin {
     Locked,
 }
 
+/// Reference counts of pages, kept as runs of consecutive pages with the same count, so
+/// that pinning or unpinning a region costs a few map operations whatever its size.
+#[derive(Debug, Default)]
+pub(crate) struct PageCounts {
+    /// First page of a run -> (one past its last page, count >= 1); runs are disjoint.
+    runs: BTreeMap<u64, (u64, u32)>,
+    /// Pages with a count of at least one.
+    pages: u64,
+}
+
+impl PageCounts {
+    /// Pages counted at least once.
+    pub(crate) fn pages(&self) -> u64 {
+        self.pages
+    }
+
+    /// Pages of `[first, end)` counted nowhere yet.
+    pub(crate) fn uncounted(&self, first: u64, end: u64) -> u64 {
+        let mut covered = 0;
+        for (&a, &(b, _)) in self.runs.range(..end).rev() {
+            if b <= first {
+                break;
+            }
+            covered += b.min(end) - a.max(first);
+        }
+        (end - first) - covered
+    }
+
+    /// Splits the run containing `page` (if any starts before it) so that a run starts there.
+    fn split_at(&mut self, page: u64) {
+        if let Some((&a, &(b, c))) = self.runs.range(..page).next_back() {
+            if b > page {
+                self.runs.insert(a, (page, c));
+                self.runs.insert(page, (b, c));
+            }
+        }
+    }
+
+    /// Adds one to every page of `[first, end)`; returns the pages counted for the first
+    /// time, as runs.
+    pub(crate) fn add(&mut self, first: u64, end: u64) -> Vec<(u64, u64)> {
+        self.split_at(first);
+        self.split_at(end);
+        let mut fresh = Vec::new();
+        let mut at = first;
+        let inside: Vec<(u64, u64, u32)> = self
+            .runs
+            .range(first..end)
+            .map(|(&a, &(b, c))| (a, b, c))
+            .collect();
+        for (a, b, c) in inside {
+            if a > at {
+                fresh.push((at, a));
+            }
+            self.runs.insert(a, (b, c + 1));
+            at = b;
+        }
+        if at < end {
+            fresh.push((at, end));
+        }
+        for &(a, b) in &fresh {
+            self.runs.insert(a, (b, 1));
+            self.pages += b - a;
+        }
+        fresh
+    }
+
+    /// Takes one from every counted page of `[first, end)`; returns the pages whose count
+    /// fell to zero, as runs.
+    pub(crate) fn remove(&mut self, first: u64, end: u64) -> Vec<(u64, u64)> {
+        self.split_at(first);
+        self.split_at(end);
+        let inside: Vec<(u64, u64, u32)> = self
+            .runs
+            .range(first..end)
+            .map(|(&a, &(b, c))| (a, b, c))
+            .collect();
+        let mut freed: Vec<(u64, u64)> = Vec::new();
+        for (a, b, c) in inside {
+            if c > 1 {
+                self.runs.insert(a, (b, c - 1));
+            } else {
+                self.runs.remove(&a);
+                self.pages -= b - a;
+                match freed.last_mut() {
+                    Some(last) if last.1 == a => last.1 = b,
+                    _ => freed.push((a, b)),
+                }
+            }
+        }
+        freed
+    }
+}
+
 /// Per-page pin counts of this process's NIC, and the pinning mechanism.
 #[derive(Debug)]
 pub(crate) struct PinAccount {
-    counts: BTreeMap<u64, u32>,
+    counts: PageCounts,
     /// Pages `mlock`ed, by refcount (a subset of `counts`).
-    locked: BTreeMap<u64, u32>,
+    locked: PageCounts,
     limit: MemlockLimit,
     longterm: Option<LongTermPins>,
     /// Why long-term pins are not in force, when they are not.
@@ -88,8 +182,8 @@ impl PinAccount {
             },
         };
         Ok(PinAccount {
-            counts: BTreeMap::new(),
-            locked: BTreeMap::new(),
+            counts: PageCounts::default(),
+            locked: PageCounts::default(),
             limit,
             longterm,
             longterm_unavailable: why,
@@ -125,7 +219,7 @@ impl PinAccount {
 
     /// Bytes pinned now.
     pub(crate) fn pinned_bytes(&self) -> u64 {
-        self.counts.len() as u64 * PAGE_SIZE
+        self.counts.pages() * PAGE_SIZE
     }
 
     /// Pins the pages of the range; returns the bytes newly charged and how it is held.
@@ -133,9 +227,7 @@ impl PinAccount {
         let (start, span) = sys::page_span(addr, len);
         let first = start / PAGE_SIZE;
         let n = span / PAGE_SIZE;
-        let new_pages = (first..first + n)
-            .filter(|p| !self.counts.contains_key(p))
-            .count() as u64;
+        let new_pages = self.counts.uncounted(first, first + n);
         let requested = new_pages * PAGE_SIZE;
         if let Some(limit) = self.limit.bytes {
             if self.pinned_bytes() + requested > limit {
@@ -162,9 +254,7 @@ impl PinAccount {
                 RegionPin::Locked
             }
         };
-        for p in first..first + n {
-            *self.counts.entry(p).or_insert(0) += 1;
-        }
+        self.counts.add(first, first + n);
         Ok((requested, held))
     }
 
@@ -191,9 +281,7 @@ impl PinAccount {
             });
         }
         let first = start / PAGE_SIZE;
-        for p in first..first + span / PAGE_SIZE {
-            *self.locked.entry(p).or_insert(0) += 1;
-        }
+        self.locked.add(first, first + span / PAGE_SIZE);
         Ok(())
     }
 
@@ -209,40 +297,20 @@ impl PinAccount {
             }
             RegionPin::Locked => self.unlock(first, span / PAGE_SIZE),
         }
-        let mut freed = 0;
-        for p in first..first + span / PAGE_SIZE {
-            if let Some(c) = self.counts.get_mut(&p) {
-                *c -= 1;
-                if *c == 0 {
-                    self.counts.remove(&p);
-                    freed += 1;
-                }
-            }
-        }
+        let freed: u64 = self
+            .counts
+            .remove(first, first + span / PAGE_SIZE)
+            .iter()
+            .map(|(a, b)| b - a)
+            .sum();
         freed * PAGE_SIZE
     }
 
     fn unlock(&mut self, first: u64, n: u64) {
-        let mut freed: Vec<u64> = Vec::new();
-        for p in first..first + n {
-            if let Some(c) = self.locked.get_mut(&p) {
-                *c -= 1;
-                if *c == 0 {
-                    self.locked.remove(&p);
-                    freed.push(p);
-                }
-            }
-        }
-        // munlock runs of freed pages; a range unmapped meanwhile gives ENOMEM, which is fine:
-        // its pages are no longer locked anyway.
-        let mut i = 0;
-        while i < freed.len() {
-            let mut j = i + 1;
-            while j < freed.len() && freed[j] == freed[j - 1] + 1 {
-                j += 1;
-            }
-            let _ = sys::munlock(freed[i] * PAGE_SIZE, (j - i) as u64 * PAGE_SIZE);
-            i = j;
+        // munlock the runs no region locks any more; a range unmapped meanwhile gives
+        // ENOMEM, which is fine: its pages are no longer locked anyway.
+        for (a, b) in self.locked.remove(first, first + n) {
+            let _ = sys::munlock(a * PAGE_SIZE, (b - a) * PAGE_SIZE);
         }
     }
 
@@ -263,6 +331,25 @@ impl PinAccount {
 mod tests {
     use super::*;
     use crate::sys::AnonMapping;
+
+    #[test]
+    fn page_counts_keep_runs_and_report_fresh_and_freed_pages() {
+        let mut c = PageCounts::default();
+        assert_eq!(c.add(10, 20), vec![(10, 20)]);
+        assert_eq!(c.uncounted(5, 25), 10);
+        assert_eq!(c.add(15, 30), vec![(20, 30)], "pages 15-19 were counted");
+        assert_eq!(c.add(0, 40), vec![(0, 10), (30, 40)]);
+        assert_eq!(c.pages(), 40);
+        assert_eq!(c.remove(0, 40), vec![(0, 10), (30, 40)]);
+        assert_eq!(
+            c.remove(10, 20),
+            vec![(10, 15)],
+            "15-19 still counted by 15-30"
+        );
+        assert_eq!(c.remove(15, 30), vec![(15, 30)]);
+        assert_eq!((c.pages(), c.runs.len()), (0, 0));
+        assert_eq!(c.remove(3, 4), vec![], "nothing counted: nothing freed");
+    }
 
     #[test]
     fn overlapping_pins_are_refcounted_and_limited() {
