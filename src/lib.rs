@@ -46,8 +46,10 @@
 mod backend;
 pub mod collective;
 mod config;
-mod datatype;
+pub mod datatype;
+pub mod environment;
 mod error;
+pub mod ffi;
 pub mod point_to_point;
 pub mod request;
 mod status;
@@ -56,7 +58,14 @@ pub mod topology;
 #[cfg(feature = "mpi")]
 pub use backend::host_mpi;
 pub use collective::{CommunicatorCollectives, Root, SystemOperation, UserOperation};
-pub use datatype::{Buffer, BufferMut, Equivalence};
+pub use datatype::{Address, Buffer, BufferMut, Count, Equivalence};
+pub use environment::{threading_support, time, time_resolution, Threading};
+/// The one error type of pagewire, under rsmpi's name for it.
+pub type MpiError = Error;
+/// `#[derive(Equivalence)]` (feature `derive`, as rsmpi's): the datatype of a struct from
+/// its fields' (see `pagewire-derive`).
+#[cfg(feature = "derive")]
+pub use pagewire_derive::Equivalence;
 pub use pagewire_transport::{boot, buffer_mode, msg, nic, sys, Error, Result};
 pub use point_to_point::{
     AnyProcess, Destination, MatchedReceiveVec, Message, Process, Source, Status,
@@ -68,10 +77,15 @@ pub use topology::{
 
 /// The traits a program imports with `use pagewire::traits::*` (as `mpi::traits::*`).
 pub mod traits {
-    pub use crate::collective::{CommunicatorCollectives, Root};
-    pub use crate::datatype::{Buffer, BufferMut, Equivalence};
+    pub use crate::collective::{CommunicatorCollectives, Operation, Root};
+    pub use crate::datatype::{
+        AsDatatype, Buffer, BufferMut, Collection, Datatype, Equivalence, Partitioned,
+        PartitionedBuffer, PartitionedBufferMut, Pointer, PointerMut, UncommittedDatatype,
+    };
     pub use crate::point_to_point::{Destination, MatchedReceiveVec, Source};
-    pub use crate::topology::Communicator;
+    pub use crate::topology::{AnyCommunicator, CommAttribute, Communicator, Group};
+    #[cfg(feature = "derive")]
+    pub use pagewire_derive::Equivalence;
 }
 
 /// Starts pagewire with settings from the environment (`PAGEWIRE_*`): the bootstrap
@@ -94,10 +108,11 @@ pub fn try_initialize() -> Result<Option<Universe>> {
     Universe::from_config(UniverseConfig::from_env()?)
 }
 
-/// Seconds since an arbitrary point, for timing (`MPI_Wtime`).
-pub fn time() -> f64 {
-    use std::sync::OnceLock;
-    use std::time::Instant;
-    static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_secs_f64()
+/// [`initialize`] asking for a threading level; returns the universe and the level
+/// provided (at most [`Threading::Funneled`]: see [`environment`]). Panics if start-up
+/// fails.
+pub fn initialize_with_threading(threading: Threading) -> Option<(Universe, Threading)> {
+    let cfg = error::fatal(UniverseConfig::from_env());
+    let universe = error::fatal(Universe::with_threading(cfg, threading))?;
+    Some((universe, environment::threading_support()))
 }

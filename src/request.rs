@@ -1,20 +1,22 @@
-//! Nonblocking requests and the scope that keeps their buffers borrowed (rsmpi's
-//! `request` module).
+//! Nonblocking requests and the scopes that keep their buffers borrowed (rsmpi's `request`
+//! module).
 //!
-//! A [`Request`] borrows its buffer for `'a` and lives inside a [`LocalScope`] created by
-//! [`scope`]. Completing it (`wait`, `test`, [`wait_all`], [`wait_any`]) ends the
-//! operation. Dropping an unfinished request is not undefined behaviour: the drop cancels a
-//! receive that has not matched yet, or waits for the operation to complete, so its buffer
-//! is never used after the borrow ends. The scope does the same at its end for requests
-//! leaked with `mem::forget`.
+//! A [`Request`] borrows its buffer for `'a` and belongs to a [`Scope`]: a [`LocalScope`]
+//! made by [`scope`] (or [`multiple_scope`], which adds a [`RequestCollection`]), or
+//! [`StaticScope`] for buffers that live forever. Completing a request (`wait`, `test`,
+//! [`wait_any`], a collection's `wait_*`/`test_*`) ends the operation. Dropping an
+//! unfinished request is not undefined behaviour, and unlike rsmpi it does not panic: the
+//! drop cancels a receive that has not matched, or waits for the operation to complete, so
+//! its buffer is never used after the borrow ends. [`WaitGuard`] and [`CancelGuard`] make
+//! that choice explicit.
 //!
-//! The scope owns the backend's operations (pagewire's message-layer requests, or the host
-//! MPI library's `MPI_Request`s on the mpi transport); a [`Request`] is the key of one. So
-//! one leaked with `mem::forget` is still cancelled or waited for at the scope's end, and no
-//! backend touches a buffer after its borrow ends.
+//! A local scope owns the operations of its requests; a request is the key of one. So one
+//! leaked with `mem::forget` is still finished at the scope's end, and no backend touches a
+//! buffer after its borrow ends. A request of the static scope owns its operation.
 //!
-//! This is the one module of the facade above the backends with `unsafe`: it hands borrowed
-//! buffers to the backend, and the rules above are why that is sound.
+//! This module has `unsafe`: it lends borrowed buffers to the backends, and hands the
+//! buffer back (`wait_for_data`) once the operation is over; the rules above are why that
+//! is sound.
 #![allow(unsafe_code)]
 
 use std::cell::{Cell, RefCell};
@@ -26,25 +28,181 @@ use crate::backend::{
     CommBackend, MatchedMessage, MessageBackend, PendingRequest, PointToPointBackend,
     RequestBackend,
 };
-use crate::error::{fatal, Result};
+use crate::datatype::Landing;
+use crate::error::{fatal, Error, Result};
 use crate::status::Status;
 use crate::topology::Tag;
 
-/// The scope of nonblocking operations whose buffers live for `'a`.
+/// An operation in flight, whatever started it (point-to-point, a collective).
+pub(crate) trait Pending {
+    /// Waits for it to finish.
+    fn wait(&mut self) -> Result<Status>;
+    /// `Some` once it has finished (then there is nothing left to do), else `None`.
+    fn test(&mut self) -> Result<Option<Status>>;
+    /// Cancels it if it has not started to match (a receive); true if it was cancelled.
+    fn cancel(&mut self) -> bool {
+        false
+    }
+    /// Whether it has finished, without completing it.
+    fn is_done(&mut self) -> bool;
+}
+
+impl Pending for PendingRequest {
+    fn wait(&mut self) -> Result<Status> {
+        RequestBackend::wait(self).map(Status::new)
+    }
+    fn test(&mut self) -> Result<Option<Status>> {
+        RequestBackend::test(self).map(|s| s.map(Status::new))
+    }
+    fn cancel(&mut self) -> bool {
+        RequestBackend::cancel(self)
+    }
+    fn is_done(&mut self) -> bool {
+        RequestBackend::is_done(self)
+    }
+}
+
+/// A backend operation with what it needs to finish: the packed copy of a send from a
+/// buffer with gaps, or the scratch message of a receive into one (unpacked on completion).
+/// The backend request is declared first, so it is finished before the memory goes.
+struct PointToPoint<'a> {
+    request: PendingRequest,
+    _packed_send: Option<Vec<u8>>,
+    receive: Option<(Vec<u8>, Landing<'a>)>,
+}
+
+impl PointToPoint<'_> {
+    fn finish(&mut self, status: Status) -> Status {
+        if let Some((scratch, landing)) = &mut self.receive {
+            let n = status.count_bytes().min(scratch.len());
+            landing.unpack(&scratch[..n]);
+        }
+        status
+    }
+}
+
+impl Pending for PointToPoint<'_> {
+    fn wait(&mut self) -> Result<Status> {
+        let s = Pending::wait(&mut self.request)?;
+        Ok(self.finish(s))
+    }
+    fn test(&mut self) -> Result<Option<Status>> {
+        match Pending::test(&mut self.request)? {
+            Some(s) => Ok(Some(self.finish(s))),
+            None => Ok(None),
+        }
+    }
+    fn cancel(&mut self) -> bool {
+        Pending::cancel(&mut self.request)
+    }
+    fn is_done(&mut self) -> bool {
+        Pending::is_done(&mut self.request)
+    }
+}
+
+/// Where a scope keeps the operations of its requests (not part of the API).
+mod registry {
+    use super::*;
+
+    /// The operations of a scope's requests, by key; `None`: a free slot.
+    pub struct Registry<'a> {
+        pub(super) operations: RefCell<Vec<Option<Box<dyn Pending + 'a>>>>,
+        pub(super) free: RefCell<Vec<usize>>,
+    }
+
+    /// Gives a scope's registry, if it has one (the static scope has none: its requests own
+    /// their operations).
+    pub trait HasRegistry<'a> {
+        /// The registry.
+        fn registry(&self) -> Option<&Registry<'a>>;
+    }
+}
+use registry::{HasRegistry, Registry};
+
+impl<'a> Registry<'a> {
+    fn new() -> Self {
+        Registry {
+            operations: RefCell::new(Vec::new()),
+            free: RefCell::new(Vec::new()),
+        }
+    }
+
+    fn adopt(&self, operation: Box<dyn Pending + 'a>) -> usize {
+        let mut operations = self.operations.borrow_mut();
+        match self.free.borrow_mut().pop() {
+            Some(key) => {
+                operations[key] = Some(operation);
+                key
+            }
+            None => {
+                operations.push(Some(operation));
+                operations.len() - 1
+            }
+        }
+    }
+
+    fn take(&self, key: usize) -> Option<Box<dyn Pending + 'a>> {
+        let operation = self.operations.borrow_mut().get_mut(key)?.take();
+        if operation.is_some() {
+            self.free.borrow_mut().push(key);
+        }
+        operation
+    }
+
+    fn with<R>(&self, key: usize, f: impl FnOnce(&mut dyn Pending) -> R) -> R {
+        let mut operations = self.operations.borrow_mut();
+        let op = operations[key]
+            .as_mut()
+            .expect("a live request of this scope");
+        f(&mut **op)
+    }
+}
+
+/// Where requests live (rsmpi's `Scope`): a [`LocalScope`] borrowed, or [`StaticScope`].
+///
+/// # Safety
+///
+/// Implemented by this crate only.
+pub unsafe trait Scope<'a>: HasRegistry<'a> {}
+
+/// The scope of requests whose buffers live forever (rsmpi's `StaticScope`).
+#[derive(Clone, Copy, Debug)]
+pub struct StaticScope;
+
+impl HasRegistry<'static> for StaticScope {
+    fn registry(&self) -> Option<&Registry<'static>> {
+        None
+    }
+}
+unsafe impl Scope<'static> for StaticScope {}
+
+/// The scope of nonblocking operations whose buffers live for `'a` (rsmpi's
+/// `LocalScope`); at its end, every operation started in it has finished.
 pub struct LocalScope<'a> {
-    /// The operations of the scope's requests, by key; `None`: a free slot.
-    operations: RefCell<Vec<Option<PendingRequest>>>,
-    /// The free slots of `operations`.
-    free: RefCell<Vec<usize>>,
+    registry: Registry<'a>,
     _invariant: PhantomData<Cell<&'a ()>>,
 }
 
 impl std::fmt::Debug for LocalScope<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let pending = self.operations.borrow().iter().flatten().count();
+        let pending = self.registry.operations.borrow().iter().flatten().count();
         f.debug_struct("LocalScope")
             .field("pending", &pending)
             .finish()
+    }
+}
+
+impl<'a> HasRegistry<'a> for &LocalScope<'a> {
+    fn registry(&self) -> Option<&Registry<'a>> {
+        Some(&self.registry)
+    }
+}
+unsafe impl<'a> Scope<'a> for &LocalScope<'a> {}
+
+impl Drop for LocalScope<'_> {
+    fn drop(&mut self) {
+        // Each operation's drop cancels a receive that has not matched, else waits.
+        drop(std::mem::take(self.registry.operations.get_mut()));
     }
 }
 
@@ -55,152 +213,255 @@ where
     F: FnOnce(&LocalScope<'a>) -> R,
 {
     let s = LocalScope {
-        operations: RefCell::new(Vec::new()),
-        free: RefCell::new(Vec::new()),
+        registry: Registry::new(),
         _invariant: PhantomData,
     };
     f(&s)
-    // `s` drops here and finishes whatever is left.
 }
 
-impl Drop for LocalScope<'_> {
-    fn drop(&mut self) {
-        // Each operation's drop cancels a receive that has not matched, else waits.
-        drop(std::mem::take(self.operations.get_mut()));
+/// [`scope`] with a [`RequestCollection`] of room for `reserve` requests (rsmpi's
+/// `request::multiple_scope`).
+pub fn multiple_scope<'a, F, R, D: ?Sized + 'a>(reserve: usize, f: F) -> R
+where
+    F: FnOnce(&LocalScope<'a>, &mut RequestCollection<'a, D>) -> R,
+{
+    scope(|s| {
+        let mut collection = RequestCollection {
+            entries: Vec::with_capacity(reserve),
+            incomplete: 0,
+        };
+        f(s, &mut collection)
+    })
+}
+
+/// Where a request's operation is.
+enum Slot<'a> {
+    /// In its local scope, under this key.
+    Scoped(usize),
+    /// Owned by the request (static scope).
+    Owned(RefCell<Box<dyn Pending + 'a>>),
+    /// Finished.
+    Done,
+}
+
+/// A nonblocking operation on a buffer of type `D` borrowed for `'a`, in scope `S` (rsmpi's
+/// `Request`).
+#[must_use = "a request must be completed with wait or test"]
+pub struct Request<'a, D: ?Sized, S: Scope<'a> = StaticScope> {
+    slot: Slot<'a>,
+    scope: S,
+    /// The buffer, handed back by `wait_for_data` once the operation is over.
+    data: *const D,
+    _borrow: PhantomData<&'a D>,
+}
+
+impl<'a, D: ?Sized, S: Scope<'a>> std::fmt::Debug for Request<'a, D, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let slot = match &self.slot {
+            Slot::Scoped(k) => format!("scoped {k}"),
+            Slot::Owned(_) => "owned".into(),
+            Slot::Done => "done".into(),
+        };
+        f.debug_struct("Request").field("slot", &slot).finish()
     }
 }
 
-impl<'a> LocalScope<'a> {
-    /// Keeps `operation` until its request completes it, and returns the request.
-    fn adopt<'s>(&'s self, operation: PendingRequest) -> Request<'a, 's> {
-        let mut operations = self.operations.borrow_mut();
-        let key = match self.free.borrow_mut().pop() {
-            Some(key) => {
-                operations[key] = Some(operation);
-                key
-            }
-            None => {
-                operations.push(Some(operation));
-                operations.len() - 1
-            }
+impl<'a, D: ?Sized, S: Scope<'a>> Request<'a, D, S> {
+    /// A request for `operation` on `data`, kept by `scope`.
+    pub(crate) fn new(operation: Box<dyn Pending + 'a>, scope: S, data: *const D) -> Self {
+        let slot = match scope.registry() {
+            Some(r) => Slot::Scoped(r.adopt(operation)),
+            None => Slot::Owned(RefCell::new(operation)),
         };
         Request {
-            scope: self,
-            key: Some(key),
+            slot,
+            scope,
+            data,
+            _borrow: PhantomData,
         }
     }
 
-    /// Takes the operation `key` out of the scope, if it is still there.
-    fn take(&self, key: usize) -> Option<PendingRequest> {
-        let operation = self.operations.borrow_mut().get_mut(key)?.take();
-        if operation.is_some() {
-            self.free.borrow_mut().push(key);
+    fn take_operation(&mut self) -> Option<Box<dyn Pending + 'a>> {
+        match std::mem::replace(&mut self.slot, Slot::Done) {
+            Slot::Scoped(key) => self.scope.registry().and_then(|r| r.take(key)),
+            Slot::Owned(op) => Some(op.into_inner()),
+            Slot::Done => None,
         }
-        operation
     }
 
-    /// `MPI_Test` of operation `key`; a completed (or failed) operation leaves the scope.
-    fn test(&self, key: usize) -> Result<Option<Status>> {
-        let r = self.operations.borrow_mut()[key]
-            .as_mut()
-            .expect("a live request of this scope")
-            .test();
-        if !matches!(r, Ok(None)) {
-            drop(self.take(key));
+    fn with_operation<R>(&mut self, f: impl FnOnce(&mut dyn Pending) -> R) -> R {
+        match &mut self.slot {
+            Slot::Scoped(key) => {
+                let registry = self.scope.registry().expect("a scoped request's registry");
+                registry.with(*key, f)
+            }
+            Slot::Owned(op) => f(&mut **op.get_mut()),
+            Slot::Done => panic!("pagewire: a request used after it completed"),
         }
-        r.map(|done| done.map(Status::new))
     }
 
-    /// Whether operation `key` has finished, without completing it.
-    fn is_done(&self, key: usize) -> bool {
-        self.operations
-            .borrow()
-            .get(key)
-            .and_then(Option::as_ref)
-            .is_none_or(|operation| operation.is_done())
+    /// The buffer, once the operation is over.
+    fn data(&self) -> &'a D {
+        // SAFETY: the operation has finished, so nothing writes the buffer any more, and it
+        // is borrowed for `'a`.
+        unsafe { &*self.data }
     }
-}
 
-/// A nonblocking operation borrowing its buffer for `'a`, inside scope `'s`.
-#[must_use = "a request must be completed with wait or test"]
-pub struct Request<'a, 's> {
-    scope: &'s LocalScope<'a>,
-    /// The operation's key in the scope; `None` once completed.
-    key: Option<usize>,
-}
-
-impl std::fmt::Debug for Request<'_, '_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Request").field("id", &self.key).finish()
-    }
-}
-
-impl<'a, 's> Request<'a, 's> {
     /// Waits for completion (`MPI_Wait`); panics on error.
     pub fn wait(self) -> Status {
         fatal(self.try_wait())
     }
 
-    /// Waits for completion, returning errors (truncation, a dead peer, ...).
+    /// Waits for completion, returning errors (truncation, a dead peer, …).
     pub fn try_wait(mut self) -> Result<Status> {
-        let key = self.key.take().expect("live request");
-        let mut operation = self.scope.take(key).expect("a live request of this scope");
-        operation.wait().map(Status::new)
+        let mut op = self.take_operation().expect("a live request");
+        settle(op.wait())
+    }
+
+    /// Waits for completion and returns the buffer (rsmpi's `wait_for_data`).
+    pub fn wait_for_data(self) -> &'a D {
+        let data = self.data();
+        self.wait();
+        data
+    }
+
+    /// Waits for completion, without the status.
+    pub fn wait_without_status(self) {
+        self.wait();
     }
 
     /// Completes the request if it is done (`MPI_Test`): `Ok(status)`, or the request back.
     /// Panics on error.
     pub fn test(self) -> std::result::Result<Status, Self> {
         match self.try_test() {
-            Ok(Ok(s)) => Ok(s),
-            Ok(Err(req)) => Err(req),
+            Ok(r) => r,
             Err(e) => panic!("pagewire: {e}"),
         }
     }
 
+    /// [`Request::test`], and the buffer when done.
+    pub fn test_with_data(self) -> std::result::Result<(Status, &'a D), Self> {
+        let data = self.data();
+        self.test().map(|s| (s, data))
+    }
+
     /// [`Request::test`], returning errors.
     pub fn try_test(mut self) -> Result<std::result::Result<Status, Self>> {
-        match self.test_in_scope()? {
-            None => Ok(Err(self)),
+        match self.poll()? {
             Some(status) => Ok(Ok(status)),
+            None => Ok(Err(self)),
         }
     }
 
-    /// Tests the operation; once it has completed or failed, the request holds nothing more.
-    fn test_in_scope(&mut self) -> Result<Option<Status>> {
-        let key = self.key.expect("live request");
-        let r = self.scope.test(key);
-        if !matches!(r, Ok(None)) {
-            self.key = None;
-        }
+    /// Tests the operation; once it has finished (or failed) the request holds nothing.
+    fn poll(&mut self) -> Result<Option<Status>> {
+        let r = match self.with_operation(|op| op.test()) {
+            Ok(None) => return Ok(None),
+            Ok(Some(s)) => Ok(Some(s)),
+            Err(e) => settle(Err(e)).map(Some),
+        };
+        drop(self.take_operation());
         r
     }
-}
 
-impl Drop for Request<'_, '_> {
-    fn drop(&mut self) {
-        if let Some(key) = self.key.take() {
-            // Dropping the operation cancels or waits.
-            drop(self.scope.take(key));
+    /// Asks for the operation to be cancelled (`MPI_Cancel`): a receive that has not
+    /// matched ends, and its wait reports a cancelled status; anything else completes as
+    /// usual.
+    pub fn cancel(&self) {
+        match &self.slot {
+            Slot::Scoped(key) => {
+                let registry = self.scope.registry().expect("a scoped request's registry");
+                registry.with(*key, |op| op.cancel());
+            }
+            Slot::Owned(op) => {
+                op.borrow_mut().cancel();
+            }
+            Slot::Done => {}
         }
     }
 }
 
-/// Waits for every request (`MPI_Waitall`); panics on the first error.
-pub fn wait_all(requests: Vec<Request<'_, '_>>) -> Vec<Status> {
-    requests.into_iter().map(Request::wait).collect()
+impl<'a, D: ?Sized, S: Scope<'a>> Drop for Request<'a, D, S> {
+    fn drop(&mut self) {
+        // Dropping the operation cancels or waits.
+        drop(self.take_operation());
+    }
+}
+
+/// A cancelled operation reports a cancelled status, not an error.
+fn settle(r: Result<Status>) -> Result<Status> {
+    match r {
+        Err(Error::Cancelled) => Ok(Status::cancelled()),
+        r => r,
+    }
+}
+
+/// Waits for its request when dropped (rsmpi's `WaitGuard`).
+#[derive(Debug)]
+pub struct WaitGuard<'a, D: ?Sized, S: Scope<'a> = StaticScope>(Option<Request<'a, D, S>>);
+
+impl<'a, D: ?Sized, S: Scope<'a>> Drop for WaitGuard<'a, D, S> {
+    fn drop(&mut self) {
+        if let Some(r) = self.0.take() {
+            r.wait();
+        }
+    }
+}
+
+impl<'a, D: ?Sized, S: Scope<'a>> From<Request<'a, D, S>> for WaitGuard<'a, D, S> {
+    fn from(r: Request<'a, D, S>) -> Self {
+        WaitGuard(Some(r))
+    }
+}
+
+impl<'a, D: ?Sized, S: Scope<'a>> From<WaitGuard<'a, D, S>> for Request<'a, D, S> {
+    fn from(mut g: WaitGuard<'a, D, S>) -> Self {
+        g.0.take().expect("a guarded request")
+    }
+}
+
+/// Cancels its request, then waits for it, when dropped (rsmpi's `CancelGuard`).
+#[derive(Debug)]
+pub struct CancelGuard<'a, D: ?Sized, S: Scope<'a> = StaticScope>(WaitGuard<'a, D, S>);
+
+impl<'a, D: ?Sized, S: Scope<'a>> Drop for CancelGuard<'a, D, S> {
+    fn drop(&mut self) {
+        if let Some(r) = &self.0 .0 {
+            r.cancel();
+        }
+        // The inner guard waits.
+    }
+}
+
+impl<'a, D: ?Sized, S: Scope<'a>> From<Request<'a, D, S>> for CancelGuard<'a, D, S> {
+    fn from(r: Request<'a, D, S>) -> Self {
+        CancelGuard(WaitGuard::from(r))
+    }
+}
+
+impl<'a, D: ?Sized, S: Scope<'a>> From<WaitGuard<'a, D, S>> for CancelGuard<'a, D, S> {
+    fn from(g: WaitGuard<'a, D, S>) -> Self {
+        CancelGuard(g)
+    }
+}
+
+impl<'a, D: ?Sized, S: Scope<'a>> From<CancelGuard<'a, D, S>> for WaitGuard<'a, D, S> {
+    fn from(mut g: CancelGuard<'a, D, S>) -> Self {
+        WaitGuard(g.0 .0.take())
+    }
 }
 
 /// Waits until one request completes (`MPI_Waitany`): its index in `requests` (from which it
 /// is removed) and status; `None` if `requests` is empty. Panics on error.
-pub fn wait_any(requests: &mut Vec<Request<'_, '_>>) -> Option<(usize, Status)> {
+pub fn wait_any<'a, D: ?Sized, S: Scope<'a>>(
+    requests: &mut Vec<Request<'a, D, S>>,
+) -> Option<(usize, Status)> {
     if requests.is_empty() {
         return None;
     }
     loop {
         for i in 0..requests.len() {
-            if let Some(status) = fatal(requests[i].test_in_scope()) {
-                // Completed: dropping it leaves nothing to finish.
+            if let Some(status) = fatal(requests[i].poll()) {
                 drop(requests.remove(i));
                 return Some((i, status));
             }
@@ -208,59 +469,290 @@ pub fn wait_any(requests: &mut Vec<Request<'_, '_>>) -> Option<(usize, Status)> 
     }
 }
 
-/// Whether every request has completed (`MPI_Testall`), completing them if so.
-pub fn test_all<'a, 's>(
-    requests: Vec<Request<'a, 's>>,
-) -> std::result::Result<Vec<Status>, Vec<Request<'a, 's>>> {
-    let all_done = requests
-        .iter()
-        .all(|r| r.scope.is_done(r.key.expect("live request")));
-    if all_done {
-        Ok(wait_all(requests))
-    } else {
-        Err(requests)
+/// Waits for every request (`MPI_Waitall`); panics on the first error.
+pub fn wait_all<'a, D: ?Sized, S: Scope<'a>>(requests: Vec<Request<'a, D, S>>) -> Vec<Status> {
+    requests.into_iter().map(Request::wait).collect()
+}
+
+/// Requests completed together (rsmpi's `RequestCollection`, made by [`multiple_scope`]):
+/// each keeps the index [`RequestCollection::add`] gave it, and completing one gives its
+/// index, status and buffer.
+pub struct RequestCollection<'a, D: ?Sized> {
+    /// Per index: the request, until it completes.
+    entries: Vec<Option<Request<'a, D, Boxed>>>,
+    incomplete: usize,
+}
+
+impl<D: ?Sized> std::fmt::Debug for RequestCollection<'_, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestCollection")
+            .field("len", &self.entries.len())
+            .field("incomplete", &self.incomplete)
+            .finish()
     }
 }
 
-/// Starts sending `bytes` to rank `dest` of the communicator on `backend`.
-pub(crate) fn immediate_send<'a, 's>(
+/// The scope of a request taken into a collection: it owns its operation, and the
+/// collection, which lives inside a local scope, finishes it.
+#[derive(Clone, Copy, Debug)]
+pub struct Boxed;
+
+impl<'a> HasRegistry<'a> for Boxed {
+    fn registry(&self) -> Option<&Registry<'a>> {
+        None
+    }
+}
+unsafe impl<'a> Scope<'a> for Boxed {}
+
+impl<'a, D: ?Sized> RequestCollection<'a, D> {
+    /// Requests not completed yet.
+    pub fn incomplete(&self) -> usize {
+        self.incomplete
+    }
+
+    /// Adds `request`; returns its index.
+    pub fn add<S: Scope<'a>>(&mut self, mut request: Request<'a, D, S>) -> usize {
+        let op = request.take_operation().expect("a live request");
+        let moved = Request {
+            slot: Slot::Owned(RefCell::new(op)),
+            scope: Boxed,
+            data: request.data,
+            _borrow: PhantomData,
+        };
+        self.entries.push(Some(moved));
+        self.incomplete += 1;
+        self.entries.len() - 1
+    }
+
+    /// Completes the request at `i` if it is done.
+    fn poll_at(&mut self, i: usize) -> Option<(usize, Status, &'a D)> {
+        let r = self.entries[i].as_mut()?;
+        let status = fatal(r.poll())?;
+        let data = r.data();
+        self.entries[i] = None;
+        self.incomplete -= 1;
+        Some((i, status, data))
+    }
+
+    /// Completes one request, waiting if none is done (`MPI_Waitany`); `None` when none is
+    /// left.
+    pub fn wait_any(&mut self) -> Option<(usize, Status, &'a D)> {
+        while self.incomplete > 0 {
+            if let Some(done) = self.test_any() {
+                return Some(done);
+            }
+        }
+        None
+    }
+
+    /// Completes at least one request, waiting if none is done, and every other that is
+    /// done (`MPI_Waitsome`); `result` is cleared first.
+    pub fn wait_some(&mut self, result: &mut Vec<(usize, Status, &'a D)>) {
+        result.clear();
+        while self.incomplete > 0 && result.is_empty() {
+            self.test_some(result);
+        }
+    }
+
+    /// Completes every request (`MPI_Waitall`); `result` is cleared first.
+    pub fn wait_all(&mut self, result: &mut Vec<(usize, Status, &'a D)>) {
+        result.clear();
+        while self.incomplete > 0 {
+            let mut some = Vec::new();
+            self.test_some(&mut some);
+            result.extend(some);
+        }
+    }
+
+    /// Completes one request that is done, if any (`MPI_Testany`).
+    pub fn test_any(&mut self) -> Option<(usize, Status, &'a D)> {
+        (0..self.entries.len()).find_map(|i| self.poll_at(i))
+    }
+
+    /// Completes every request that is done (`MPI_Testsome`); `result` is cleared first.
+    pub fn test_some(&mut self, result: &mut Vec<(usize, Status, &'a D)>) {
+        result.clear();
+        for i in 0..self.entries.len() {
+            if let Some(done) = self.poll_at(i) {
+                result.push(done);
+            }
+        }
+    }
+
+    /// Completes every request if all are done (`MPI_Testall`): true then, with `result`
+    /// holding them all; else false, and nothing is completed.
+    pub fn test_all(&mut self, result: &mut Vec<(usize, Status, &'a D)>) -> bool {
+        result.clear();
+        let all_done = self
+            .entries
+            .iter_mut()
+            .flatten()
+            .all(|r| r.with_operation(|op| op.is_done()));
+        if !all_done {
+            return false;
+        }
+        for i in 0..self.entries.len() {
+            if let Some(done) = self.poll_at(i) {
+                result.push(done);
+            }
+        }
+        true
+    }
+}
+
+/// Starts sending `bytes` (borrowed from the caller's buffer, or a packed copy of it) to
+/// rank `dest` of the communicator on `backend`.
+pub(crate) fn start_send<'a>(
     backend: &CommBackend,
-    scope: &'s LocalScope<'a>,
     dest: usize,
     tag: Tag,
-    bytes: &'a [u8],
+    bytes: std::borrow::Cow<'a, [u8]>,
     sync: bool,
-) -> Result<Request<'a, 's>> {
-    // SAFETY: `bytes` is borrowed for `'a`; the request, or failing that its scope, completes
-    // the operation before `'a` ends (see the module documentation).
+) -> Result<Box<dyn Pending + 'a>> {
+    // SAFETY: the bytes are borrowed for `'a` or owned by the operation, which finishes
+    // before either ends (see the module documentation).
     let buf = unsafe { UserBuf::new(bytes.as_ptr(), bytes.len()) };
-    let operation = backend.immediate_send(dest, tag, buf, sync)?;
-    Ok(scope.adopt(operation))
+    let request = backend.immediate_send(dest, tag, buf, sync)?;
+    let packed_send = match bytes {
+        std::borrow::Cow::Owned(v) => Some(v),
+        std::borrow::Cow::Borrowed(_) => None,
+    };
+    Ok(Box::new(PointToPoint {
+        request,
+        _packed_send: packed_send,
+        receive: None,
+    }))
 }
 
-/// Starts receiving into `bytes` from rank `src` (or any) of the communicator on `backend`.
-pub(crate) fn immediate_receive<'a, 's>(
+/// How a receive lands: the caller's memory itself, or a scratch message unpacked into it.
+fn receive_target<'a>(mut landing: Landing<'a>) -> (UserBufMut, Option<(Vec<u8>, Landing<'a>)>) {
+    if let Some(bytes) = landing.contiguous() {
+        // SAFETY: the landing's memory is exclusively borrowed for `'a`, and the operation
+        // finishes before `'a` ends.
+        let buf = unsafe { UserBufMut::new(bytes.as_mut_ptr(), bytes.len()) };
+        return (buf, None);
+    }
+    let mut scratch = vec![0u8; landing.packed_len()];
+    // SAFETY: the scratch message is owned by the operation, declared after its request.
+    let buf = unsafe { UserBufMut::new(scratch.as_mut_ptr(), scratch.len()) };
+    (buf, Some((scratch, landing)))
+}
+
+/// Starts receiving into `landing` from rank `src` (or any) of the communicator on
+/// `backend`.
+pub(crate) fn start_receive<'a>(
     backend: &CommBackend,
-    scope: &'s LocalScope<'a>,
     src: Option<usize>,
     tag: Option<Tag>,
-    bytes: &'a mut [u8],
-) -> Result<Request<'a, 's>> {
-    // SAFETY: `bytes` is mutably borrowed for `'a`; as for `immediate_send`.
-    let buf = unsafe { UserBufMut::new(bytes.as_mut_ptr(), bytes.len()) };
-    let operation = backend.immediate_receive(src, tag, buf)?;
-    Ok(scope.adopt(operation))
+    landing: Landing<'a>,
+) -> Result<Box<dyn Pending + 'a>> {
+    let (buf, receive) = receive_target(landing);
+    let request = backend.immediate_receive(src, tag, buf)?;
+    Ok(Box::new(PointToPoint {
+        request,
+        _packed_send: None,
+        receive,
+    }))
 }
 
-/// Starts receiving the message a matched probe took out of matching into `bytes`
+/// Starts receiving the message a matched probe took out of matching into `landing`
 /// (`MPI_Imrecv`).
-pub(crate) fn immediate_matched_receive<'a, 's>(
-    scope: &'s LocalScope<'a>,
+pub(crate) fn start_matched_receive<'a>(
     message: MatchedMessage,
-    bytes: &'a mut [u8],
-) -> Result<Request<'a, 's>> {
-    // SAFETY: `bytes` is mutably borrowed for `'a`; as for `immediate_send`.
-    let buf = unsafe { UserBufMut::new(bytes.as_mut_ptr(), bytes.len()) };
-    let operation = message.immediate_receive(buf)?;
-    Ok(scope.adopt(operation))
+    landing: Landing<'a>,
+) -> Result<Box<dyn Pending + 'a>> {
+    let (buf, receive) = receive_target(landing);
+    let request = message.immediate_receive(buf)?;
+    Ok(Box::new(PointToPoint {
+        request,
+        _packed_send: None,
+        receive,
+    }))
+}
+
+/// A receive into memory of its own: what [`crate::point_to_point::ReceiveFuture`] waits
+/// on. The request is declared first, so it finishes before the memory goes.
+pub(crate) struct OwnedReceive {
+    request: PendingRequest,
+    bytes: Vec<u8>,
+}
+
+impl OwnedReceive {
+    /// Starts receiving up to `len` bytes from rank `src` (or any) with `tag` (or any).
+    pub(crate) fn start(
+        backend: &CommBackend,
+        src: Option<usize>,
+        tag: Option<Tag>,
+        len: usize,
+    ) -> Result<OwnedReceive> {
+        let mut bytes = vec![0u8; len];
+        // SAFETY: the memory is owned by the operation, which finishes before it goes.
+        let buf = unsafe { UserBufMut::new(bytes.as_mut_ptr(), bytes.len()) };
+        let request = backend.immediate_receive(src, tag, buf)?;
+        Ok(OwnedReceive { request, bytes })
+    }
+
+    /// Whether the message has arrived, without completing the receive.
+    pub(crate) fn is_done(&mut self) -> bool {
+        Pending::is_done(&mut self.request)
+    }
+
+    /// Waits for the message.
+    pub(crate) fn wait(mut self) -> Result<(Vec<u8>, Status)> {
+        let status = Pending::wait(&mut self.request)?;
+        Ok((self.take_bytes(&status), status))
+    }
+
+    /// The message if it has arrived, else the receive back.
+    pub(crate) fn test(mut self) -> Result<std::result::Result<(Vec<u8>, Status), Self>> {
+        match Pending::test(&mut self.request)? {
+            Some(status) => Ok(Ok((self.take_bytes(&status), status))),
+            None => Ok(Err(self)),
+        }
+    }
+
+    fn take_bytes(&mut self, status: &Status) -> Vec<u8> {
+        let mut bytes = std::mem::take(&mut self.bytes);
+        bytes.truncate(status.count_bytes());
+        bytes
+    }
+}
+
+/// A send of memory of its own: the messages of nonblocking collectives. The request is
+/// declared first, so it finishes before the memory goes.
+pub(crate) struct OwnedSend {
+    request: Option<PendingRequest>,
+    _bytes: Vec<u8>,
+}
+
+impl OwnedSend {
+    /// Starts sending `bytes` to rank `dest` with `tag`.
+    pub(crate) fn start(
+        backend: &CommBackend,
+        dest: usize,
+        tag: Tag,
+        bytes: Vec<u8>,
+    ) -> Result<Self> {
+        // SAFETY: the memory is owned by the operation, which finishes before it goes.
+        let buf = unsafe { UserBuf::new(bytes.as_ptr(), bytes.len()) };
+        let request = backend.immediate_send(dest, tag, buf, false)?;
+        Ok(OwnedSend {
+            request: Some(request),
+            _bytes: bytes,
+        })
+    }
+
+    /// Completes the send if it is done: true once it is (or was).
+    pub(crate) fn test(&mut self) -> Result<bool> {
+        let Some(request) = self.request.as_mut() else {
+            return Ok(true);
+        };
+        match Pending::test(request)? {
+            Some(_) => {
+                self.request = None;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
 }

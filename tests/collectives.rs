@@ -15,6 +15,7 @@ use std::ops::Range;
 use std::time::Instant;
 
 use pagewire::collective::{Count, Element, Operation};
+use pagewire::datatype::{Partition, PartitionMut};
 use pagewire::traits::*;
 use pagewire::{Error, SimpleCommunicator, SystemOperation, UserOperation};
 use pagewire_collectives::Op;
@@ -36,6 +37,18 @@ macro_rules! num {
     ($($t:ty),*) => {$( impl Num for $t { fn from_i64(v: i64) -> Self { v as $t } } )*};
 }
 num!(u8, u16, u32, u64, usize, i8, i16, i32, i64, isize, f32, f64);
+
+/// Displacements of blocks of `counts` packed in rank order.
+fn displs(counts: &[Count]) -> Vec<Count> {
+    counts
+        .iter()
+        .scan(0, |at, &c| {
+            let d = *at;
+            *at += c;
+            Some(d)
+        })
+        .collect()
+}
 
 fn mix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -92,7 +105,7 @@ fn system_op(op: Op) -> SystemOperation {
     }
 }
 
-fn bitwise_op(op: Op) -> SystemOperation<pagewire::collective::Bitwise> {
+fn bitwise_op(op: Op) -> SystemOperation {
     match op {
         Op::BitAnd => SystemOperation::bitwise_and(),
         Op::BitOr => SystemOperation::bitwise_or(),
@@ -179,7 +192,7 @@ fn check_bcast(world: &SimpleCommunicator, plan: &Plan) {
     assert_eq!(buf, want);
 }
 
-fn check_allreduce<T: Num, O: Operation<T> + Copy>(
+fn check_allreduce<T: Num, O: Operation + Copy>(
     world: &SimpleCommunicator,
     plan: &Plan,
     op: Op,
@@ -201,7 +214,7 @@ fn check_allreduce<T: Num, O: Operation<T> + Copy>(
     }
 }
 
-fn check_reduce<T: Num, O: Operation<T> + Copy>(
+fn check_reduce<T: Num, O: Operation + Copy>(
     world: &SimpleCommunicator,
     plan: &Plan,
     op: Op,
@@ -227,7 +240,7 @@ fn check_reduce<T: Num, O: Operation<T> + Copy>(
     }
 }
 
-fn check_scan<T: Num, O: Operation<T> + Copy>(
+fn check_scan<T: Num, O: Operation + Copy>(
     world: &SimpleCommunicator,
     plan: &Plan,
     op: Op,
@@ -247,7 +260,7 @@ fn check_scan<T: Num, O: Operation<T> + Copy>(
     }
 }
 
-fn check_reduce_scatter<T: Num, O: Operation<T> + Copy>(
+fn check_reduce_scatter<T: Num, O: Operation + Copy>(
     world: &SimpleCommunicator,
     plan: &Plan,
     op: Op,
@@ -309,7 +322,8 @@ fn check_allgather(world: &SimpleCommunicator, plan: &Plan) {
         let send = tagged(m as u64 + 1, plan.me, counts[plan.me]);
         let mut recv = vec![0u32; total];
         let k: Vec<Count> = counts.iter().map(|&c| c as Count).collect();
-        world.all_gather_varcount_into(&send[..], &mut recv[..], &k);
+        let mut recv_blocks = PartitionMut::new(&mut recv[..], &k[..], displs(&k));
+        world.all_gather_varcount_into(&send[..], &mut recv_blocks);
         let mut at = 0;
         for (j, &c) in counts.iter().enumerate() {
             assert!(
@@ -346,7 +360,9 @@ fn check_alltoall(world: &SimpleCommunicator, plan: &Plan) {
             .collect();
         let mut recv = vec![0u32; rc.iter().sum()];
         let k = |v: &[usize]| v.iter().map(|&c| c as Count).collect::<Vec<_>>();
-        world.all_to_all_varcount_into(&send[..], &k(&sc), &mut recv[..], &k(&rc));
+        let send = Partition::new(&send[..], k(&sc), displs(&k(&sc)));
+        let mut recv_blocks = PartitionMut::new(&mut recv[..], k(&rc), displs(&k(&rc)));
+        world.all_to_all_varcount_into(&send, &mut recv_blocks);
         let mut at = 0;
         for (i, &c) in rc.iter().enumerate() {
             assert!(
@@ -397,7 +413,8 @@ fn check_gather_scatter(world: &SimpleCommunicator, plan: &Plan) {
         let send = tagged(m as u64 + 2, plan.me, counts[plan.me]);
         if plan.me == root {
             let mut recv = vec![0u32; counts.iter().sum()];
-            process.gather_varcount_into_root(&send[..], &mut recv[..], &k);
+            let mut blocks = PartitionMut::new(&mut recv[..], &k[..], displs(&k));
+            process.gather_varcount_into_root(&send[..], &mut blocks);
             let want: Vec<u32> = (0..p)
                 .flat_map(|j| tagged(m as u64 + 2, j, counts[j]))
                 .collect();
@@ -410,7 +427,8 @@ fn check_gather_scatter(world: &SimpleCommunicator, plan: &Plan) {
             let all: Vec<u32> = (0..p)
                 .flat_map(|j| tagged(m as u64 + 3, j, counts[j]))
                 .collect();
-            process.scatter_varcount_into_root(&all[..], &k, &mut recv[..]);
+            let all = Partition::new(&all[..], &k[..], displs(&k));
+            process.scatter_varcount_into_root(&all, &mut recv[..]);
         } else {
             process.scatter_varcount_into(&mut recv[..]);
         }
@@ -515,7 +533,9 @@ fn affine_reference(seed: u64, ranks: Range<usize>, n: usize) -> Vec<u64> {
 /// maps composed in rank order) on every reduction, which must then keep rank order.
 fn check_user_operations(world: &SimpleCommunicator, plan: &Plan) {
     let p = plan.p;
-    let add = UserOperation::commutative(|a: &[i64], b: &mut [i64]| {
+    let add = UserOperation::commutative(|a, b| {
+        let a: &[i64] = a.downcast().expect("i64 elements");
+        let b: &mut [i64] = b.downcast().expect("i64 elements");
         for (y, x) in b.iter_mut().zip(a) {
             *y = y.wrapping_add(*x);
         }
@@ -526,7 +546,9 @@ fn check_user_operations(world: &SimpleCommunicator, plan: &Plan) {
     check_scan::<i64, _>(world, plan, Op::Sum, &add, &sizes[..4]);
     check_reduce_scatter::<i64, _>(world, plan, Op::Sum, &add, &[0, 7, 3000]);
 
-    let then = UserOperation::associative(|a: &[u64], b: &mut [u64]| {
+    let then = UserOperation::associative(|a, b| {
+        let a: &[u64] = a.downcast().expect("u64 elements");
+        let b: &mut [u64] = b.downcast().expect("u64 elements");
         for (y, x) in b.iter_mut().zip(a) {
             *y = compose(*x, *y);
         }
@@ -769,7 +791,8 @@ fn mismatches(u: &pagewire::Universe) {
     let send = vec![me as u32; if me == odd { 5 } else { 4 }];
     if me == 0 {
         let mut recv = vec![0u32; 4 * p];
-        let r = root.try_gather_varcount_into_root(&send[..], &mut recv[..], &counts);
+        let mut blocks = PartitionMut::new(&mut recv[..], &counts[..], displs(&counts));
+        let r = root.try_gather_varcount_into_root(&send[..], &mut blocks);
         expect_err(
             r,
             &[
@@ -790,7 +813,8 @@ fn mismatches(u: &pagewire::Universe) {
     let mut recv = [0u32; 4];
     let r = if me == 0 {
         let all = vec![7u32; 4 * p - 1];
-        root.try_scatter_varcount_into_root(&all[..], &counts, &mut recv[..])
+        let all = Partition::new(&all[..], &counts[..], displs(&counts));
+        root.try_scatter_varcount_into_root(&all, &mut recv[..])
     } else {
         root.try_scatter_varcount_into(&mut recv[..])
     };
@@ -813,7 +837,8 @@ fn mismatches(u: &pagewire::Universe) {
     let counts: Vec<Count> = vec![4; p];
     let send = vec![1u16; if me == odd { 5 } else { 4 }];
     let mut recv = vec![0u16; 4 * p];
-    let r = world.try_all_gather_varcount_into(&send[..], &mut recv[..], &counts);
+    let mut blocks = PartitionMut::new(&mut recv[..], &counts[..], displs(&counts));
+    let r = world.try_all_gather_varcount_into(&send[..], &mut blocks);
     expect_err(
         r,
         &[&format!(
@@ -829,7 +854,8 @@ fn mismatches(u: &pagewire::Universe) {
         .collect();
     let send = vec![1u16; counts[me] as usize];
     let mut recv = vec![0u16; counts.iter().sum::<Count>() as usize];
-    let r = world.try_all_gather_varcount_into(&send[..], &mut recv[..], &counts);
+    let mut blocks = PartitionMut::new(&mut recv[..], &counts[..], displs(&counts));
+    let r = world.try_all_gather_varcount_into(&send[..], &mut blocks);
     expect_err(
         r,
         &["allgatherv: the ranks pass different counts"],
@@ -844,7 +870,9 @@ fn mismatches(u: &pagewire::Universe) {
     let rc: Vec<Count> = vec![2; p];
     let send = vec![9i64; sc.iter().sum::<Count>() as usize];
     let mut recv = vec![0i64; 2 * p];
-    let r = world.try_all_to_all_varcount_into(&send[..], &sc, &mut recv[..], &rc);
+    let send = Partition::new(&send[..], &sc[..], displs(&sc));
+    let mut blocks = PartitionMut::new(&mut recv[..], &rc[..], displs(&rc));
+    let r = world.try_all_to_all_varcount_into(&send, &mut blocks);
     if me == 1 {
         expect_err(
             r,

@@ -111,8 +111,10 @@ fn failing_rank_body() {
     let universe = pagewire::initialize().expect("first initialisation");
     let world = universe.world();
     let me = world.rank();
-    let add = pagewire::UserOperation::commutative(move |a: &[i64], b: &mut [i64]| {
+    let add = pagewire::UserOperation::commutative(move |a, b| {
         assert!(me != 1, "rank 1 fails inside the allreduce");
+        let a: &[i64] = a.downcast().expect("i64 elements");
+        let b: &mut [i64] = b.downcast().expect("i64 elements");
         for (y, x) in b.iter_mut().zip(a) {
             *y += x;
         }

@@ -23,12 +23,13 @@
 //! - **Data check:** as in b_eff, the first and last byte of every message are checked; with
 //!   `verify` every byte is (and the receive area is overwritten before each receive).
 //!
-//! Where it differs: pagewire's `all_to_all_varcount_into` packs blocks in rank order
-//! without displacements, so the Alltoallv method sends the messages of a loop from one
+//! Where it differs: the Alltoallv method packs the blocks in rank order (displacements
+//! are the prefix sums of the counts), so it sends the messages of a loop from one
 //! contiguous window (the same memory b_eff would use, without the 8-byte padding between
 //! the two blocks). The facade has no `send_receive` call, so Sendrecv is an immediate
 //! receive, a blocking send and a wait, which is how MPI libraries implement it.
 
+use pagewire::datatype::{Partition, PartitionMut};
 use pagewire::request;
 use pagewire::traits::*;
 use pagewire::{SimpleCommunicator, SystemOperation, TransportKind, Universe};
@@ -347,8 +348,14 @@ impl Runner<'_> {
         }
         let send = &self.buffers.send[window..window + sends.len() * len];
         let recv = &mut self.buffers.recv[window..window + recvs.len() * len];
-        self.world
-            .try_all_to_all_varcount_into(send, &send_counts, recv, &recv_counts)?;
+        let send = Partition::new(
+            send,
+            send_counts.clone(),
+            packed_in_rank_order(&send_counts),
+        );
+        let displs = packed_in_rank_order(&recv_counts);
+        let mut recv = PartitionMut::new(recv, recv_counts, displs);
+        self.world.try_all_to_all_varcount_into(&send, &mut recv)?;
         for (k, &(src, i)) in recvs.iter().enumerate() {
             let s = Stamp::new(i, msg, iteration);
             self.buffers.check(window + k * len, len, src, self.me, s)?;
@@ -680,6 +687,18 @@ pub fn measure(
         messages_checked: sums[MESSAGE_LENGTHS * N],
         counters,
     })
+}
+
+/// The displacements of blocks of `counts` elements packed one after another in rank order.
+fn packed_in_rank_order(counts: &[i32]) -> Vec<i32> {
+    counts
+        .iter()
+        .scan(0, |at, &c| {
+            let d = *at;
+            *at += c;
+            Some(d)
+        })
+        .collect()
 }
 
 #[cfg(test)]

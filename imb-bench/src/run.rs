@@ -5,6 +5,7 @@
 
 use std::io::Write;
 
+use pagewire::datatype::{Partition, PartitionMut};
 use pagewire::traits::*;
 use pagewire::{request, Color, SimpleCommunicator, SystemOperation, Universe};
 use pagewire_tools::msgperf::RowCounters;
@@ -585,6 +586,11 @@ fn collective_once(
     let count = size / 4;
     let sum = SystemOperation::sum();
     let equal = |bytes: usize| vec![bytes as pagewire::collective::Count; np];
+    let packed = |bytes: usize| {
+        (0..np)
+            .map(|j| (j * bytes) as pagewire::collective::Count)
+            .collect::<Vec<_>>()
+    };
     match b {
         Benchmark::Allreduce => {
             let (s, r) = bufs.floats(i, count, count);
@@ -617,7 +623,8 @@ fn collective_once(
         }
         Benchmark::Allgatherv => {
             let (s, r) = bufs.bytes(i, size, np * size);
-            comm.all_gather_varcount_into(s, r, &equal(size));
+            let mut r = PartitionMut::new(r, equal(size), packed(size));
+            comm.all_gather_varcount_into(s, &mut r);
         }
         Benchmark::Gather => {
             let (s, r) = bufs.bytes(i, size, np * size);
@@ -630,7 +637,8 @@ fn collective_once(
         Benchmark::Gatherv => {
             let (s, r) = bufs.bytes(i, size, np * size);
             if is_root {
-                root.gather_varcount_into_root(s, r, &equal(size));
+                let mut r = PartitionMut::new(r, equal(size), packed(size));
+                root.gather_varcount_into_root(s, &mut r);
             } else {
                 root.gather_varcount_into(s);
             }
@@ -646,7 +654,8 @@ fn collective_once(
         Benchmark::Scatterv => {
             let (s, r) = bufs.bytes(i, np * size, size);
             if is_root {
-                root.scatter_varcount_into_root(s, &equal(size), r);
+                let s = Partition::new(s, equal(size), packed(size));
+                root.scatter_varcount_into_root(&s, r);
             } else {
                 root.scatter_varcount_into(r);
             }
@@ -657,8 +666,9 @@ fn collective_once(
         }
         Benchmark::Alltoallv => {
             let (s, r) = bufs.bytes(i, np * size, np * size);
-            let counts = equal(size);
-            comm.all_to_all_varcount_into(s, &counts, r, &counts);
+            let s = Partition::new(s, equal(size), packed(size));
+            let mut r = PartitionMut::new(r, equal(size), packed(size));
+            comm.all_to_all_varcount_into(&s, &mut r);
         }
         Benchmark::Bcast => {
             // IMB broadcasts from the root's send buffer into the others' receive buffers;

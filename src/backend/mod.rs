@@ -168,8 +168,26 @@ impl CommunicatorBackend for CommBackend {
     fn split(&self, color: Option<i32>, key: i32) -> Result<Option<Self>> {
         dispatch!(self, b => b.split(color, key).map(|c| c.map(Into::into)))
     }
+    fn create_from_members(&self, members: &[usize], tag: i32) -> Result<Self> {
+        dispatch!(self, b => b.create_from_members(members, tag).map(Into::into))
+    }
+    fn same_context(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Pagewire(a), Self::Pagewire(b)) => a.same_context(b),
+            #[cfg(feature = "mpi")]
+            (Self::HostMpi(a), Self::HostMpi(b)) => a.same_context(b),
+            #[cfg(feature = "mpi")]
+            _ => false,
+        }
+    }
     fn progress(&self) -> Result<()> {
         dispatch!(self, b => b.progress())
+    }
+    fn world_ranks(&self) -> Result<Vec<usize>> {
+        dispatch!(self, b => b.world_ranks())
+    }
+    fn nonblocking_channel(&self) -> Result<(Self, i32)> {
+        dispatch!(self, b => b.nonblocking_channel().map(|(c, t)| (c.into(), t)))
     }
     fn transport(&self) -> TransportKind {
         dispatch!(self, b => b.transport())
@@ -329,6 +347,9 @@ impl RequestBackend for PendingRequest {
     }
     fn is_done(&self) -> bool {
         dispatch!(self, r => r.is_done())
+    }
+    fn cancel(&mut self) -> bool {
+        dispatch!(self, r => r.cancel())
     }
 }
 

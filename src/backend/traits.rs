@@ -29,8 +29,20 @@ pub(crate) trait CommunicatorBackend: Sized {
     /// The ranks passing the same `color` form a communicator, ordered by `key`, then by
     /// their rank here (`MPI_Comm_split`; collective); `None` (`MPI_UNDEFINED`) joins none.
     fn split(&self, color: Option<i32>, key: i32) -> Result<Option<Self>>;
+    /// The group of members `members` (ranks here, in the new order) as a communicator
+    /// (`MPI_Comm_create_group`): collective over the members only; `tag` separates
+    /// concurrent calls.
+    fn create_from_members(&self, members: &[usize], tag: i32) -> Result<Self>;
+    /// Whether `other` is this very communicator (the same context of the same universe).
+    fn same_context(&self, other: &Self) -> bool;
     /// Makes progress on outstanding operations, where the backend needs to be driven.
     fn progress(&self) -> Result<()>;
+    /// The world rank of each rank (`MPI_Comm_group` translated to `MPI_COMM_WORLD`).
+    fn world_ranks(&self) -> Result<Vec<usize>>;
+    /// The same ranks with a context of their own for the messages of nonblocking
+    /// collectives, and the tag of the next one (every rank starts them in the same order,
+    /// so the tags agree): no point-to-point receive nor blocking collective matches them.
+    fn nonblocking_channel(&self) -> Result<(Self, i32)>;
 
     /// What carries the calls.
     fn transport(&self) -> TransportKind;
@@ -176,6 +188,9 @@ pub(crate) trait RequestBackend {
     fn test(&mut self) -> Result<Option<Status>>;
     /// Whether the operation has finished, without completing it.
     fn is_done(&self) -> bool;
+    /// Cancels a receive that has not matched (`MPI_Cancel`): true if it was, and its
+    /// completion then reports [`Error::Cancelled`](crate::Error::Cancelled).
+    fn cancel(&mut self) -> bool;
 }
 
 /// A message that a matched probe took out of matching (`MPI_Message`). Dropping one that

@@ -28,7 +28,7 @@
 //! ([`COLLECTIVE_CONTEXT_BIT`]: `context | 0x8000_0000`; the world communicator's
 //! point-to-point context is 0, its collective context `0x8000_0000`), so they never match
 //! point-to-point messages of the same communicator, whatever their tags. Point-to-point
-//! contexts stay below 2^31.
+//! contexts stay below 2^30 (bit 30 marks the context of nonblocking collectives).
 //!
 //! **Errors** are fatal by default (a panic with the message), as everywhere in the facade;
 //! each method has a `try_` twin that returns them. Arguments that do not match across
@@ -46,314 +46,645 @@
 //! program). A non-root that calls a `_root` variant takes part and then gets an error, as
 //! on pagewire's transport.
 //!
-//! **Differences from rsmpi.**
-//! - Varcount (v-) collectives take a counts slice (`&[Count]`, one entry per rank, in
-//!   elements) next to a plain buffer instead of rsmpi's `Partition`/`PartitionMut`;
-//!   blocks are packed in rank order (the displacements are the prefix sums of the
-//!   counts): `all_gather_varcount_into(&send, &mut recv, &counts)`.
-//! - Reductions are typed: the send and receive buffers hold the same [`Element`] type,
-//!   [`UserOperation`] closures take `(&[T], &mut [T])` instead of `DynBuffer`s, and the
-//!   bitwise [`SystemOperation`]s do not compile with floats (they have their own type,
-//!   `SystemOperation<Bitwise>`):
+//! **Datatypes.** Buffers of any datatype move: a buffer with gaps is packed before and
+//! unpacked after (the bytes between its blocks are not touched). Varcount (v-) collectives
+//! take rsmpi's [`Partition`](crate::datatype::Partition) and
+//! [`PartitionMut`](crate::datatype::PartitionMut) (counts and displacements per rank).
+//! Reductions need a datatype made of one primitive (a number or `bool`): the element type
+//! is found from it at run time, as MPI does; a bitwise operation on floats is an error.
 //!
-//!   ```compile_fail,E0277
-//!   use pagewire::traits::*;
-//!   use pagewire::SystemOperation;
-//!   let universe = pagewire::initialize().unwrap();
-//!   let (x, mut y) = (1.5f64, 0.0f64);
-//!   universe.world().all_reduce_into(&x, &mut y, SystemOperation::bitwise_or());
-//!   ```
+//! **Nonblocking collectives** (`immediate_*`, `MPI_I*`) run on point-to-point messages in
+//! a context of their own (`immediate.rs`): every message is posted when the call starts,
+//! and the message layer moves them while the caller computes or communicates; completing
+//! the request (wait, test) combines and unpacks the results.
 //!
-//!   nor does a reduction of a type that is not a primitive number (`Element`).
-//! - `reduce_scatter_varcount_into` (`MPI_Reduce_scatter`) is an addition; in-place
-//!   variants, exclusive scan and the nonblocking (`immediate_*`) collectives are not
-//!   provided yet.
+//! **Differences from rsmpi.** `reduce_scatter_varcount_into` (`MPI_Reduce_scatter`, with
+//! a counts slice) is an addition; in-place variants are not provided.
 //!
 //! Files: this one holds [`CommunicatorCollectives`], `root.rs` [`Root`], `operation.rs`
-//! [`SystemOperation`] and [`UserOperation`]. Each backend's collectives live below the
-//! seam (`backend/`).
+//! the operations, `immediate.rs` the nonblocking collectives. Each backend's blocking
+//! collectives live below the seam (`backend/`).
 //!
 //! [`Error::InvalidArgument`]: crate::Error::InvalidArgument
 
+mod immediate;
 mod operation;
 mod root;
 
-use crate::backend::CollectiveBackend;
-use crate::datatype::{Buffer, BufferMut};
-use crate::error::{fatal, Result};
-use crate::topology::{Communicator, SimpleCommunicator};
+use crate::backend::{CollectiveBackend, CommBackend, CommunicatorBackend};
+use crate::datatype::{
+    packed, packed_partition, Buffer, BufferMut, Landing, PartitionedBuffer, PartitionedBufferMut,
+    Primitive, UncommittedDatatype,
+};
+use crate::error::{fatal, Error, Result};
+use crate::request::{Request, Scope, StaticScope};
+use crate::topology::Communicator;
 
 pub use crate::backend::pagewire::COLLECTIVE_CONTEXT_BIT;
 pub use crate::datatype::Count;
-pub use operation::{Arithmetic, Bitwise, SystemOperation, UserOperation};
-pub use pagewire_collectives::{Element, Integer, Operation};
+pub use operation::{
+    reduce_local_into, try_reduce_local_into, Operation, Reduction, SystemOperation,
+    UnsafeUserOperation, UserOperation,
+};
+pub use pagewire_collectives::{Element, Integer};
 pub use root::Root;
 
+use operation::{primitive_of, with_element, Adapter};
+
+/// Runs `f` on the bytes `landing` receives: its memory, or a scratch message (aligned for
+/// any primitive) unpacked into it afterwards.
+pub(crate) fn into_landing(
+    landing: &mut Landing<'_>,
+    f: impl FnOnce(&mut [u8]) -> Result<()>,
+) -> Result<()> {
+    if let Some(bytes) = landing.contiguous() {
+        return f(bytes);
+    }
+    let len = landing.packed_len();
+    let mut scratch = vec![0u64; len.div_ceil(8)];
+    let bytes = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut scratch)[..len];
+    f(bytes)?;
+    landing.unpack(bytes);
+    Ok(())
+}
+
+/// The element type data-moving collectives run on for a buffer of `map`: its primitive
+/// when it is one gap-free run of a number type (so that errors count its elements and
+/// name its type), else bytes. Every rank that passes the same datatype picks the same.
+macro_rules! with_unit {
+    ($map:expr, $t:ident => $body:expr) => {{
+        let map: &crate::datatype::TypeMap = $map;
+        let prim = if map.is_contiguous() {
+            map.primitive()
+        } else {
+            None
+        };
+        match prim {
+            Some(Primitive::I8) => {
+                type $t = i8;
+                $body
+            }
+            Some(Primitive::I16) => {
+                type $t = i16;
+                $body
+            }
+            Some(Primitive::I32) => {
+                type $t = i32;
+                $body
+            }
+            Some(Primitive::I64) => {
+                type $t = i64;
+                $body
+            }
+            Some(Primitive::U16) => {
+                type $t = u16;
+                $body
+            }
+            Some(Primitive::U32) => {
+                type $t = u32;
+                $body
+            }
+            Some(Primitive::U64) => {
+                type $t = u64;
+                $body
+            }
+            Some(Primitive::F32) => {
+                type $t = f32;
+                $body
+            }
+            Some(Primitive::F64) => {
+                type $t = f64;
+                $body
+            }
+            _ => {
+                type $t = u8;
+                $body
+            }
+        }
+    }};
+}
+pub(crate) use with_unit;
+
+/// `bytes` as elements of `T`.
+pub(crate) fn elements<T: bytemuck::Pod>(bytes: &[u8]) -> Result<&[T]> {
+    bytemuck::try_cast_slice(bytes).map_err(|_| unit_error::<T>(bytes.len()))
+}
+
+/// `bytes` as elements of `T`, to write.
+pub(crate) fn elements_mut<T: bytemuck::Pod>(bytes: &mut [u8]) -> Result<&mut [T]> {
+    let n = bytes.len();
+    bytemuck::try_cast_slice_mut(bytes).map_err(|_| unit_error::<T>(n))
+}
+
+fn unit_error<T>(n: usize) -> Error {
+    Error::InvalidArgument(format!(
+        "a buffer of {n} bytes is not a whole number of {} (the datatypes of the ranks \
+         or of the send and receive buffers differ)",
+        std::any::type_name::<T>()
+    ))
+}
+
+/// Byte lengths as counts of elements of `T`.
+pub(crate) fn counts_of<T>(lens: &[usize]) -> Result<Vec<Count>> {
+    let unit = std::mem::size_of::<T>().max(1);
+    lens.iter()
+        .map(|&n| {
+            if n % unit != 0 {
+                return Err(unit_error::<T>(n));
+            }
+            Count::try_from(n / unit).map_err(|_| {
+                Error::InvalidArgument(format!("a block of {n} bytes: too many elements"))
+            })
+        })
+        .collect()
+}
+
+/// A reduction collective, by what it computes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ReduceCall<'c> {
+    AllReduce,
+    Reduce { root: usize, at_root: bool },
+    Scan,
+    ReduceScatterBlock,
+    ReduceScatter { counts: &'c [Count] },
+}
+
+/// Runs the reduction `call` of the packed `send` (elements of `prim`) on `backend`,
+/// typed; returns the packed result (`recv_len` bytes) where this rank gets one.
+pub(crate) fn reduce_bytes(
+    backend: &CommBackend,
+    call: ReduceCall<'_>,
+    prim: Primitive,
+    send: &[u8],
+    recv_len: usize,
+    reduction: Reduction<'_>,
+) -> Result<Option<Vec<u8>>> {
+    with_element!(prim, T => {
+        let op = Adapter::<T>::new(reduction, prim);
+        let s: Vec<T> = operation::elements_of(send);
+        let mut r = vec![<T as bytemuck::Zeroable>::zeroed(); recv_len / std::mem::size_of::<T>()];
+        match call {
+            ReduceCall::AllReduce => backend.all_reduce(&s, &mut r, &op)?,
+            ReduceCall::Reduce { root, at_root: true } => {
+                backend.reduce(root, &s, Some(&mut r), &op)?
+            }
+            ReduceCall::Reduce { root, at_root: false } => {
+                backend.reduce(root, &s, None, &op)?;
+                return Ok(None);
+            }
+            ReduceCall::Scan => backend.scan(&s, &mut r, &op)?,
+            ReduceCall::ReduceScatterBlock => backend.reduce_scatter_block(&s, &mut r, &op)?,
+            ReduceCall::ReduceScatter { counts } => {
+                let elem = std::mem::size_of::<T>() as Count;
+                let per = prim_size(prim) as Count / elem.max(1);
+                let k: Vec<Count> = counts.iter().map(|&c| c * per.max(1)).collect();
+                backend.reduce_scatter(&s, &mut r, &k, &op)?
+            }
+        }
+        Ok(Some(bytemuck::cast_slice(&r).to_vec()))
+    })
+}
+
+/// Bytes of one primitive.
+fn prim_size(p: Primitive) -> usize {
+    crate::datatype::TypeMap::of_primitive(p).size()
+}
+
+/// A reduction of `send` into `recv` (where this rank gets a result).
+fn reduce_into_buffer<S, R, O>(
+    backend: &CommBackend,
+    call: ReduceCall<'_>,
+    send: &S,
+    recv: Option<&mut R>,
+    op: &O,
+) -> Result<()>
+where
+    S: Buffer + ?Sized,
+    R: BufferMut + ?Sized,
+    O: Operation,
+{
+    let prim = primitive_of(send.as_datatype().type_map())?;
+    let bytes = packed(send);
+    let mut landing = recv.map(Landing::new);
+    // MPI describes both buffers by the send buffer's datatype and count: the result has
+    // the send buffer's length (a block of it for reduce-scatter), and `unpack` writes what
+    // of it fits the receive buffer.
+    let recv_len = match call {
+        ReduceCall::AllReduce | ReduceCall::Reduce { .. } | ReduceCall::Scan => bytes.len(),
+        ReduceCall::ReduceScatterBlock => bytes.len() / backend.size().max(1),
+        ReduceCall::ReduceScatter { .. } => landing.as_ref().map_or(0, Landing::packed_len),
+    };
+    if let Some(result) = reduce_bytes(backend, call, prim, &bytes, recv_len, op.reduction())? {
+        if let Some(l) = landing.as_mut() {
+            l.unpack(&result);
+        }
+    }
+    Ok(())
+}
+
 /// Collectives over all ranks of a communicator (rsmpi's `CommunicatorCollectives`).
-/// Every rank calls the same collectives in the same order.
+/// Every rank calls the same collectives in the same order. Implemented for every
+/// [`Communicator`], `dyn Communicator` included.
 pub trait CommunicatorCollectives: Communicator {
     /// Waits until every rank has called it (`MPI_Barrier`); panics on error.
     fn barrier(&self) {
         fatal(self.try_barrier())
     }
-    /// Combines `send` of every rank with `op` into `recv` of every rank
-    /// (`MPI_Allreduce`); panics on error.
-    fn all_reduce_into<S, R, O>(&self, send: &S, recv: &mut R, op: O)
-    where
-        S: Buffer + ?Sized,
-        S::Item: Element,
-        R: BufferMut<Item = S::Item> + ?Sized,
-        O: Operation<S::Item>,
-    {
-        fatal(self.try_all_reduce_into(send, recv, op))
-    }
     /// Every rank's `send` into `recv` (`size` times as long), in rank order
     /// (`MPI_Allgather`); panics on error.
-    fn all_gather_into<S, R>(&self, send: &S, recv: &mut R)
-    where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized,
-    {
+    fn all_gather_into<S: Buffer + ?Sized, R: BufferMut + ?Sized>(&self, send: &S, recv: &mut R) {
         fatal(self.try_all_gather_into(send, recv))
     }
-    /// Rank `j`'s `send` (`counts[j]` elements) into `recv`, packed in rank order
-    /// (`MPI_Allgatherv`); every rank passes the same `counts`. Panics on error.
-    fn all_gather_varcount_into<S, R>(&self, send: &S, recv: &mut R, counts: &[Count])
-    where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized,
-    {
-        fatal(self.try_all_gather_varcount_into(send, recv, counts))
+    /// Rank `j`'s `send` into block `j` of `recv` (`MPI_Allgatherv`); panics on error.
+    fn all_gather_varcount_into<S: Buffer + ?Sized, R: PartitionedBufferMut + ?Sized>(
+        &self,
+        send: &S,
+        recv: &mut R,
+    ) {
+        fatal(self.try_all_gather_varcount_into(send, recv))
     }
     /// Block `j` of `send` to rank `j`; block `j` of `recv` from rank `j` (`MPI_Alltoall`);
     /// panics on error.
-    fn all_to_all_into<S, R>(&self, send: &S, recv: &mut R)
-    where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized,
-    {
+    fn all_to_all_into<S: Buffer + ?Sized, R: BufferMut + ?Sized>(&self, send: &S, recv: &mut R) {
         fatal(self.try_all_to_all_into(send, recv))
     }
-    /// `send_counts[j]` elements to rank `j`, `recv_counts[j]` from it, packed in rank
-    /// order (`MPI_Alltoallv`); panics on error.
-    fn all_to_all_varcount_into<S, R>(
+    /// Block `j` of `send` to rank `j`, block `j` of `recv` from it, blocks by partition
+    /// (`MPI_Alltoallv`); panics on error.
+    fn all_to_all_varcount_into<S: PartitionedBuffer + ?Sized, R: PartitionedBufferMut + ?Sized>(
         &self,
         send: &S,
-        send_counts: &[Count],
         recv: &mut R,
-        recv_counts: &[Count],
-    ) where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized,
-    {
-        fatal(self.try_all_to_all_varcount_into(send, send_counts, recv, recv_counts))
+    ) {
+        fatal(self.try_all_to_all_varcount_into(send, recv))
     }
-    /// Combines `send` (`size · recv.len()` elements) of every rank and leaves block `j`
-    /// in `recv` of rank `j` (`MPI_Reduce_scatter_block`); panics on error.
-    fn reduce_scatter_block_into<S, R, O>(&self, send: &S, recv: &mut R, op: O)
-    where
-        S: Buffer + ?Sized,
-        S::Item: Element,
-        R: BufferMut<Item = S::Item> + ?Sized,
-        O: Operation<S::Item>,
-    {
+    /// Combines `send` of every rank with `op` into `recv` of every rank
+    /// (`MPI_Allreduce`); panics on error.
+    fn all_reduce_into<S: Buffer + ?Sized, R: BufferMut + ?Sized, O: Operation>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        op: O,
+    ) {
+        fatal(self.try_all_reduce_into(send, recv, op))
+    }
+    /// Combines `send` (`size` blocks) of every rank and leaves block `j` in `recv` of rank
+    /// `j` (`MPI_Reduce_scatter_block`); panics on error.
+    fn reduce_scatter_block_into<S: Buffer + ?Sized, R: BufferMut + ?Sized, O: Operation>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        op: O,
+    ) {
         fatal(self.try_reduce_scatter_block_into(send, recv, op))
     }
     /// Combines `send` (`Σ counts` elements) of every rank and leaves block `j`
     /// (`counts[j]` elements, packed in rank order) in `recv` of rank `j`
     /// (`MPI_Reduce_scatter`; not in rsmpi); panics on error.
-    fn reduce_scatter_varcount_into<S, R, O>(&self, send: &S, recv: &mut R, counts: &[Count], op: O)
-    where
-        S: Buffer + ?Sized,
-        S::Item: Element,
-        R: BufferMut<Item = S::Item> + ?Sized,
-        O: Operation<S::Item>,
-    {
+    fn reduce_scatter_varcount_into<S: Buffer + ?Sized, R: BufferMut + ?Sized, O: Operation>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        counts: &[Count],
+        op: O,
+    ) {
         fatal(self.try_reduce_scatter_varcount_into(send, recv, counts, op))
     }
     /// Inclusive prefix reduction in rank order (`MPI_Scan`); panics on error.
-    fn scan_into<S, R, O>(&self, send: &S, recv: &mut R, op: O)
-    where
-        S: Buffer + ?Sized,
-        S::Item: Element,
-        R: BufferMut<Item = S::Item> + ?Sized,
-        O: Operation<S::Item>,
-    {
+    fn scan_into<S: Buffer + ?Sized, R: BufferMut + ?Sized, O: Operation>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        op: O,
+    ) {
         fatal(self.try_scan_into(send, recv, op))
+    }
+    /// Exclusive prefix reduction in rank order (`MPI_Exscan`): rank `r` gets the
+    /// reduction of ranks `0..r`; rank 0's `recv` is left as it was. Panics on error.
+    fn exclusive_scan_into<S: Buffer + ?Sized, R: BufferMut + ?Sized, O: Operation>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        op: O,
+    ) {
+        fatal(self.try_exclusive_scan_into(send, recv, op))
+    }
+
+    /// Starts a barrier (`MPI_Ibarrier`).
+    fn immediate_barrier(&self) -> Request<'static, (), StaticScope> {
+        let op = fatal(immediate::barrier(self.as_simple().backend()));
+        Request::new(op, StaticScope, &())
+    }
+    /// Starts [`CommunicatorCollectives::all_gather_into`] (`MPI_Iallgather`).
+    fn immediate_all_gather_into<'a, Sc, S, R>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+        recv: &'a mut R,
+    ) -> Request<'a, R, Sc>
+    where
+        Sc: Scope<'a>,
+        S: Buffer + ?Sized + 'a,
+        R: BufferMut + ?Sized + 'a,
+    {
+        let data: *const R = &*recv;
+        let op = immediate::all_gather(
+            self.as_simple().backend(),
+            &packed(send),
+            Landing::new(recv),
+        );
+        Request::new(fatal(op), scope, data)
+    }
+    /// Starts [`CommunicatorCollectives::all_gather_varcount_into`] (`MPI_Iallgatherv`).
+    fn immediate_all_gather_varcount_into<'a, Sc, S, R>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+        recv: &'a mut R,
+    ) -> Request<'a, R, Sc>
+    where
+        Sc: Scope<'a>,
+        S: Buffer + ?Sized + 'a,
+        R: PartitionedBufferMut + ?Sized + 'a,
+    {
+        let data: *const R = &*recv;
+        let landing = Landing::partitioned(recv);
+        let op = immediate::all_gather(self.as_simple().backend(), &packed(send), landing);
+        Request::new(fatal(op), scope, data)
+    }
+    /// Starts [`CommunicatorCollectives::all_to_all_into`] (`MPI_Ialltoall`).
+    fn immediate_all_to_all_into<'a, Sc, S, R>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+        recv: &'a mut R,
+    ) -> Request<'a, R, Sc>
+    where
+        Sc: Scope<'a>,
+        S: Buffer + ?Sized + 'a,
+        R: BufferMut + ?Sized + 'a,
+    {
+        let data: *const R = &*recv;
+        let bytes = packed(send);
+        let n = self.size().max(1) as usize;
+        let lens = vec![bytes.len() / n; n];
+        let op = immediate::all_to_all(
+            self.as_simple().backend(),
+            &bytes,
+            &lens,
+            Landing::new(recv),
+        );
+        Request::new(fatal(op), scope, data)
+    }
+    /// Starts [`CommunicatorCollectives::all_to_all_varcount_into`] (`MPI_Ialltoallv`).
+    fn immediate_all_to_all_varcount_into<'a, Sc, S, R>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+        recv: &'a mut R,
+    ) -> Request<'a, R, Sc>
+    where
+        Sc: Scope<'a>,
+        S: PartitionedBuffer + ?Sized + 'a,
+        R: PartitionedBufferMut + ?Sized + 'a,
+    {
+        let data: *const R = &*recv;
+        let (bytes, lens) = packed_partition(send);
+        let landing = Landing::partitioned(recv);
+        let op = immediate::all_to_all(self.as_simple().backend(), &bytes, &lens, landing);
+        Request::new(fatal(op), scope, data)
+    }
+    /// Starts [`CommunicatorCollectives::all_reduce_into`] (`MPI_Iallreduce`).
+    fn immediate_all_reduce_into<'a, Sc, S, R, O>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+        recv: &'a mut R,
+        op: O,
+    ) -> Request<'a, R, Sc>
+    where
+        Sc: Scope<'a>,
+        S: Buffer + ?Sized + 'a,
+        R: BufferMut + ?Sized + 'a,
+        O: Operation + 'a,
+    {
+        let data: *const R = &*recv;
+        let started = immediate::reduction(
+            self.as_simple().backend(),
+            immediate::Combine::All,
+            send,
+            Some(Landing::new(recv)),
+            op,
+        );
+        Request::new(fatal(started), scope, data)
+    }
+    /// Starts [`CommunicatorCollectives::reduce_scatter_block_into`]
+    /// (`MPI_Ireduce_scatter_block`).
+    fn immediate_reduce_scatter_block_into<'a, Sc, S, R, O>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+        recv: &'a mut R,
+        op: O,
+    ) -> Request<'a, R, Sc>
+    where
+        Sc: Scope<'a>,
+        S: Buffer + ?Sized + 'a,
+        R: BufferMut + ?Sized + 'a,
+        O: Operation + 'a,
+    {
+        let data: *const R = &*recv;
+        let started = immediate::reduction(
+            self.as_simple().backend(),
+            immediate::Combine::ScatterBlock,
+            send,
+            Some(Landing::new(recv)),
+            op,
+        );
+        Request::new(fatal(started), scope, data)
+    }
+    /// Starts [`CommunicatorCollectives::scan_into`] (`MPI_Iscan`).
+    fn immediate_scan_into<'a, Sc, S, R, O>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+        recv: &'a mut R,
+        op: O,
+    ) -> Request<'a, R, Sc>
+    where
+        Sc: Scope<'a>,
+        S: Buffer + ?Sized + 'a,
+        R: BufferMut + ?Sized + 'a,
+        O: Operation + 'a,
+    {
+        let data: *const R = &*recv;
+        let started = immediate::reduction(
+            self.as_simple().backend(),
+            immediate::Combine::Prefix { inclusive: true },
+            send,
+            Some(Landing::new(recv)),
+            op,
+        );
+        Request::new(fatal(started), scope, data)
+    }
+    /// Starts [`CommunicatorCollectives::exclusive_scan_into`] (`MPI_Iexscan`).
+    fn immediate_exclusive_scan_into<'a, Sc, S, R, O>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+        recv: &'a mut R,
+        op: O,
+    ) -> Request<'a, R, Sc>
+    where
+        Sc: Scope<'a>,
+        S: Buffer + ?Sized + 'a,
+        R: BufferMut + ?Sized + 'a,
+        O: Operation + 'a,
+    {
+        let data: *const R = &*recv;
+        let started = immediate::reduction(
+            self.as_simple().backend(),
+            immediate::Combine::Prefix { inclusive: false },
+            send,
+            Some(Landing::new(recv)),
+            op,
+        );
+        Request::new(fatal(started), scope, data)
     }
 
     /// [`CommunicatorCollectives::barrier`], returning errors.
-    fn try_barrier(&self) -> Result<()>;
-    /// [`CommunicatorCollectives::all_reduce_into`], returning errors.
-    fn try_all_reduce_into<S, R, O>(&self, send: &S, recv: &mut R, op: O) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        S::Item: Element,
-        R: BufferMut<Item = S::Item> + ?Sized,
-        O: Operation<S::Item>;
-    /// [`CommunicatorCollectives::all_gather_into`], returning errors.
-    fn try_all_gather_into<S, R>(&self, send: &S, recv: &mut R) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized;
-    /// [`CommunicatorCollectives::all_gather_varcount_into`], returning errors.
-    fn try_all_gather_varcount_into<S, R>(
-        &self,
-        send: &S,
-        recv: &mut R,
-        counts: &[Count],
-    ) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized;
-    /// [`CommunicatorCollectives::all_to_all_into`], returning errors.
-    fn try_all_to_all_into<S, R>(&self, send: &S, recv: &mut R) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized;
-    /// [`CommunicatorCollectives::all_to_all_varcount_into`], returning errors.
-    fn try_all_to_all_varcount_into<S, R>(
-        &self,
-        send: &S,
-        send_counts: &[Count],
-        recv: &mut R,
-        recv_counts: &[Count],
-    ) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized;
-    /// [`CommunicatorCollectives::reduce_scatter_block_into`], returning errors.
-    fn try_reduce_scatter_block_into<S, R, O>(&self, send: &S, recv: &mut R, op: O) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        S::Item: Element,
-        R: BufferMut<Item = S::Item> + ?Sized,
-        O: Operation<S::Item>;
-    /// [`CommunicatorCollectives::reduce_scatter_varcount_into`], returning errors.
-    fn try_reduce_scatter_varcount_into<S, R, O>(
-        &self,
-        send: &S,
-        recv: &mut R,
-        counts: &[Count],
-        op: O,
-    ) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        S::Item: Element,
-        R: BufferMut<Item = S::Item> + ?Sized,
-        O: Operation<S::Item>;
-    /// [`CommunicatorCollectives::scan_into`], returning errors.
-    fn try_scan_into<S, R, O>(&self, send: &S, recv: &mut R, op: O) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        S::Item: Element,
-        R: BufferMut<Item = S::Item> + ?Sized,
-        O: Operation<S::Item>;
-}
-
-impl CommunicatorCollectives for SimpleCommunicator {
     fn try_barrier(&self) -> Result<()> {
-        self.backend().barrier()
+        self.as_simple().backend().barrier()
     }
-
-    fn try_all_reduce_into<S, R, O>(&self, send: &S, recv: &mut R, op: O) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        S::Item: Element,
-        R: BufferMut<Item = S::Item> + ?Sized,
-        O: Operation<S::Item>,
-    {
-        self.backend()
-            .all_reduce(send.as_items(), recv.as_items_mut(), &op)
-    }
-
-    fn try_all_gather_into<S, R>(&self, send: &S, recv: &mut R) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized,
-    {
-        self.backend()
-            .all_gather(send.as_items(), recv.as_items_mut())
-    }
-
-    fn try_all_gather_varcount_into<S, R>(
+    /// [`CommunicatorCollectives::all_gather_into`], returning errors.
+    fn try_all_gather_into<S: Buffer + ?Sized, R: BufferMut + ?Sized>(
         &self,
         send: &S,
         recv: &mut R,
-        counts: &[Count],
-    ) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized,
-    {
-        self.backend()
-            .all_gather_varcount(send.as_items(), recv.as_items_mut(), counts)
+    ) -> Result<()> {
+        let map = send.as_datatype().type_map().clone();
+        let send = packed(send);
+        let backend = self.as_simple().backend();
+        with_unit!(&map, T => into_landing(&mut Landing::new(recv), |r| {
+            backend.all_gather::<T>(elements(&send)?, elements_mut(r)?)
+        }))
     }
-
-    fn try_all_to_all_into<S, R>(&self, send: &S, recv: &mut R) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized,
-    {
-        self.backend()
-            .all_to_all(send.as_items(), recv.as_items_mut())
-    }
-
-    fn try_all_to_all_varcount_into<S, R>(
+    /// [`CommunicatorCollectives::all_gather_varcount_into`], returning errors.
+    fn try_all_gather_varcount_into<S: Buffer + ?Sized, R: PartitionedBufferMut + ?Sized>(
         &self,
         send: &S,
-        send_counts: &[Count],
         recv: &mut R,
-        recv_counts: &[Count],
-    ) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized,
-    {
-        self.backend().all_to_all_varcount(
-            send.as_items(),
-            send_counts,
-            recv.as_items_mut(),
-            recv_counts,
+    ) -> Result<()> {
+        let map = send.as_datatype().type_map().clone();
+        let send = packed(send);
+        let backend = self.as_simple().backend();
+        let mut landing = Landing::partitioned(recv);
+        let lens = landing.block_lens().unwrap_or_default();
+        with_unit!(&map, T => {
+            let counts = counts_of::<T>(&lens)?;
+            into_landing(&mut landing, |r| {
+                backend.all_gather_varcount::<T>(elements(&send)?, elements_mut(r)?, &counts)
+            })
+        })
+    }
+    /// [`CommunicatorCollectives::all_to_all_into`], returning errors.
+    fn try_all_to_all_into<S: Buffer + ?Sized, R: BufferMut + ?Sized>(
+        &self,
+        send: &S,
+        recv: &mut R,
+    ) -> Result<()> {
+        let map = send.as_datatype().type_map().clone();
+        let send = packed(send);
+        let backend = self.as_simple().backend();
+        with_unit!(&map, T => into_landing(&mut Landing::new(recv), |r| {
+            backend.all_to_all::<T>(elements(&send)?, elements_mut(r)?)
+        }))
+    }
+    /// [`CommunicatorCollectives::all_to_all_varcount_into`], returning errors.
+    fn try_all_to_all_varcount_into<
+        S: PartitionedBuffer + ?Sized,
+        R: PartitionedBufferMut + ?Sized,
+    >(
+        &self,
+        send: &S,
+        recv: &mut R,
+    ) -> Result<()> {
+        let map = send.as_datatype().type_map().clone();
+        let (send, send_lens) = packed_partition(send);
+        let backend = self.as_simple().backend();
+        let mut landing = Landing::partitioned(recv);
+        let recv_lens = landing.block_lens().unwrap_or_default();
+        with_unit!(&map, T => {
+            let (sc, rc) = (counts_of::<T>(&send_lens)?, counts_of::<T>(&recv_lens)?);
+            into_landing(&mut landing, |r| {
+                backend.all_to_all_varcount::<T>(elements(&send)?, &sc, elements_mut(r)?, &rc)
+            })
+        })
+    }
+    /// [`CommunicatorCollectives::all_reduce_into`], returning errors.
+    fn try_all_reduce_into<S: Buffer + ?Sized, R: BufferMut + ?Sized, O: Operation>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        op: O,
+    ) -> Result<()> {
+        let backend = self.as_simple().backend();
+        reduce_into_buffer(backend, ReduceCall::AllReduce, send, Some(recv), &op)
+    }
+    /// [`CommunicatorCollectives::reduce_scatter_block_into`], returning errors.
+    fn try_reduce_scatter_block_into<S: Buffer + ?Sized, R: BufferMut + ?Sized, O: Operation>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        op: O,
+    ) -> Result<()> {
+        let backend = self.as_simple().backend();
+        reduce_into_buffer(
+            backend,
+            ReduceCall::ReduceScatterBlock,
+            send,
+            Some(recv),
+            &op,
         )
     }
-
-    fn try_reduce_scatter_block_into<S, R, O>(&self, send: &S, recv: &mut R, op: O) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        S::Item: Element,
-        R: BufferMut<Item = S::Item> + ?Sized,
-        O: Operation<S::Item>,
-    {
-        self.backend()
-            .reduce_scatter_block(send.as_items(), recv.as_items_mut(), &op)
-    }
-
-    fn try_reduce_scatter_varcount_into<S, R, O>(
+    /// [`CommunicatorCollectives::reduce_scatter_varcount_into`], returning errors.
+    fn try_reduce_scatter_varcount_into<S: Buffer + ?Sized, R: BufferMut + ?Sized, O: Operation>(
         &self,
         send: &S,
         recv: &mut R,
         counts: &[Count],
         op: O,
-    ) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        S::Item: Element,
-        R: BufferMut<Item = S::Item> + ?Sized,
-        O: Operation<S::Item>,
-    {
-        self.backend()
-            .reduce_scatter(send.as_items(), recv.as_items_mut(), counts, &op)
+    ) -> Result<()> {
+        let backend = self.as_simple().backend();
+        let call = ReduceCall::ReduceScatter { counts };
+        reduce_into_buffer(backend, call, send, Some(recv), &op)
     }
-
-    fn try_scan_into<S, R, O>(&self, send: &S, recv: &mut R, op: O) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        S::Item: Element,
-        R: BufferMut<Item = S::Item> + ?Sized,
-        O: Operation<S::Item>,
-    {
-        self.backend()
-            .scan(send.as_items(), recv.as_items_mut(), &op)
+    /// [`CommunicatorCollectives::scan_into`], returning errors.
+    fn try_scan_into<S: Buffer + ?Sized, R: BufferMut + ?Sized, O: Operation>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        op: O,
+    ) -> Result<()> {
+        let backend = self.as_simple().backend();
+        reduce_into_buffer(backend, ReduceCall::Scan, send, Some(recv), &op)
+    }
+    /// [`CommunicatorCollectives::exclusive_scan_into`], returning errors.
+    fn try_exclusive_scan_into<S: Buffer + ?Sized, R: BufferMut + ?Sized, O: Operation>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        op: O,
+    ) -> Result<()> {
+        let backend = self.as_simple().backend();
+        let mut started = immediate::reduction(
+            backend,
+            immediate::Combine::Prefix { inclusive: false },
+            send,
+            Some(Landing::new(recv)),
+            op,
+        )?;
+        started.wait().map(|_| ())
     }
 }
+
+impl<C: Communicator + ?Sized> CommunicatorCollectives for C {}

@@ -1,13 +1,22 @@
 //! Rooted collectives ([`Root`], rsmpi's `Root`): broadcast, reduce, gather(v) and
-//! scatter(v), called on the root process of a communicator by every rank.
-
-use pagewire_collectives::{Element, Operation};
+//! scatter(v), blocking and nonblocking, called on the root process of a communicator by
+//! every rank.
 
 use crate::backend::CollectiveBackend;
-use crate::datatype::{Buffer, BufferMut, Count};
+use crate::collective::immediate::{self, Combine};
+use crate::collective::operation::Operation;
+use crate::collective::{
+    counts_of, elements, elements_mut, into_landing, reduce_into_buffer, with_unit, ReduceCall,
+};
+use crate::datatype::{
+    packed, packed_partition, Buffer, BufferMut, Landing, PartitionedBuffer, PartitionedBufferMut,
+    Primitive, UncommittedDatatype,
+};
 use crate::error::{fatal, Error, Result};
+use crate::request::{Request, Scope};
 use crate::topology::communicator::Process;
-use crate::topology::{Communicator, Rank};
+use crate::topology::{Communicator, InterCommunicator, Rank};
+use std::process::Command;
 
 /// Rooted collectives, called on the root process of the communicator by every rank
 /// (rsmpi's `Root`): `world.process_at_rank(root).broadcast_into(&mut buf)`. The root calls
@@ -21,134 +30,226 @@ pub trait Root {
     fn broadcast_into<B: BufferMut + ?Sized>(&self, buf: &mut B) {
         fatal(self.try_broadcast_into(buf))
     }
-    /// Contributes `send` to a reduction at the root (`MPI_Reduce`, non-root side);
-    /// panics on error.
-    fn reduce_into<S, O>(&self, send: &S, op: O)
-    where
-        S: Buffer + ?Sized,
-        S::Item: Element,
-        O: Operation<S::Item>,
-    {
+    /// Contributes `send` to a reduction at the root (`MPI_Reduce`, non-root side).
+    fn reduce_into<S: Buffer + ?Sized, O: Operation>(&self, send: &S, op: O) {
         fatal(self.try_reduce_into(send, op))
     }
-    /// Combines every rank's `send` into `recv` (`MPI_Reduce`, root side); panics on error.
-    fn reduce_into_root<S, R, O>(&self, send: &S, recv: &mut R, op: O)
-    where
-        S: Buffer + ?Sized,
-        S::Item: Element,
-        R: BufferMut<Item = S::Item> + ?Sized,
-        O: Operation<S::Item>,
-    {
+    /// Combines every rank's `send` into `recv` (`MPI_Reduce`, root side).
+    fn reduce_into_root<S: Buffer + ?Sized, R: BufferMut + ?Sized, O: Operation>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        op: O,
+    ) {
         fatal(self.try_reduce_into_root(send, recv, op))
     }
-    /// Sends `send` to the root's gather (`MPI_Gather`, non-root side); panics on error.
+    /// Sends `send` to the root's gather (`MPI_Gather`, non-root side).
     fn gather_into<S: Buffer + ?Sized>(&self, send: &S) {
         fatal(self.try_gather_into(send))
     }
-    /// Gathers every rank's `send` into `recv` in rank order (`MPI_Gather`, root side);
-    /// panics on error.
-    fn gather_into_root<S, R>(&self, send: &S, recv: &mut R)
-    where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized,
-    {
+    /// Gathers every rank's `send` into `recv` in rank order (`MPI_Gather`, root side).
+    fn gather_into_root<S: Buffer + ?Sized, R: BufferMut + ?Sized>(&self, send: &S, recv: &mut R) {
         fatal(self.try_gather_into_root(send, recv))
     }
-    /// Sends `send` to the root's gatherv (`MPI_Gatherv`, non-root side); panics on error.
+    /// Sends `send` to the root's gatherv (`MPI_Gatherv`, non-root side).
     fn gather_varcount_into<S: Buffer + ?Sized>(&self, send: &S) {
         fatal(self.try_gather_varcount_into(send))
     }
-    /// Gathers rank `j`'s `counts[j]` elements into `recv`, packed in rank order
-    /// (`MPI_Gatherv`, root side); panics on error.
-    fn gather_varcount_into_root<S, R>(&self, send: &S, recv: &mut R, counts: &[Count])
-    where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized,
-    {
-        fatal(self.try_gather_varcount_into_root(send, recv, counts))
+    /// Gathers rank `j`'s `send` into block `j` of `recv` (`MPI_Gatherv`, root side).
+    fn gather_varcount_into_root<S: Buffer + ?Sized, R: PartitionedBufferMut + ?Sized>(
+        &self,
+        send: &S,
+        recv: &mut R,
+    ) {
+        fatal(self.try_gather_varcount_into_root(send, recv))
     }
-    /// Receives this rank's block of the root's scatter (`MPI_Scatter`, non-root side);
-    /// panics on error.
+    /// Receives this rank's block of the root's scatter (`MPI_Scatter`, non-root side).
     fn scatter_into<R: BufferMut + ?Sized>(&self, recv: &mut R) {
         fatal(self.try_scatter_into(recv))
     }
-    /// Scatters `send` (`size · recv.len()` elements) in rank order (`MPI_Scatter`, root
-    /// side); panics on error.
-    fn scatter_into_root<S, R>(&self, send: &S, recv: &mut R)
-    where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized,
-    {
+    /// Scatters `send` (`size` equal blocks) in rank order (`MPI_Scatter`, root side).
+    fn scatter_into_root<S: Buffer + ?Sized, R: BufferMut + ?Sized>(&self, send: &S, recv: &mut R) {
         fatal(self.try_scatter_into_root(send, recv))
     }
-    /// Receives this rank's block of the root's scatterv (`MPI_Scatterv`, non-root side);
-    /// panics on error.
+    /// Receives this rank's block of the root's scatterv (`MPI_Scatterv`, non-root side).
     fn scatter_varcount_into<R: BufferMut + ?Sized>(&self, recv: &mut R) {
         fatal(self.try_scatter_varcount_into(recv))
     }
-    /// Scatters `counts[j]` elements of `send` (packed in rank order) to rank `j`
-    /// (`MPI_Scatterv`, root side); panics on error.
-    fn scatter_varcount_into_root<S, R>(&self, send: &S, counts: &[Count], recv: &mut R)
+    /// Scatters block `j` of `send` to rank `j` (`MPI_Scatterv`, root side).
+    fn scatter_varcount_into_root<S: PartitionedBuffer + ?Sized, R: BufferMut + ?Sized>(
+        &self,
+        send: &S,
+        recv: &mut R,
+    ) {
+        fatal(self.try_scatter_varcount_into_root(send, recv))
+    }
+
+    /// Starts [`Root::broadcast_into`] (`MPI_Ibcast`).
+    fn immediate_broadcast_into<'a, Sc: Scope<'a>, B: BufferMut + ?Sized + 'a>(
+        &self,
+        scope: Sc,
+        buf: &'a mut B,
+    ) -> Request<'a, B, Sc>;
+    /// Starts [`Root::reduce_into`] (`MPI_Ireduce`, non-root side).
+    fn immediate_reduce_into<'a, Sc, S, O>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+        op: O,
+    ) -> Request<'a, S, Sc>
     where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized,
-    {
-        fatal(self.try_scatter_varcount_into_root(send, counts, recv))
+        Sc: Scope<'a>,
+        S: Buffer + ?Sized + 'a,
+        O: Operation + 'a;
+    /// Starts [`Root::reduce_into_root`] (`MPI_Ireduce`, root side).
+    fn immediate_reduce_into_root<'a, Sc, S, R, O>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+        recv: &'a mut R,
+        op: O,
+    ) -> Request<'a, R, Sc>
+    where
+        Sc: Scope<'a>,
+        S: Buffer + ?Sized + 'a,
+        R: BufferMut + ?Sized + 'a,
+        O: Operation + 'a;
+    /// Starts [`Root::gather_into`] (`MPI_Igather`, non-root side).
+    fn immediate_gather_into<'a, Sc: Scope<'a>, S: Buffer + ?Sized + 'a>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+    ) -> Request<'a, S, Sc>;
+    /// Starts [`Root::gather_into_root`] (`MPI_Igather`, root side).
+    fn immediate_gather_into_root<'a, Sc, S, R>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+        recv: &'a mut R,
+    ) -> Request<'a, R, Sc>
+    where
+        Sc: Scope<'a>,
+        S: Buffer + ?Sized + 'a,
+        R: BufferMut + ?Sized + 'a;
+    /// Starts [`Root::gather_varcount_into`] (`MPI_Igatherv`, non-root side).
+    fn immediate_gather_varcount_into<'a, Sc: Scope<'a>, S: Buffer + ?Sized + 'a>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+    ) -> Request<'a, S, Sc> {
+        self.immediate_gather_into(scope, send)
+    }
+    /// Starts [`Root::gather_varcount_into_root`] (`MPI_Igatherv`, root side).
+    fn immediate_gather_varcount_into_root<'a, Sc, S, R>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+        recv: &'a mut R,
+    ) -> Request<'a, R, Sc>
+    where
+        Sc: Scope<'a>,
+        S: Buffer + ?Sized + 'a,
+        R: PartitionedBufferMut + ?Sized + 'a;
+    /// Starts [`Root::scatter_into`] (`MPI_Iscatter`, non-root side).
+    fn immediate_scatter_into<'a, Sc: Scope<'a>, R: BufferMut + ?Sized + 'a>(
+        &self,
+        scope: Sc,
+        recv: &'a mut R,
+    ) -> Request<'a, R, Sc>;
+    /// Starts [`Root::scatter_into_root`] (`MPI_Iscatter`, root side).
+    fn immediate_scatter_into_root<'a, Sc, S, R>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+        recv: &'a mut R,
+    ) -> Request<'a, R, Sc>
+    where
+        Sc: Scope<'a>,
+        S: Buffer + ?Sized + 'a,
+        R: BufferMut + ?Sized + 'a;
+    /// Starts [`Root::scatter_varcount_into`] (`MPI_Iscatterv`, non-root side).
+    fn immediate_scatter_varcount_into<'a, Sc: Scope<'a>, R: BufferMut + ?Sized + 'a>(
+        &self,
+        scope: Sc,
+        recv: &'a mut R,
+    ) -> Request<'a, R, Sc> {
+        self.immediate_scatter_into(scope, recv)
+    }
+    /// Starts [`Root::scatter_varcount_into_root`] (`MPI_Iscatterv`, root side).
+    fn immediate_scatter_varcount_into_root<'a, Sc, S, R>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+        recv: &'a mut R,
+    ) -> Request<'a, R, Sc>
+    where
+        Sc: Scope<'a>,
+        S: PartitionedBuffer + ?Sized + 'a,
+        R: BufferMut + ?Sized + 'a;
+
+    /// Starts `maxprocs` processes of `command` connected to this communicator
+    /// (`MPI_Comm_spawn`, collective, rooted here). pagewire cannot: neither `pwrun` nor
+    /// `mpirun`'s bootstrap starts processes into a running job, so this returns that error
+    /// on every rank.
+    fn spawn(&self, command: &Command, maxprocs: Rank) -> Result<InterCommunicator> {
+        Err(spawn_error(&format!("{maxprocs} of {command:?}")))
+    }
+    /// [`Root::spawn`] of several commands (`MPI_Comm_spawn_multiple`); the same error.
+    fn spawn_multiple(&self, commands: &[Command], maxprocs: &[Rank]) -> Result<InterCommunicator> {
+        Err(spawn_error(&format!("{maxprocs:?} of {commands:?}")))
     }
 
     /// [`Root::broadcast_into`], returning errors.
     fn try_broadcast_into<B: BufferMut + ?Sized>(&self, buf: &mut B) -> Result<()>;
     /// [`Root::reduce_into`], returning errors.
-    fn try_reduce_into<S, O>(&self, send: &S, op: O) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        S::Item: Element,
-        O: Operation<S::Item>;
+    fn try_reduce_into<S: Buffer + ?Sized, O: Operation>(&self, send: &S, op: O) -> Result<()>;
     /// [`Root::reduce_into_root`], returning errors.
-    fn try_reduce_into_root<S, R, O>(&self, send: &S, recv: &mut R, op: O) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        S::Item: Element,
-        R: BufferMut<Item = S::Item> + ?Sized,
-        O: Operation<S::Item>;
+    fn try_reduce_into_root<S: Buffer + ?Sized, R: BufferMut + ?Sized, O: Operation>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        op: O,
+    ) -> Result<()>;
     /// [`Root::gather_into`], returning errors.
     fn try_gather_into<S: Buffer + ?Sized>(&self, send: &S) -> Result<()>;
     /// [`Root::gather_into_root`], returning errors.
-    fn try_gather_into_root<S, R>(&self, send: &S, recv: &mut R) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized;
+    fn try_gather_into_root<S: Buffer + ?Sized, R: BufferMut + ?Sized>(
+        &self,
+        send: &S,
+        recv: &mut R,
+    ) -> Result<()>;
     /// [`Root::gather_varcount_into`], returning errors.
     fn try_gather_varcount_into<S: Buffer + ?Sized>(&self, send: &S) -> Result<()>;
     /// [`Root::gather_varcount_into_root`], returning errors.
-    fn try_gather_varcount_into_root<S, R>(
+    fn try_gather_varcount_into_root<S: Buffer + ?Sized, R: PartitionedBufferMut + ?Sized>(
         &self,
         send: &S,
         recv: &mut R,
-        counts: &[Count],
-    ) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized;
+    ) -> Result<()>;
     /// [`Root::scatter_into`], returning errors.
     fn try_scatter_into<R: BufferMut + ?Sized>(&self, recv: &mut R) -> Result<()>;
     /// [`Root::scatter_into_root`], returning errors.
-    fn try_scatter_into_root<S, R>(&self, send: &S, recv: &mut R) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized;
+    fn try_scatter_into_root<S: Buffer + ?Sized, R: BufferMut + ?Sized>(
+        &self,
+        send: &S,
+        recv: &mut R,
+    ) -> Result<()>;
     /// [`Root::scatter_varcount_into`], returning errors.
     fn try_scatter_varcount_into<R: BufferMut + ?Sized>(&self, recv: &mut R) -> Result<()>;
     /// [`Root::scatter_varcount_into_root`], returning errors.
-    fn try_scatter_varcount_into_root<S, R>(
+    fn try_scatter_varcount_into_root<S: PartitionedBuffer + ?Sized, R: BufferMut + ?Sized>(
         &self,
         send: &S,
-        counts: &[Count],
         recv: &mut R,
-    ) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized;
+    ) -> Result<()>;
+}
+
+/// What `spawn` returns: pagewire starts no processes into a running job.
+fn spawn_error(what: &str) -> Error {
+    Error::InvalidArgument(format!(
+        "spawn ({what}) is not supported: pagewire's launchers start every process of a job \
+         at once and cannot add processes to it (run the children as part of the job instead)"
+    ))
 }
 
 impl Process<'_> {
@@ -183,117 +284,303 @@ impl Root for Process<'_> {
         self.rank
     }
 
+    fn immediate_broadcast_into<'a, Sc: Scope<'a>, B: BufferMut + ?Sized + 'a>(
+        &self,
+        scope: Sc,
+        buf: &'a mut B,
+    ) -> Request<'a, B, Sc> {
+        let data: *const B = &*buf;
+        let root = fatal(self.root());
+        let op = immediate::broadcast(self.comm.backend(), root, Landing::new(buf));
+        Request::new(fatal(op), scope, data)
+    }
+
+    fn immediate_reduce_into<'a, Sc, S, O>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+        op: O,
+    ) -> Request<'a, S, Sc>
+    where
+        Sc: Scope<'a>,
+        S: Buffer + ?Sized + 'a,
+        O: Operation + 'a,
+    {
+        let root = fatal(self.root());
+        let started =
+            immediate::reduction(self.comm.backend(), Combine::Root(root), send, None, op);
+        Request::new(fatal(started), scope, send)
+    }
+
+    fn immediate_reduce_into_root<'a, Sc, S, R, O>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+        recv: &'a mut R,
+        op: O,
+    ) -> Request<'a, R, Sc>
+    where
+        Sc: Scope<'a>,
+        S: Buffer + ?Sized + 'a,
+        R: BufferMut + ?Sized + 'a,
+        O: Operation + 'a,
+    {
+        let data: *const R = &*recv;
+        let root = fatal(self.root());
+        let landing = Some(Landing::new(recv));
+        let started =
+            immediate::reduction(self.comm.backend(), Combine::Root(root), send, landing, op);
+        let request = Request::new(fatal(started), scope, data);
+        fatal(self.must_be_root("immediate_reduce_into_root"));
+        request
+    }
+
+    fn immediate_gather_into<'a, Sc: Scope<'a>, S: Buffer + ?Sized + 'a>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+    ) -> Request<'a, S, Sc> {
+        let root = fatal(self.root());
+        let op = immediate::gather(self.comm.backend(), root, &packed(send), None);
+        Request::new(fatal(op), scope, send)
+    }
+
+    fn immediate_gather_into_root<'a, Sc, S, R>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+        recv: &'a mut R,
+    ) -> Request<'a, R, Sc>
+    where
+        Sc: Scope<'a>,
+        S: Buffer + ?Sized + 'a,
+        R: BufferMut + ?Sized + 'a,
+    {
+        let data: *const R = &*recv;
+        let root = fatal(self.root());
+        fatal(self.must_be_root("immediate_gather_into_root"));
+        let op = immediate::gather(
+            self.comm.backend(),
+            root,
+            &packed(send),
+            Some(Landing::new(recv)),
+        );
+        Request::new(fatal(op), scope, data)
+    }
+
+    fn immediate_gather_varcount_into_root<'a, Sc, S, R>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+        recv: &'a mut R,
+    ) -> Request<'a, R, Sc>
+    where
+        Sc: Scope<'a>,
+        S: Buffer + ?Sized + 'a,
+        R: PartitionedBufferMut + ?Sized + 'a,
+    {
+        let data: *const R = &*recv;
+        let root = fatal(self.root());
+        fatal(self.must_be_root("immediate_gather_varcount_into_root"));
+        let landing = Some(Landing::partitioned(recv));
+        let op = immediate::gather(self.comm.backend(), root, &packed(send), landing);
+        Request::new(fatal(op), scope, data)
+    }
+
+    fn immediate_scatter_into<'a, Sc: Scope<'a>, R: BufferMut + ?Sized + 'a>(
+        &self,
+        scope: Sc,
+        recv: &'a mut R,
+    ) -> Request<'a, R, Sc> {
+        let data: *const R = &*recv;
+        let root = fatal(self.root());
+        let op = immediate::scatter(self.comm.backend(), root, None, Landing::new(recv));
+        Request::new(fatal(op), scope, data)
+    }
+
+    fn immediate_scatter_into_root<'a, Sc, S, R>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+        recv: &'a mut R,
+    ) -> Request<'a, R, Sc>
+    where
+        Sc: Scope<'a>,
+        S: Buffer + ?Sized + 'a,
+        R: BufferMut + ?Sized + 'a,
+    {
+        let data: *const R = &*recv;
+        let root = fatal(self.root());
+        fatal(self.must_be_root("immediate_scatter_into_root"));
+        let bytes = packed(send).into_owned();
+        let n = self.comm.size().max(1) as usize;
+        let lens = vec![bytes.len() / n; n];
+        let op = immediate::scatter(
+            self.comm.backend(),
+            root,
+            Some((bytes, lens)),
+            Landing::new(recv),
+        );
+        Request::new(fatal(op), scope, data)
+    }
+
+    fn immediate_scatter_varcount_into_root<'a, Sc, S, R>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+        recv: &'a mut R,
+    ) -> Request<'a, R, Sc>
+    where
+        Sc: Scope<'a>,
+        S: PartitionedBuffer + ?Sized + 'a,
+        R: BufferMut + ?Sized + 'a,
+    {
+        let data: *const R = &*recv;
+        let root = fatal(self.root());
+        fatal(self.must_be_root("immediate_scatter_varcount_into_root"));
+        let (bytes, lens) = packed_partition(send);
+        let blocks = Some((bytes.into_owned(), lens));
+        let op = immediate::scatter(self.comm.backend(), root, blocks, Landing::new(recv));
+        Request::new(fatal(op), scope, data)
+    }
+
     fn try_broadcast_into<B: BufferMut + ?Sized>(&self, buf: &mut B) -> Result<()> {
         let root = self.root()?;
-        self.comm.backend().broadcast(root, buf.as_items_mut())
+        let backend = self.comm.backend();
+        let map = buf.as_datatype().type_map().clone();
+        let mut landing = Landing::new(buf);
+        if let Some(bytes) = landing.contiguous() {
+            return with_unit!(&map, T => backend.broadcast::<T>(root, elements_mut(bytes)?));
+        }
+        let mut scratch = vec![0u8; landing.packed_len()];
+        landing.read_into(&mut scratch);
+        backend.broadcast(root, &mut scratch)?;
+        landing.unpack(&scratch);
+        Ok(())
     }
 
-    fn try_reduce_into<S, O>(&self, send: &S, op: O) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        S::Item: Element,
-        O: Operation<S::Item>,
-    {
-        let root = self.root()?;
-        self.comm.backend().reduce(root, send.as_items(), None, &op)
+    fn try_reduce_into<S: Buffer + ?Sized, O: Operation>(&self, send: &S, op: O) -> Result<()> {
+        let call = ReduceCall::Reduce {
+            root: self.root()?,
+            at_root: false,
+        };
+        reduce_into_buffer::<S, [u8], O>(self.comm.backend(), call, send, None, &op)
     }
 
-    fn try_reduce_into_root<S, R, O>(&self, send: &S, recv: &mut R, op: O) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        S::Item: Element,
-        R: BufferMut<Item = S::Item> + ?Sized,
-        O: Operation<S::Item>,
-    {
-        let root = self.root()?;
-        let recv = Some(recv.as_items_mut());
-        self.comm
-            .backend()
-            .reduce(root, send.as_items(), recv, &op)?;
+    fn try_reduce_into_root<S: Buffer + ?Sized, R: BufferMut + ?Sized, O: Operation>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        op: O,
+    ) -> Result<()> {
+        let call = ReduceCall::Reduce {
+            root: self.root()?,
+            at_root: true,
+        };
+        reduce_into_buffer(self.comm.backend(), call, send, Some(recv), &op)?;
         self.must_be_root("reduce_into_root")
     }
 
     fn try_gather_into<S: Buffer + ?Sized>(&self, send: &S) -> Result<()> {
         let root = self.root()?;
-        self.comm.backend().gather(root, send.as_items(), None)
+        let map = send.as_datatype().type_map().clone();
+        let send = packed(send);
+        with_unit!(&map, T => self.comm.backend().gather::<T>(root, elements(&send)?, None))
     }
 
-    fn try_gather_into_root<S, R>(&self, send: &S, recv: &mut R) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized,
-    {
+    fn try_gather_into_root<S: Buffer + ?Sized, R: BufferMut + ?Sized>(
+        &self,
+        send: &S,
+        recv: &mut R,
+    ) -> Result<()> {
         let root = self.root()?;
-        let recv = Some(recv.as_items_mut());
-        self.comm.backend().gather(root, send.as_items(), recv)?;
+        let map = send.as_datatype().type_map().clone();
+        let send = packed(send);
+        let backend = self.comm.backend();
+        with_unit!(&map, T => into_landing(&mut Landing::new(recv), |r| {
+            backend.gather::<T>(root, elements(&send)?, Some(elements_mut(r)?))
+        }))?;
         self.must_be_root("gather_into_root")
     }
 
     fn try_gather_varcount_into<S: Buffer + ?Sized>(&self, send: &S) -> Result<()> {
         let root = self.root()?;
-        self.comm
-            .backend()
-            .gather_varcount(root, send.as_items(), None)
+        let map = send.as_datatype().type_map().clone();
+        let send = packed(send);
+        let backend = self.comm.backend();
+        with_unit!(&map, T => backend.gather_varcount::<T>(root, elements(&send)?, None))
     }
 
-    fn try_gather_varcount_into_root<S, R>(
+    fn try_gather_varcount_into_root<S: Buffer + ?Sized, R: PartitionedBufferMut + ?Sized>(
         &self,
         send: &S,
         recv: &mut R,
-        counts: &[Count],
-    ) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized,
-    {
+    ) -> Result<()> {
         let root = self.root()?;
-        let recv = Some((recv.as_items_mut(), counts));
-        self.comm
-            .backend()
-            .gather_varcount(root, send.as_items(), recv)?;
+        let map = send.as_datatype().type_map().clone();
+        let send = packed(send);
+        let backend = self.comm.backend();
+        let mut landing = Landing::partitioned(recv);
+        let lens = landing.block_lens().unwrap_or_default();
+        with_unit!(&map, T => {
+            let counts = counts_of::<T>(&lens)?;
+            into_landing(&mut landing, |r| {
+                let r = elements_mut::<T>(r)?;
+                backend.gather_varcount::<T>(root, elements(&send)?, Some((r, &counts)))
+            })
+        })?;
         self.must_be_root("gather_varcount_into_root")
     }
 
     fn try_scatter_into<R: BufferMut + ?Sized>(&self, recv: &mut R) -> Result<()> {
         let root = self.root()?;
-        self.comm.backend().scatter(root, None, recv.as_items_mut())
+        let backend = self.comm.backend();
+        let map = recv.as_datatype().type_map().clone();
+        with_unit!(&map, T => into_landing(&mut Landing::new(recv), |r| {
+            backend.scatter::<T>(root, None, elements_mut(r)?)
+        }))
     }
 
-    fn try_scatter_into_root<S, R>(&self, send: &S, recv: &mut R) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized,
-    {
+    fn try_scatter_into_root<S: Buffer + ?Sized, R: BufferMut + ?Sized>(
+        &self,
+        send: &S,
+        recv: &mut R,
+    ) -> Result<()> {
         let root = self.root()?;
-        let send = Some(send.as_items());
-        self.comm
-            .backend()
-            .scatter(root, send, recv.as_items_mut())?;
+        let map = send.as_datatype().type_map().clone();
+        let send = packed(send);
+        let backend = self.comm.backend();
+        with_unit!(&map, T => into_landing(&mut Landing::new(recv), |r| {
+            backend.scatter::<T>(root, Some(elements(&send)?), elements_mut(r)?)
+        }))?;
         self.must_be_root("scatter_into_root")
     }
 
     fn try_scatter_varcount_into<R: BufferMut + ?Sized>(&self, recv: &mut R) -> Result<()> {
         let root = self.root()?;
-        self.comm
-            .backend()
-            .scatter_varcount(root, None, recv.as_items_mut())
+        let backend = self.comm.backend();
+        let map = recv.as_datatype().type_map().clone();
+        with_unit!(&map, T => into_landing(&mut Landing::new(recv), |r| {
+            backend.scatter_varcount::<T>(root, None, elements_mut(r)?)
+        }))
     }
 
-    fn try_scatter_varcount_into_root<S, R>(
+    fn try_scatter_varcount_into_root<S: PartitionedBuffer + ?Sized, R: BufferMut + ?Sized>(
         &self,
         send: &S,
-        counts: &[Count],
         recv: &mut R,
-    ) -> Result<()>
-    where
-        S: Buffer + ?Sized,
-        R: BufferMut<Item = S::Item> + ?Sized,
-    {
+    ) -> Result<()> {
         let root = self.root()?;
-        let send = Some((send.as_items(), counts));
-        self.comm
-            .backend()
-            .scatter_varcount(root, send, recv.as_items_mut())?;
+        let map = send.as_datatype().type_map().clone();
+        let (send, lens) = packed_partition(send);
+        let backend = self.comm.backend();
+        with_unit!(&map, T => {
+            let counts = counts_of::<T>(&lens)?;
+            into_landing(&mut Landing::new(recv), |r| {
+                let s = Some((elements::<T>(&send)?, &counts[..]));
+                backend.scatter_varcount::<T>(root, s, elements_mut(r)?)
+            })
+        })?;
         self.must_be_root("scatter_varcount_into_root")
     }
 }

@@ -13,17 +13,26 @@
 //! its world is on the same backend, and the calls of the facade go to it without asking
 //! which one it is. On pagewire's, context ids are agreed collectively, as MPICH does: a
 //! process's contexts only grow, ids are not reused after a communicator is dropped, and a
-//! job can create 2^31 − 1 communicators (bit 31 marks the collective context, see
+//! job can create 2^30 − 1 communicators (bit 31 marks the collective context, bit 30 the nonblocking one, see
 //! [`crate::collective`]). On the host MPI library, each communicator is an MPI
 //! communicator of its own (`MPI_Comm_dup`/`MPI_Comm_split` of its parent's).
 //!
 //! Files: `universe.rs` holds [`Universe`], `communicator.rs` [`Communicator`],
-//! [`SimpleCommunicator`] and the processes in them; the configuration is the crate's
-//! `config.rs`.
+//! [`SimpleCommunicator`], attributes and the processes in them, `group.rs` groups; the
+//! configuration is the crate's `config.rs`.
 
+mod cartesian;
 pub(crate) mod communicator;
+mod group;
+mod intercommunicator;
 mod universe;
 
 pub use crate::config::{ModeKind, TransportKind, UniverseConfig};
-pub use communicator::{Color, Communicator, Key, Rank, SimpleCommunicator, Tag};
+pub use cartesian::{CartesianCommunicator, CartesianLayout};
+pub use communicator::{
+    AnyCommunicator, AnyProcess, Attributes, Color, CommAttribute, Communicator,
+    CommunicatorRelation, Key, Process, Rank, SimpleCommunicator, Tag,
+};
+pub use group::{Group, GroupRelation, SystemGroup, UserGroup};
+pub use intercommunicator::{InterCommunicator, MergeOrder};
 pub use universe::Universe;

@@ -5,12 +5,9 @@ use pagewire_transport::msg::PointToPoint;
 
 use crate::backend::{self, CommBackend, CommunicatorBackend};
 use crate::config::{TransportKind, UniverseConfig};
+use crate::environment::{self, Threading};
 use crate::error::{fatal, Result};
 use crate::topology::communicator::SimpleCommunicator;
-
-thread_local! {
-    static INITIALIZED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
 
 /// The running pagewire environment (`MPI_Init` .. `MPI_Finalize`). Dropping it finalises:
 /// a barrier over all ranks, then the NIC and buffers are released.
@@ -35,21 +32,56 @@ impl std::fmt::Debug for Universe {
 impl Universe {
     /// Starts pagewire with `cfg`; `None` if it is already running in this process.
     pub fn from_config(cfg: UniverseConfig) -> Result<Option<Universe>> {
-        if INITIALIZED.with(|i| i.replace(true)) {
+        Self::with_threading(cfg, Threading::Single)
+    }
+
+    /// [`Universe::from_config`] at the threading level `threading` (the provided level is
+    /// [`crate::environment::threading_support`]).
+    pub fn with_threading(cfg: UniverseConfig, threading: Threading) -> Result<Option<Universe>> {
+        if !environment::start(threading.min(environment::PROVIDED)) {
             return Ok(None);
         }
         match backend::start(cfg) {
             Ok(world) => Ok(Some(Universe { world })),
             Err(e) => {
-                INITIALIZED.with(|i| i.set(false));
+                environment::abandon();
                 Err(e)
             }
         }
     }
 
+    /// The number of processes the job may grow to (`MPI_UNIVERSE_SIZE`): the ranks the
+    /// launcher started, as pagewire does not spawn processes.
+    pub fn size(&self) -> Option<usize> {
+        Some(self.world.bootstrap().size())
+    }
+
+    /// The number of the program among those the launcher started (`MPI_APPNUM`): `None`,
+    /// as the launchers start one program.
+    pub fn appnum(&self) -> Option<i32> {
+        None
+    }
+
+    /// Attaches a buffer of `size` bytes for buffered sends (`MPI_Buffer_attach`), detaching
+    /// (and so waiting for) any attached before.
+    pub fn set_buffer_size(&mut self, size: usize) {
+        crate::point_to_point::attach_buffer(size);
+    }
+
+    /// The size of the buffer for buffered sends; 0 if none is attached.
+    pub fn buffer_size(&self) -> usize {
+        crate::point_to_point::attached_buffer_size()
+    }
+
+    /// Waits for every buffered send to leave, then detaches the buffer
+    /// (`MPI_Buffer_detach`).
+    pub fn detach_buffer(&mut self) {
+        crate::error::fatal(crate::point_to_point::detach_buffer());
+    }
+
     /// The communicator of all ranks (`MPI_COMM_WORLD`).
     pub fn world(&self) -> SimpleCommunicator {
-        SimpleCommunicator::new(self.world.clone())
+        SimpleCommunicator::world(self.world.clone())
     }
 
     /// The buffer mode in use; `"mpi"` on the mpi transport, where the host MPI library
@@ -82,10 +114,11 @@ impl Drop for Universe {
         // A rank unwinding from a panic skips it: its peers may be waiting for it in a
         // receive, and the launcher must see the failure and stop the job.
         if !std::thread::panicking() {
+            let _ = crate::point_to_point::detach_buffer();
             let _ = self.world.bootstrap().barrier();
         } else {
             backend::clean_up_after_panic(self.world.bootstrap());
         }
-        INITIALIZED.with(|i| i.set(false));
+        environment::finish();
     }
 }

@@ -106,9 +106,35 @@ impl CommunicatorBackend for HostMpiComm {
         Ok(self.mpi.split(color, key)?.map(|sub| self.on(sub)))
     }
 
+    fn create_from_members(&self, _members: &[usize], _tag: i32) -> Result<HostMpiComm> {
+        Err(Error::InvalidArgument(
+            "PAGEWIRE_TRANSPORT=mpi: communicators from groups (split_by_subgroup) are not \
+             forwarded to the host MPI library yet; use split_by_color"
+                .into(),
+        ))
+    }
+
+    fn same_context(&self, other: &HostMpiComm) -> bool {
+        std::ptr::eq(self, other)
+    }
+
     fn progress(&self) -> Result<()> {
         // MPI progresses inside its own calls.
         Ok(())
+    }
+
+    fn nonblocking_channel(&self) -> Result<(HostMpiComm, i32)> {
+        Err(Error::InvalidArgument(
+            "PAGEWIRE_TRANSPORT=mpi: immediate collectives are not forwarded to the host MPI \
+             library yet; use the blocking ones"
+                .into(),
+        ))
+    }
+
+    fn world_ranks(&self) -> Result<Vec<usize>> {
+        Err(Error::InvalidArgument(
+            "PAGEWIRE_TRANSPORT=mpi: groups are not forwarded to the host MPI library yet".into(),
+        ))
     }
 
     fn transport(&self) -> TransportKind {
@@ -341,6 +367,10 @@ impl RequestBackend for HostMpiRequest {
 
     fn is_done(&self) -> bool {
         self.request.is_done()
+    }
+
+    fn cancel(&mut self) -> bool {
+        self.request.cancel()
     }
 }
 

@@ -115,6 +115,16 @@ impl HostRequest {
         ffi::is_null(&self.raw)
     }
 
+    /// Asks MPI to cancel a receive (`MPI_Cancel`); true if it was asked. Its wait then
+    /// completes it, cancelled or (if a message matched first) received.
+    pub fn cancel(&mut self) -> bool {
+        if ffi::is_null(&self.raw) || !matches!(self.kind, Kind::Recv { .. }) {
+            return false;
+        }
+        ffi::cancel(&mut self.raw);
+        true
+    }
+
     fn cap(&self) -> usize {
         match self.kind {
             Kind::Send { .. } => 0,

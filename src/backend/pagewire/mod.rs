@@ -13,8 +13,8 @@
 //! communicators a process belongs to share one, whatever the order in which different
 //! groups created them. The sibling communicators of one split share a context: they have no
 //! rank in common. Ids are not reused after a communicator is dropped; point-to-point
-//! contexts stay below 2^31 (bit 31, [`COLLECTIVE_CONTEXT_BIT`], marks a communicator's
-//! collective context), so a job can create 2^31 - 1 communicators.
+//! contexts stay below 2^30 (bit 31, [`COLLECTIVE_CONTEXT_BIT`], marks a communicator's
+//! collective context, bit 30 its nonblocking one), so a job can create 2^30 - 1 communicators.
 //!
 //! Files: this one holds the universe and its communicators, `point_to_point.rs` the
 //! point-to-point calls, requests and matched messages, `collective.rs` the collectives,
@@ -43,8 +43,18 @@ use crate::error::{Error, Result};
 /// The bit that turns a communicator's context into its collective context: collective
 /// messages use `context | 0x8000_0000` (the world communicator's point-to-point context is
 /// 0, its collective context `0x8000_0000`), so they never match point-to-point messages of
-/// the same communicator, whatever their tags. Point-to-point contexts stay below 2^31.
+/// the same communicator, whatever their tags. Point-to-point contexts stay below 2^30.
 pub const COLLECTIVE_CONTEXT_BIT: u32 = 0x8000_0000;
+
+/// The bit that, with [`COLLECTIVE_CONTEXT_BIT`], makes a communicator's context for
+/// nonblocking collectives (and the agreement of `create_from_members`): their messages are
+/// point-to-point messages that neither user receives nor blocking collectives (which take
+/// any tag from their source) may match. Point-to-point contexts stay below 2^30.
+pub const NONBLOCKING_CONTEXT_BIT: u32 = 0x4000_0000;
+
+/// The tag of `create_from_members`'s messages in the nonblocking context; nonblocking
+/// collectives use the tags below it.
+const MEMBERS_TAG: i32 = msg::TAG_UB;
 
 /// What a rank that joins no communicator contributes to a split as its color: negative, so
 /// no rank's color matches it.
@@ -57,6 +67,8 @@ struct PagewireUniverse {
     boot: Box<dyn Bootstrap>,
     /// The lowest point-to-point context this process has not used (the world uses 0).
     next_context: Cell<u32>,
+    /// By context: the tag of the next nonblocking collective.
+    nonblocking_tags: RefCell<std::collections::HashMap<u32, i32>>,
 }
 
 /// A communicator on pagewire's stack: its group and context in the message layer.
@@ -113,6 +125,7 @@ impl PagewireComm {
                 p2p: RefCell::new(p2p),
                 boot,
                 next_context: Cell::new(1),
+                nonblocking_tags: RefCell::new(std::collections::HashMap::new()),
             }),
             context: 0,
             rank,
@@ -145,10 +158,10 @@ impl PagewireComm {
     /// Takes `agreed`, the maximum over this communicator's ranks of their lowest unused
     /// context, as a new communicator's context, and moves this process's past it.
     fn take_context(&self, agreed: u32) -> Result<u32> {
-        if agreed >= COLLECTIVE_CONTEXT_BIT - 1 {
+        if agreed >= NONBLOCKING_CONTEXT_BIT - 1 {
             return Err(Error::Exhausted {
                 what: "communicator context ids",
-                limit: u64::from(COLLECTIVE_CONTEXT_BIT - 1),
+                limit: u64::from(NONBLOCKING_CONTEXT_BIT - 1),
                 hint: "ids are not reused: create communicators once and keep them",
             });
         }
@@ -210,8 +223,70 @@ impl CommunicatorBackend for PagewireComm {
         Ok(Some(self.new_comm(context, rank, size, ranks)))
     }
 
+    fn create_from_members(&self, members: &[usize], _tag: i32) -> Result<PagewireComm> {
+        let tag = MEMBERS_TAG;
+        // The members agree on a context: each sends its lowest unused one to the first
+        // member, which answers with the maximum. Messages go in the collective context, so
+        // they never match point-to-point traffic.
+        let rank = members
+            .iter()
+            .position(|&r| r == self.rank)
+            .ok_or_else(|| Error::InvalidArgument("this rank is not in the group".into()))?;
+        let first = members[0];
+        let mine = self.universe.next_context.get();
+        let mut p2p = self.universe.p2p.borrow_mut();
+        let context = self.context | COLLECTIVE_CONTEXT_BIT | NONBLOCKING_CONTEXT_BIT;
+        let agreed = if rank == 0 {
+            let mut agreed = mine;
+            for &m in &members[1..] {
+                let mut theirs = [0u8; 4];
+                let src = Some(self.world_rank(m));
+                blocking::receive(&mut p2p, src, Some(tag), context, &mut theirs)?;
+                agreed = agreed.max(u32::from_ne_bytes(theirs));
+            }
+            for &m in &members[1..] {
+                let dest = self.world_rank(m);
+                blocking::send(&mut p2p, dest, tag, context, &agreed.to_ne_bytes(), false)?;
+            }
+            agreed
+        } else {
+            let dest = self.world_rank(first);
+            blocking::send(&mut p2p, dest, tag, context, &mine.to_ne_bytes(), false)?;
+            let mut agreed = [0u8; 4];
+            blocking::receive(&mut p2p, Some(dest), Some(tag), context, &mut agreed)?;
+            u32::from_ne_bytes(agreed)
+        };
+        drop(p2p);
+        let context = self.take_context(agreed)?;
+        let world: Vec<usize> = members.iter().map(|&r| self.world_rank(r)).collect();
+        let world_size = self.universe.p2p.borrow().size();
+        let size = world.len();
+        let ranks = RankMap::new(world, world_size).map(Rc::new);
+        Ok(self.new_comm(context, rank, size, ranks))
+    }
+
+    fn same_context(&self, other: &PagewireComm) -> bool {
+        Rc::ptr_eq(&self.universe, &other.universe) && self.context == other.context
+    }
+
     fn progress(&self) -> Result<()> {
         self.universe.p2p.borrow_mut().progress().map(|_| ())
+    }
+
+    fn world_ranks(&self) -> Result<Vec<usize>> {
+        Ok((0..self.size).map(|r| self.world_rank(r)).collect())
+    }
+
+    fn nonblocking_channel(&self) -> Result<(PagewireComm, i32)> {
+        let mut tags = self.universe.nonblocking_tags.borrow_mut();
+        let next = tags.entry(self.context).or_insert(0);
+        let tag = *next;
+        *next = (*next + 1) % MEMBERS_TAG;
+        let context = self.context | COLLECTIVE_CONTEXT_BIT | NONBLOCKING_CONTEXT_BIT;
+        Ok((
+            self.new_comm(context, self.rank, self.size, self.ranks.clone()),
+            tag,
+        ))
     }
 
     fn transport(&self) -> TransportKind {

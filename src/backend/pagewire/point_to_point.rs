@@ -158,6 +158,13 @@ impl RequestBackend for PagewireRequest {
         let _ = p2p.progress();
         p2p.is_done(id)
     }
+
+    fn cancel(&mut self) -> bool {
+        match self.id {
+            Some(id) => self.universe.p2p.borrow_mut().cancel(id),
+            None => false,
+        }
+    }
 }
 
 impl Drop for PagewireRequest {

@@ -1,0 +1,333 @@
+//! Multi-process tests of datatypes and nonblocking collectives through the rsmpi-shaped
+//! facade: non-contiguous datatypes (vector, indexed, struct, derived) move every byte of
+//! their blocks and leave the gaps between them untouched, eager and rendezvous, blocking
+//! and nonblocking, point-to-point and collective, in the copy, pindown and odp buffer
+//! modes; nonblocking collectives progress while the caller computes and exchanges
+//! point-to-point messages.
+
+mod util;
+
+use pagewire::datatype::{
+    MutView, PartitionMut, UncommittedDatatype, UncommittedUserDatatype, UserDatatype, View,
+};
+use pagewire::traits::*;
+use pagewire::{request, Address, Count, SystemOperation};
+use util::ranks;
+
+const MODES: [&str; 3] = ["copy", "pindown", "odp"];
+
+/// What the gaps of a receive buffer hold before and after.
+const GAP: i32 = -7;
+
+/// Element `i` as rank `rank` sends it.
+fn value(rank: i32, i: usize) -> i32 {
+    rank * 1_000_003 + i as i32
+}
+
+/// A vector of `blocks` runs of 3 of every 5 `i32`s: blocks, then gaps of 2.
+fn strided(blocks: usize) -> UserDatatype {
+    UserDatatype::vector(blocks as Count, 3, 5, &i32::equivalent_datatype())
+}
+
+/// Whether element `i` of a strided buffer is in a block.
+fn in_block(i: usize) -> bool {
+    i % 5 < 3
+}
+
+/// Checks a strided receive buffer: blocks from `from`, gaps untouched.
+fn check_strided(buf: &[i32], from: i32, what: &str) {
+    for (i, &x) in buf.iter().enumerate() {
+        let want = if in_block(i) { value(from, i) } else { GAP };
+        assert_eq!(x, want, "{what}: element {i} of {}", buf.len());
+    }
+}
+
+fn vectors_point_to_point(u: &pagewire::Universe) {
+    let world = u.world();
+    let (me, n) = (world.rank(), world.size());
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    // 20 blocks stay eager; 40,000 (480 KB of data) go by rendezvous.
+    for blocks in [20usize, 40_000] {
+        let t = strided(blocks);
+        let len = blocks * 5 - 2;
+        let send: Vec<i32> = (0..len).map(|i| value(me, i)).collect();
+        // Blocking, with a send buffer whose gaps hold other values (they must not travel).
+        let mut recv = vec![GAP; len];
+        {
+            let sv = unsafe { View::with_count_and_datatype(&send[..], 1, &t) };
+            let mut rv = unsafe { MutView::with_count_and_datatype(&mut recv[..], 1, &t) };
+            let status = pagewire::point_to_point::send_receive_into(
+                &sv,
+                &world.process_at_rank(next),
+                &mut rv,
+                &world.process_at_rank(prev),
+            );
+            assert_eq!(status.count_bytes(), blocks * 3 * 4);
+        }
+        check_strided(&recv, prev, "blocking vector");
+        // Nonblocking.
+        let mut recv = vec![GAP; len];
+        {
+            let sv = unsafe { View::with_count_and_datatype(&send[..], 1, &t) };
+            let mut rv = unsafe { MutView::with_count_and_datatype(&mut recv[..], 1, &t) };
+            request::scope(|scope| {
+                let r = world
+                    .process_at_rank(prev)
+                    .immediate_receive_into(scope, &mut rv);
+                let s = world.process_at_rank(next).immediate_send(scope, &sv);
+                s.wait();
+                r.wait();
+            });
+        }
+        check_strided(&recv, prev, "immediate vector");
+    }
+}
+
+#[test]
+fn vectors_move_their_blocks_and_leave_the_gaps_in_every_mode() {
+    for mode in MODES {
+        let env = [
+            ("PAGEWIRE_MODE", mode),
+            ("PAGEWIRE_MEMLOCK_LIMIT", "unlimited"),
+        ];
+        ranks(
+            "vectors_move_their_blocks_and_leave_the_gaps_in_every_mode",
+            3,
+            &env,
+            vectors_point_to_point,
+        );
+    }
+}
+
+/// A struct with padding: the datatype covers the fields only.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[repr(C)]
+struct Particle {
+    kind: u8,
+    // 7 bytes of padding here.
+    mass: f64,
+    charge: i16,
+    // 6 bytes of padding here.
+}
+
+// SAFETY: the datatype describes the three fields at their offsets.
+unsafe impl Equivalence for Particle {
+    type Out = UserDatatype;
+    fn equivalent_datatype() -> UserDatatype {
+        let fields = UncommittedUserDatatype::structured(
+            &[1, 1, 1],
+            &[
+                std::mem::offset_of!(Particle, kind) as Address,
+                std::mem::offset_of!(Particle, mass) as Address,
+                std::mem::offset_of!(Particle, charge) as Address,
+            ],
+            &[
+                u8::equivalent_datatype().dup(),
+                f64::equivalent_datatype().dup(),
+                i16::equivalent_datatype().dup(),
+            ],
+        );
+        UserDatatype::resized(&fields, 0, std::mem::size_of::<Particle>() as Address)
+    }
+}
+
+/// A struct whose datatype `#[derive(Equivalence)]` builds.
+#[derive(pagewire_derive::Equivalence, Clone, Copy, Debug, Default, PartialEq)]
+struct Sample {
+    flag: bool,
+    pair: (u16, f32),
+    values: [i64; 3],
+}
+
+fn structs_and_indexed(u: &pagewire::Universe) {
+    let world = u.world();
+    let me = world.rank();
+    let root = world.process_at_rank(0);
+    // Structs with padding, broadcast: 5,000 of them (rendezvous) and 1 (eager).
+    for n in [1usize, 5_000] {
+        let mut particles: Vec<Particle> = (0..n)
+            .map(|i| Particle {
+                kind: if me == 0 { i as u8 } else { 0 },
+                mass: if me == 0 { i as f64 * 0.5 } else { 0.0 },
+                charge: if me == 0 { -(i as i16) } else { 0 },
+            })
+            .collect();
+        root.broadcast_into(&mut particles[..]);
+        for (i, p) in particles.iter().enumerate() {
+            let want = Particle {
+                kind: i as u8,
+                mass: i as f64 * 0.5,
+                charge: -(i as i16),
+            };
+            assert_eq!(*p, want, "particle {i} of {n}");
+        }
+    }
+    // Derived: gathered at the root.
+    let mine = Sample {
+        flag: me % 2 == 1,
+        pair: (me as u16 + 1, me as f32 * 1.5),
+        values: [me as i64, -(me as i64), 42],
+    };
+    if me == 0 {
+        let mut all = vec![Sample::default(); world.size() as usize];
+        root.gather_into_root(&mine, &mut all[..]);
+        for (r, s) in all.iter().enumerate() {
+            assert_eq!(s.pair, (r as u16 + 1, r as f32 * 1.5));
+            assert_eq!(s.values, [r as i64, -(r as i64), 42]);
+            assert_eq!(s.flag, r % 2 == 1);
+        }
+    } else {
+        root.gather_into(&mine);
+    }
+    // Indexed blocks into a partitioned receive: rank r sends elements 4r.. of an indexed
+    // type (blocks of 2 at 0 and 5), everyone gathers them into blocks placed backwards.
+    let t = UserDatatype::indexed(&[2, 1], &[0, 5], &i32::equivalent_datatype());
+    let send: Vec<i32> = (0..6).map(|i| value(me, i)).collect();
+    let size = world.size() as usize;
+    let counts = vec![3 as Count; size];
+    let displs: Vec<Count> = (0..size).map(|r| ((size - 1 - r) * 4) as Count).collect();
+    let mut recv = vec![GAP; 4 * size];
+    {
+        let sv = unsafe { View::with_count_and_datatype(&send[..], 1, &t) };
+        let mut rv = PartitionMut::new(&mut recv[..], &counts[..], &displs[..]);
+        world.all_gather_varcount_into(&sv, &mut rv);
+    }
+    for r in 0..size {
+        let at = (size - 1 - r) * 4;
+        let want = [
+            value(r as i32, 0),
+            value(r as i32, 1),
+            value(r as i32, 5),
+            GAP,
+        ];
+        assert_eq!(recv[at..at + 4], want, "block of rank {r}");
+    }
+}
+
+#[test]
+fn structs_derived_and_indexed_types_in_collectives_in_every_mode() {
+    for mode in MODES {
+        let env = [
+            ("PAGEWIRE_MODE", mode),
+            ("PAGEWIRE_MEMLOCK_LIMIT", "unlimited"),
+        ];
+        ranks(
+            "structs_derived_and_indexed_types_in_collectives_in_every_mode",
+            3,
+            &env,
+            structs_and_indexed,
+        );
+    }
+}
+
+/// Nonblocking collectives started, then point-to-point traffic (receives from any source
+/// with any tag, which must not take the collectives' messages) and computation, then the
+/// collectives completed: by test in a loop, and by wait.
+fn overlap(u: &pagewire::Universe) {
+    let world = u.world();
+    let (me, n) = (world.rank(), world.size());
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    let big: Vec<f64> = (0..100_000).map(|i| (i as f64) + f64::from(me)).collect();
+    let mut sum = vec![0.0f64; big.len()];
+    let mut max = -1i32;
+    let mut all = vec![0i32; n as usize];
+    let mut work = 0u64;
+    request::scope(|scope| {
+        let barrier = world.immediate_barrier();
+        let reduce =
+            world.immediate_all_reduce_into(scope, &big[..], &mut sum[..], SystemOperation::sum());
+        let gather = world.immediate_all_gather_into(scope, &me, &mut all[..]);
+        let maxed = world.immediate_all_reduce_into(scope, &me, &mut max, SystemOperation::max());
+        // Point-to-point meanwhile: a ring, received from any process.
+        for round in 0..50 {
+            let (x, status) = request::scope(|s| {
+                let send = world
+                    .process_at_rank(next)
+                    .immediate_send_with_tag(s, &round, 3);
+                let got = world.any_process().receive::<i32>();
+                send.wait();
+                got
+            });
+            assert_eq!((x, status.source_rank(), status.tag()), (round, prev, 3));
+            work += (0..1000u64).map(|k| k * k % 7).sum::<u64>();
+        }
+        // Completed by polling, while computing.
+        let mut reduce = reduce;
+        loop {
+            match reduce.test() {
+                Ok(_) => break,
+                Err(r) => {
+                    reduce = r;
+                    work += 1;
+                }
+            }
+        }
+        barrier.wait();
+        gather.wait();
+        maxed.wait();
+    });
+    assert!(work > 0);
+    assert_eq!(max, n - 1);
+    assert_eq!(all, (0..n).collect::<Vec<_>>());
+    let ranks_sum = f64::from(n * (n - 1) / 2);
+    for (i, &s) in sum.iter().enumerate() {
+        assert_eq!(s, i as f64 * f64::from(n) + ranks_sum, "element {i}");
+    }
+    // Many at once, completed in any order.
+    request::multiple_scope(64, |_, coll| {
+        for _ in 0..64 {
+            coll.add(world.immediate_barrier());
+        }
+        let mut done = Vec::new();
+        coll.wait_all(&mut done);
+        assert_eq!(done.len(), 64);
+    });
+    // Prefix reductions, a rooted one and a scatter, nonblocking.
+    let (mut inclusive, mut exclusive) = (0i32, -1i32);
+    let root = world.process_at_rank(n - 1);
+    let (one_more, mine) = (me + 1, i64::from(me));
+    let mut at_root = 0i64;
+    let mut part = 0u16;
+    let parts: Vec<u16> = (0..n as u16).map(|r| r * 10).collect();
+    let sum = SystemOperation::sum();
+    request::scope(|scope| {
+        let a = world.immediate_scan_into(scope, &one_more, &mut inclusive, sum);
+        let b = world.immediate_exclusive_scan_into(scope, &one_more, &mut exclusive, sum);
+        let c = if me == n - 1 {
+            root.immediate_reduce_into_root(scope, &mine, &mut at_root, sum)
+        } else {
+            root.immediate_reduce_into(scope, &mine, sum)
+        };
+        let d = if me == n - 1 {
+            root.immediate_scatter_into_root(scope, &parts[..], &mut part)
+        } else {
+            root.immediate_scatter_into(scope, &mut part)
+        };
+        a.wait();
+        b.wait();
+        c.wait();
+        d.wait();
+    });
+    assert_eq!(inclusive, (me + 1) * (me + 2) / 2);
+    if me > 0 {
+        assert_eq!(exclusive, me * (me + 1) / 2);
+    } else {
+        assert_eq!(exclusive, -1, "rank 0's exclusive scan leaves its buffer");
+    }
+    if me == n - 1 {
+        assert_eq!(at_root, i64::from(n * (n - 1) / 2));
+    }
+    assert_eq!(part, me as u16 * 10);
+}
+
+#[test]
+fn immediate_collectives_overlap_with_computation_and_point_to_point() {
+    for n in [2, 3] {
+        ranks(
+            "immediate_collectives_overlap_with_computation_and_point_to_point",
+            n,
+            &[],
+            overlap,
+        );
+    }
+}
