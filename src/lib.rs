@@ -27,21 +27,26 @@
 //! (the message layer), [`buffer_mode`], [`boot`] (bootstrap and the `pwrun` launcher) and
 //! [`sys`].
 #![deny(missing_docs)]
-// `unsafe` only where a buffer is lent to a backend: `request.rs` (requests, whose scope keeps
-// the buffer borrowed), pagewire's backend's `blocking.rs`, and the host-MPI backend's
-// `ffi.rs` (every call into MPI).
+// `unsafe` only where a buffer is lent to a backend or read through its address:
+// `request.rs` (requests, whose scope keeps the buffer borrowed), `datatype/buffer.rs` (the
+// buffer traits and packing), pagewire's backend's `blocking.rs`, the host-MPI backend's
+// `ffi.rs` (every call into MPI), and one call of a C reduction function
+// (`collective/operation.rs`). rsmpi's `unsafe` API (`Equivalence`, `ready_send`,
+// `unpack_into`, `UnsafeUserOperation`) is declared `unsafe` item by item.
 #![deny(unsafe_code)]
 //
 // The facade's files depend one way, each on files below it only:
 //
 //   lib.rs             the crate root: re-exports, `initialize`
-//   collective/        CommunicatorCollectives, Root, the reduction operations
+//   collective/        CommunicatorCollectives, Root, the reduction operations, the
+//                      immediate collectives
 //   point_to_point.rs  Destination, Source, Message
-//   request.rs         scopes and requests
+//   request.rs         scopes, requests, guards, collections
 //   status.rs          Status
-//   topology/          Universe, Communicator, SimpleCommunicator, Process
+//   topology/          Universe, communicators, processes, groups, Cartesian topologies
 //   backend/           the seam: pagewire's backend, the host MPI library's (feature `mpi`)
-//   config.rs, datatype.rs, error.rs
+//   datatype/          type maps, datatypes, buffers and packing
+//   config.rs, environment.rs (initialisation state, threading, clock), error.rs, ffi.rs
 
 mod backend;
 pub mod collective;

@@ -209,40 +209,30 @@ pub(crate) enum ReduceCall<'c> {
     ReduceScatter { counts: &'c [Count] },
 }
 
-/// Runs the reduction `call` of the packed `send` (elements of `prim`) on `backend`,
-/// typed; returns the packed result (`recv_len` bytes) where this rank gets one.
-pub(crate) fn reduce_bytes(
+/// Runs the reduction `call` of `send` into `recv` (where this rank gets a result) on
+/// `backend`, typed.
+fn run_reduction<T: Element>(
     backend: &CommBackend,
     call: ReduceCall<'_>,
     prim: Primitive,
-    send: &[u8],
-    recv_len: usize,
-    reduction: Reduction<'_>,
-) -> Result<Option<Vec<u8>>> {
-    with_element!(prim, T => {
-        let op = Adapter::<T>::new(reduction, prim);
-        let s: Vec<T> = operation::elements_of(send);
-        let mut r = vec![<T as bytemuck::Zeroable>::zeroed(); recv_len / std::mem::size_of::<T>()];
-        match call {
-            ReduceCall::AllReduce => backend.all_reduce(&s, &mut r, &op)?,
-            ReduceCall::Reduce { root, at_root: true } => {
-                backend.reduce(root, &s, Some(&mut r), &op)?
-            }
-            ReduceCall::Reduce { root, at_root: false } => {
-                backend.reduce(root, &s, None, &op)?;
-                return Ok(None);
-            }
-            ReduceCall::Scan => backend.scan(&s, &mut r, &op)?,
-            ReduceCall::ReduceScatterBlock => backend.reduce_scatter_block(&s, &mut r, &op)?,
-            ReduceCall::ReduceScatter { counts } => {
-                let elem = std::mem::size_of::<T>() as Count;
-                let per = prim_size(prim) as Count / elem.max(1);
-                let k: Vec<Count> = counts.iter().map(|&c| c * per.max(1)).collect();
-                backend.reduce_scatter(&s, &mut r, &k, &op)?
-            }
+    send: &[T],
+    recv: Option<&mut [T]>,
+    op: &Adapter<'_, T>,
+) -> Result<()> {
+    let none = || Error::InvalidArgument("a reduction result needs a receive buffer".into());
+    match call {
+        ReduceCall::AllReduce => backend.all_reduce(send, recv.ok_or_else(none)?, op),
+        ReduceCall::Reduce { root, .. } => backend.reduce(root, send, recv, op),
+        ReduceCall::Scan => backend.scan(send, recv.ok_or_else(none)?, op),
+        ReduceCall::ReduceScatterBlock => {
+            backend.reduce_scatter_block(send, recv.ok_or_else(none)?, op)
         }
-        Ok(Some(bytemuck::cast_slice(&r).to_vec()))
-    })
+        ReduceCall::ReduceScatter { counts } => {
+            let per = (prim_size(prim) / std::mem::size_of::<T>()).max(1) as Count;
+            let k: Vec<Count> = counts.iter().map(|&c| c * per).collect();
+            backend.reduce_scatter(send, recv.ok_or_else(none)?, &k, op)
+        }
+    }
 }
 
 /// Bytes of one primitive.
@@ -250,7 +240,9 @@ fn prim_size(p: Primitive) -> usize {
     crate::datatype::TypeMap::of_primitive(p).size()
 }
 
-/// A reduction of `send` into `recv` (where this rank gets a result).
+/// A reduction of `send` into `recv` (where this rank gets a result). Buffers of one
+/// primitive without gaps are handed to the algorithms as they are; others go through
+/// packed copies.
 fn reduce_into_buffer<S, R, O>(
     backend: &CommBackend,
     call: ReduceCall<'_>,
@@ -267,19 +259,42 @@ where
     let bytes = packed(send);
     let mut landing = recv.map(Landing::new);
     // MPI describes both buffers by the send buffer's datatype and count: the result has
-    // the send buffer's length (a block of it for reduce-scatter), and `unpack` writes what
-    // of it fits the receive buffer.
+    // the send buffer's length (a block of it for reduce-scatter), and what of it fits the
+    // receive buffer is written there.
     let recv_len = match call {
         ReduceCall::AllReduce | ReduceCall::Reduce { .. } | ReduceCall::Scan => bytes.len(),
         ReduceCall::ReduceScatterBlock => bytes.len() / backend.size().max(1),
         ReduceCall::ReduceScatter { .. } => landing.as_ref().map_or(0, Landing::packed_len),
     };
-    if let Some(result) = reduce_bytes(backend, call, prim, &bytes, recv_len, op.reduction())? {
-        if let Some(l) = landing.as_mut() {
-            l.unpack(&result);
+    let at_root = !matches!(call, ReduceCall::Reduce { at_root: false, .. });
+    with_element!(prim, T => {
+        let adapter = Adapter::<T>::new(op.reduction(), prim);
+        let copied: Vec<T>;
+        let s: &[T] = match bytemuck::try_cast_slice(&bytes) {
+            Ok(s) => s,
+            Err(_) => {
+                copied = operation::elements_of(&bytes);
+                &copied
+            }
+        };
+        if !at_root {
+            return run_reduction::<T>(backend, call, prim, s, None, &adapter);
         }
-    }
-    Ok(())
+        let Some(landing) = landing.as_mut() else {
+            return Err(Error::InvalidArgument("a reduction result needs a receive buffer".into()));
+        };
+        let direct = landing
+            .contiguous()
+            .filter(|b| b.len() == recv_len)
+            .and_then(|b| bytemuck::try_cast_slice_mut::<u8, T>(b).ok());
+        if let Some(r) = direct {
+            return run_reduction::<T>(backend, call, prim, s, Some(r), &adapter);
+        }
+        let mut r = vec![<T as bytemuck::Zeroable>::zeroed(); recv_len / std::mem::size_of::<T>()];
+        run_reduction::<T>(backend, call, prim, s, Some(&mut r), &adapter)?;
+        landing.unpack(bytemuck::cast_slice(&r));
+        Ok(())
+    })
 }
 
 /// Collectives over all ranks of a communicator (rsmpi's `CommunicatorCollectives`).
