@@ -339,13 +339,13 @@ where
     let sends = to.iter().map(|&r| (r, part(r))).collect();
     let receives = from.iter().map(|&r| (r, block)).collect();
     let own = part(me);
-    let Some(mut landing) = landing.filter(|_| {
-        !from.is_empty()
-            || matches!(
-                combine,
-                Combine::All | Combine::ScatterBlock | Combine::Prefix { inclusive: true }
-            )
-    }) else {
+    // Whether this rank gets a result (rank 0's exclusive scan gets none).
+    let gets = match combine {
+        Combine::All | Combine::ScatterBlock => true,
+        Combine::Root(root) => me == root,
+        Combine::Prefix { inclusive } => inclusive || me > 0,
+    };
+    let Some(mut landing) = landing.filter(|_| gets) else {
         return start(backend, receives, sends, Box::new(|_| Ok(())));
     };
     let finish: Finish<'a> = Box::new(move |got| {
