@@ -9,6 +9,8 @@
 #     and on pagewire's transport bootstrapped by MPI in the copy, pindown and odp modes;
 #   - tests/mpirun_examples.rs: ring, parallel_sum and jacobi under mpirun -np 2 and 4 on
 #     both transports, the Jacobi line identical to pwrun's;
+#   - rsmpi 0.8.2's 58 examples, unchanged, on 2 and 3 ranks, on the mpi transport and on
+#     pagewire's in copy, pindown and odp (.ci/rsmpi_examples.sh --check);
 #   - pw-collbench on both transports (a smoke run of tools/bench/side_by_side.sh's binary);
 #   - pw-msgperf bootstrapped by MPI on the soft NIC, on 2 and 4 ranks;
 #   - pw-msgperf built *without* the feature under mpirun: it must fail with the message
@@ -60,6 +62,10 @@ timeout 1800 cargo test --release -p pagewire --features mpi --test mpirun_suite
   --test-threads=1 --skip collectives:: --skip point_to_point:: --skip communicators::
 timeout 900 cargo test --release -p pagewire --features mpi --test mpirun_examples "${T[@]}" -- \
   --test-threads=1
+
+# rsmpi 0.8.2's own examples, unchanged, under mpirun on both transports (the soft NIC in the
+# three modes); spawn is checked against what the host MPI library can do.
+bash .ci/rsmpi_examples.sh --check mpirun:mpi mpirun:copy mpirun:pindown mpirun:odp
 
 # pw-collbench, the side-by-side benchmark's binary, on both transports (short).
 cargo build --release -p pagewire-collectives --example pw-collbench --features pagewire/mpi "${T[@]}"

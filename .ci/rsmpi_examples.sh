@@ -2,24 +2,40 @@
 # rsmpi's own examples against pagewire (issue 14): builds every example of rsmpi 0.8.2
 # unchanged in a scratch crate whose only change is the dependency line
 #   mpi = { package = "pagewire", path = ... }
-# (rsmpi's features `user-operations`, `derive` and `complex` mirrored where pagewire has
-# them), runs each built one under `pwrun -n 2` and `-n 3`, and prints
-#   N of 58 compiled, M passed
-# where "passed" means it exited 0 on both 2 and 3 ranks. It never fails on the counts (exit 0
-# unless the script itself breaks); the per-example results are in the printed table and the
-# compiler's messages in $scratch/build.log.
+# (rsmpi's features `user-operations`, `derive` and `complex` mirrored), runs each on 2 and 3
+# processes (as rsmpi's CI does) in each RUN given, and prints, per run,
+#   RUN: N of 58 passed
+# where "passed" means it exited 0 on both 2 and 3 ranks.
 #
-# Settings: PAGEWIRE_MODE (passed through to the ranks), RSMPI_RUN_TIMEOUT (seconds per run,
-# default 30), RSMPI_BUDGET (seconds for all runs, default 360; later runs are skipped and
-# counted as not passed).
+# Usage: .ci/rsmpi_examples.sh [--check] [RUN ...]      (default RUN: pwrun:copy)
+#   pwrun:MODE     under pagewire's launcher, buffer mode MODE (copy, pindown or odp)
+#   mpirun:mpi     under mpirun, PAGEWIRE_TRANSPORT=mpi (every call to MPICH); needs MPICH
+#   mpirun:MODE    under mpirun, pagewire's own transport bootstrapped by MPI, mode MODE
+# The mpirun runs build pagewire with `--features mpi` into a scratch crate of their own.
+#
+# --check: exit 1 unless every example passes in every run, except `spawn` and
+# `spawn_multiple` on pagewire's own transport, which must fail with the one line that says
+# pagewire cannot add processes to a running job (README "Coming from rsmpi"), and under
+# mpirun:mpi where the MPI library itself cannot spawn (a C program tells), which must fail
+# with the MPI library's error. Without it, the script only reports.
+#
+# Settings: RSMPI_RUN_TIMEOUT (seconds per program run, default 30), RSMPI_BUDGET (seconds
+# per RUN, default 360; later programs are skipped and count as not passed). Logs:
+# target/rsmpi-examples{,-mpi}/logs/RUN/EXAMPLE.nRANKS.log and build.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 target=${CARGO_TARGET_DIR:-$repo/target}
-scratch=$target/rsmpi-examples
 run_timeout=${RSMPI_RUN_TIMEOUT:-30}
 budget=${RSMPI_BUDGET:-360}
-start=$SECONDS
+check=0
+if [ "${1:-}" = --check ]; then
+  check=1
+  shift
+fi
+runs=("$@")
+[ "${#runs[@]}" -gt 0 ] || runs=(pwrun:copy)
+spawn_refusal="cannot add processes to a running job"
 
 # rsmpi's sources come with the `mpi` feature's dependency; fetch them if they are missing.
 cargo_home=${CARGO_HOME:-$HOME/.cargo}
@@ -30,23 +46,16 @@ if [ -z "$examples" ]; then
 fi
 total=$(ls "$examples"/*.rs | wc -l)
 
-# The scratch crate: rsmpi's examples and features, pagewire as `mpi`.
-rm -rf "$scratch/examples"
-mkdir -p "$scratch/examples" "$scratch/src"
-cp "$examples"/*.rs "$scratch/examples/"
-: > "$scratch/src/lib.rs"
-have_feature() { sed -n '/^\[features\]/,/^\[/p' "$repo/Cargo.toml" | grep -q "^$1 *="; }
-features=()
-feature_table=""
-for f in user-operations derive complex; do
-  if have_feature "$f"; then
-    features+=("\"$f\"")
-    feature_table+="$f = [\"mpi/$f\"]"$'\n'
-  else
-    feature_table+="$f = []"$'\n'
-  fi
-done
-cat > "$scratch/Cargo.toml" <<EOF
+# The scratch crate in $1, pagewire with the extra features $2 ("" or "\"mpi\", "): rsmpi's
+# examples and features, pagewire as `mpi`. Builds every example, keeping going past the
+# ones that do not compile.
+build() {
+  local scratch=$1 extra=$2
+  rm -rf "$scratch/examples"
+  mkdir -p "$scratch/examples" "$scratch/src"
+  cp "$examples"/*.rs "$scratch/examples/"
+  : > "$scratch/src/lib.rs"
+  cat > "$scratch/Cargo.toml" <<TOML
 [package]
 name = "rsmpi-examples"
 version = "0.0.0"
@@ -57,52 +66,162 @@ publish = false
 [workspace]
 
 [dependencies]
-mpi = { package = "pagewire", path = "$repo" }
+mpi = { package = "pagewire", path = "$repo", features = [$extra] }
 # rsmpi's own dependency for complex numbers, which its examples use directly.
 num-complex = "0.4"
 
 [features]
 default = ["user-operations", "derive", "complex"]
-$feature_table
+user-operations = ["mpi/user-operations"]
+derive = ["mpi/derive"]
+complex = ["mpi/complex"]
+
 # rsmpi's build script declares cfg(msmpi) (Microsoft MPI); the examples test it.
 [lints.rust]
 unexpected_cfgs = { level = "warn", check-cfg = ["cfg(msmpi)"] }
-EOF
+TOML
+  rm -rf "$scratch/target/release/examples"
+  (cd "$scratch" && CARGO_TARGET_DIR=$scratch/target \
+    cargo build --release --examples --keep-going --message-format short) \
+    > "$scratch/build.log" 2>&1 || true
+}
 
-# Build: every example, keeping going past the ones that do not compile.
-cargo build --release --quiet --bin pwrun
-pwrun=$target/release/pwrun
-export CARGO_TARGET_DIR=$scratch/target
-rm -rf "$scratch/target/release/examples"
-(cd "$scratch" && cargo build --release --examples --keep-going --message-format short) \
-  > "$scratch/build.log" 2>&1 || true
-
-compiled=0
-passed=0
-printf '%-32s %-8s %-6s %-6s\n' example build n=2 n=3
-for src in "$examples"/*.rs; do
-  name=$(basename "$src" .rs)
-  bin=$scratch/target/release/examples/$name
-  if [ ! -x "$bin" ]; then
-    printf '%-32s %-8s %-6s %-6s\n' "$name" FAIL - -
-    continue
+# Builds, once each, what the runs need.
+need_pwrun=0
+need_mpi=0
+for run in "${runs[@]}"; do
+  case $run in
+    pwrun:copy | pwrun:pindown | pwrun:odp) need_pwrun=1 ;;
+    mpirun:mpi | mpirun:copy | mpirun:pindown | mpirun:odp) need_mpi=1 ;;
+    *) echo "rsmpi_examples: unknown run '$run' (pwrun:MODE, mpirun:mpi or mpirun:MODE)" >&2; exit 2 ;;
+  esac
+done
+if [ "$need_pwrun" = 1 ]; then
+  cargo build --release --quiet --bin pwrun
+  build "$target/rsmpi-examples" ""
+fi
+mpirun=(mpirun)
+mpi_spawns=0
+if [ "$need_mpi" = 1 ]; then
+  command -v ssh >/dev/null 2>&1 || mpirun+=(-launcher fork)
+  build "$target/rsmpi-examples-mpi" '"mpi"'
+  # Whether the host MPI library can spawn at all: a C program that spawns one copy of
+  # itself. Debian's MPICH 4.0.2 (ch4:ucx) cannot here: MPI_Comm_spawn fails with
+  # "MPID_Comm_spawn_multiple(86): Error in spawn call" before asking hydra for processes.
+  probe=$target/rsmpi-examples-mpi/spawn_probe
+  cat > "$probe.c" <<'C'
+#include <mpi.h>
+int main(int argc, char **argv) {
+  MPI_Comm parent, children;
+  MPI_Init(&argc, &argv);
+  MPI_Comm_get_parent(&parent);
+  if (parent == MPI_COMM_NULL)
+    MPI_Comm_spawn(argv[0], MPI_ARGV_NULL, 1, MPI_INFO_NULL, 0, MPI_COMM_WORLD, &children,
+                   MPI_ERRCODES_IGNORE);
+  MPI_Finalize();
+  return 0;
+}
+C
+  mpicc "$probe.c" -o "$probe"
+  if timeout 60 "${mpirun[@]}" -np 1 "$probe" > "$probe.log" 2>&1; then
+    mpi_spawns=1
+    echo "the host MPI library spawns processes: spawn and spawn_multiple must pass under mpirun:mpi"
+  else
+    echo "the host MPI library cannot spawn processes here: a C program's MPI_Comm_spawn fails with"
+    echo "  $(grep -m1 'Error in spawn call' "$probe.log" || tail -n 1 "$probe.log")"
+    echo "so spawn and spawn_multiple must fail with that error under mpirun:mpi"
   fi
-  compiled=$((compiled + 1))
-  results=()
-  for n in 2 3; do
-    if [ $((SECONDS - start)) -ge "$budget" ]; then
-      results+=(skip)
-    elif (cd "$scratch" && timeout $((run_timeout + 10)) "$pwrun" -n "$n" --timeout "$run_timeout" -- "$bin") \
-      > "$scratch/$name.n$n.log" 2>&1; then
-      results+=(pass)
+fi
+
+failed_runs=()
+summary=()
+for run in "${runs[@]}"; do
+  launcher=${run%%:*}
+  what=${run#*:}
+  if [ "$launcher" = pwrun ]; then
+    scratch=$target/rsmpi-examples
+  else
+    scratch=$target/rsmpi-examples-mpi
+  fi
+  logs=$scratch/logs/$launcher-$what
+  rm -rf "$logs"
+  mkdir -p "$logs"
+  # What the ranks see: the mode, or the mpi transport.
+  if [ "$what" = mpi ]; then
+    envs=(PAGEWIRE_TRANSPORT=mpi)
+  else
+    envs=(PAGEWIRE_MODE="$what")
+  fi
+  start=$SECONDS
+  compiled=0
+  passed=0
+  bad=()
+  echo "== $run"
+  printf '%-32s %-8s %-6s %-6s\n' example build n=2 n=3
+  for src in "$examples"/*.rs; do
+    name=$(basename "$src" .rs)
+    bin=$scratch/target/release/examples/$name
+    # spawn and spawn_multiple are refused on pagewire's own transport (one clear line), and
+    # on the mpi transport where the MPI library cannot spawn (its own error).
+    refused=0
+    refusal=$spawn_refusal
+    case $name:$what in
+      spawn:mpi | spawn_multiple:mpi)
+        if [ "$mpi_spawns" = 0 ]; then
+          refused=1
+          refusal="Error in spawn call"
+        fi
+        ;;
+      spawn:* | spawn_multiple:*) refused=1 ;;
+    esac
+    if [ ! -x "$bin" ]; then
+      printf '%-32s %-8s %-6s %-6s\n' "$name" FAIL - -
+      bad+=("$name (does not compile)")
+      continue
+    fi
+    compiled=$((compiled + 1))
+    results=()
+    for n in 2 3; do
+      log=$logs/$name.n$n.log
+      if [ $((SECONDS - start)) -ge "$budget" ]; then
+        results+=(skip)
+        continue
+      fi
+      if [ "$launcher" = pwrun ]; then
+        cmd=("$target/release/pwrun" -n "$n" --timeout "$run_timeout" -- "$bin")
+      else
+        cmd=("${mpirun[@]}" -np "$n" "$bin")
+      fi
+      if (cd "$scratch" && env "${envs[@]}" RUST_BACKTRACE=0 timeout $((run_timeout + 10)) "${cmd[@]}") \
+        > "$log" 2>&1; then
+        results+=(pass)
+      else
+        results+=(FAIL)
+      fi
+    done
+    printf '%-32s %-8s %-6s %-6s\n' "$name" ok "${results[0]}" "${results[1]}"
+    if [ "${results[0]}" = pass ] && [ "${results[1]}" = pass ]; then
+      passed=$((passed + 1))
+      [ "$refused" = 0 ] || bad+=("$name (passed where it must be refused)")
+    elif [ "$refused" = 1 ] && [ "${results[0]}${results[1]}" = FAILFAIL ] &&
+      grep -q "$refusal" "$logs/$name.n2.log" && grep -q "$refusal" "$logs/$name.n3.log"; then
+      : # refused with the message, as documented
     else
-      results+=(FAIL)
+      bad+=("$name (${results[*]})")
     fi
   done
-  printf '%-32s %-8s %-6s %-6s\n' "$name" ok "${results[0]}" "${results[1]}"
-  if [ "${results[0]}" = pass ] && [ "${results[1]}" = pass ]; then
-    passed=$((passed + 1))
+  echo "logs: $logs ($((SECONDS - start)) s)"
+  line="$run: $passed of $total passed ($compiled compiled)"
+  if [ "${#bad[@]}" -gt 0 ]; then
+    line+="; unexpected: ${bad[*]}"
+    failed_runs+=("$run")
   fi
+  echo "$line"
+  summary+=("$line")
 done
-echo "logs: $scratch/build.log, $scratch/<example>.n<ranks>.log ($((SECONDS - start)) s)"
-echo "$compiled of $total compiled, $passed passed"
+echo "== summary"
+printf '%s\n' "${summary[@]}"
+if [ "$check" = 1 ] && [ "${#failed_runs[@]}" -gt 0 ]; then
+  echo "rsmpi_examples: unexpected results in ${failed_runs[*]}" >&2
+  exit 1
+fi

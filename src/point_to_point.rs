@@ -14,13 +14,15 @@ use std::cell::RefCell;
 
 use pagewire_transport::msg;
 
-use crate::backend::{CommBackend, MatchedMessage, MessageBackend, PointToPointBackend};
+use crate::backend::{
+    CommBackend, CommunicatorBackend, MatchedMessage, MessageBackend, PointToPointBackend,
+};
 use crate::datatype::{
     packed, vec_from_packed, Buffer, BufferMut, Equivalence, Landing, UncommittedDatatype,
 };
 use crate::error::{fatal, Error, Result};
 use crate::request::{self, OwnedReceive, Pending, Request, Scope};
-use crate::topology::{Communicator, Rank, SimpleCommunicator, Tag};
+use crate::topology::{Rank, SimpleCommunicator, Tag};
 
 pub use crate::status::Status;
 pub use crate::topology::communicator::{AnyProcess, Process};
@@ -50,10 +52,12 @@ impl SenderWatch {
 
 /// The rank `rank` of `comm`, checked.
 fn rank_of(comm: &SimpleCommunicator, rank: Rank) -> Result<usize> {
-    if rank < 0 || rank >= comm.size() {
+    // An intercommunicator's ranks here are the other group's.
+    let size = comm.backend().target_size();
+    if rank < 0 || rank as usize >= size {
         return Err(Error::NoSuchRank {
             rank: rank.max(0) as usize,
-            size: comm.size() as usize,
+            size,
         });
     }
     Ok(rank as usize)

@@ -29,6 +29,8 @@ mod traits;
 pub mod host_mpi;
 pub(crate) mod pagewire;
 
+use std::process::Command;
+
 use bytemuck::Pod;
 use pagewire_collectives::{Element, Operation};
 use pagewire_transport::boot::Bootstrap;
@@ -188,6 +190,18 @@ impl CommunicatorBackend for CommBackend {
     }
     fn nonblocking_channel(&self) -> Result<(Self, i32)> {
         dispatch!(self, b => b.nonblocking_channel().map(|(c, t)| (c.into(), t)))
+    }
+    fn target_size(&self) -> usize {
+        dispatch!(self, b => b.target_size())
+    }
+    fn spawn(&self, root: usize, commands: &[Command], maxprocs: &[i32]) -> Result<Self> {
+        dispatch!(self, b => b.spawn(root, commands, maxprocs).map(Into::into))
+    }
+    fn parent(&self) -> Result<Option<Self>> {
+        dispatch!(self, b => b.parent().map(|p| p.map(Into::into)))
+    }
+    fn merge(&self, high: bool) -> Result<Self> {
+        dispatch!(self, b => b.merge(high).map(Into::into))
     }
     fn transport(&self) -> TransportKind {
         dispatch!(self, b => b.transport())

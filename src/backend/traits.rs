@@ -7,6 +7,8 @@
 //! [`Status`] names its source by its rank in the communicator too. Operations that the rsmpi
 //! API panics on go through these as `Result`s: the facade's `fatal` is applied above.
 
+use std::process::Command;
+
 use bytemuck::Pod;
 use pagewire_collectives::{Element, Operation};
 use pagewire_transport::boot::Bootstrap;
@@ -43,6 +45,18 @@ pub(crate) trait CommunicatorBackend: Sized {
     /// collectives, and the tag of the next one (every rank starts them in the same order,
     /// so the tags agree): no point-to-point receive nor blocking collective matches them.
     fn nonblocking_channel(&self) -> Result<(Self, i32)>;
+    /// Ranks that point-to-point calls address: [`CommunicatorBackend::size`], or the other
+    /// group's size on an intercommunicator (rsmpi's `target_size`).
+    fn target_size(&self) -> usize;
+    /// Starts `maxprocs[i]` processes of `commands[i]`, the commands taken from `root`, and
+    /// returns the intercommunicator to them (`MPI_Comm_spawn(_multiple)`; collective).
+    fn spawn(&self, root: usize, commands: &[Command], maxprocs: &[i32]) -> Result<Self>;
+    /// The intercommunicator to the processes that spawned this one, if they did
+    /// (`MPI_Comm_get_parent`).
+    fn parent(&self) -> Result<Option<Self>>;
+    /// Both groups of an intercommunicator as one communicator, this group's ranks after
+    /// the other's when `high` (`MPI_Intercomm_merge`; collective over both groups).
+    fn merge(&self, high: bool) -> Result<Self>;
 
     /// What carries the calls.
     fn transport(&self) -> TransportKind;

@@ -2,7 +2,7 @@
 //! scatter(v), blocking and nonblocking, called on the root process of a communicator by
 //! every rank.
 
-use crate::backend::CollectiveBackend;
+use crate::backend::{CollectiveBackend, CommunicatorBackend};
 use crate::collective::immediate::{self, Combine};
 use crate::collective::operation::Operation;
 use crate::collective::{
@@ -188,16 +188,13 @@ pub trait Root {
         R: BufferMut + ?Sized + 'a;
 
     /// Starts `maxprocs` processes of `command` connected to this communicator
-    /// (`MPI_Comm_spawn`, collective, rooted here). pagewire cannot: neither `pwrun` nor
-    /// `mpirun`'s bootstrap starts processes into a running job, so this returns that error
-    /// on every rank.
-    fn spawn(&self, command: &Command, maxprocs: Rank) -> Result<InterCommunicator> {
-        Err(spawn_error(&format!("{maxprocs} of {command:?}")))
-    }
-    /// [`Root::spawn`] of several commands (`MPI_Comm_spawn_multiple`); the same error.
-    fn spawn_multiple(&self, commands: &[Command], maxprocs: &[Rank]) -> Result<InterCommunicator> {
-        Err(spawn_error(&format!("{maxprocs:?} of {commands:?}")))
-    }
+    /// (`MPI_Comm_spawn`, collective, the command taken from the root) and returns the
+    /// intercommunicator to them. Under mpirun with the mpi transport only: pagewire's own
+    /// transport cannot add processes to a running job and returns that error on every rank.
+    fn spawn(&self, command: &Command, maxprocs: Rank) -> Result<InterCommunicator>;
+    /// [`Root::spawn`] of several commands (`MPI_Comm_spawn_multiple`): `maxprocs[i]`
+    /// processes of `commands[i]`, in one group.
+    fn spawn_multiple(&self, commands: &[Command], maxprocs: &[Rank]) -> Result<InterCommunicator>;
 
     /// [`Root::broadcast_into`], returning errors.
     fn try_broadcast_into<B: BufferMut + ?Sized>(&self, buf: &mut B) -> Result<()>;
@@ -244,14 +241,6 @@ pub trait Root {
     ) -> Result<()>;
 }
 
-/// What `spawn` returns: pagewire starts no processes into a running job.
-fn spawn_error(what: &str) -> Error {
-    Error::InvalidArgument(format!(
-        "spawn ({what}) is not supported: pagewire's launchers start every process of a job \
-         at once and cannot add processes to it (run the children as part of the job instead)"
-    ))
-}
-
 impl Process<'_> {
     /// The root as a group rank, or `NoSuchRank`.
     fn root(&self) -> Result<usize> {
@@ -282,6 +271,23 @@ impl Process<'_> {
 impl Root for Process<'_> {
     fn root_rank(&self) -> Rank {
         self.rank
+    }
+
+    fn spawn(&self, command: &Command, maxprocs: Rank) -> Result<InterCommunicator> {
+        self.spawn_multiple(std::slice::from_ref(command), &[maxprocs])
+    }
+
+    fn spawn_multiple(&self, commands: &[Command], maxprocs: &[Rank]) -> Result<InterCommunicator> {
+        if commands.len() != maxprocs.len() || maxprocs.iter().any(|&n| n < 1) {
+            return Err(Error::InvalidArgument(format!(
+                "spawn: {} commands with process counts {maxprocs:?}: one count of at least 1 \
+                 per command",
+                commands.len()
+            )));
+        }
+        let root = self.root()?;
+        let backend = self.comm.backend().spawn(root, commands, maxprocs)?;
+        Ok(InterCommunicator::new(backend))
     }
 
     fn immediate_broadcast_into<'a, Sc: Scope<'a>, B: BufferMut + ?Sized + 'a>(

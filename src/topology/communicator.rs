@@ -218,10 +218,10 @@ pub trait Communicator {
         );
         cartesian::map(self, dims)
     }
-    /// The communicator to the processes that spawned this one (`MPI_Comm_get_parent`):
-    /// always `None`, as pagewire spawns no processes (see [`InterCommunicator`]).
+    /// The communicator to the processes that spawned this one (`MPI_Comm_get_parent`), if
+    /// they did: only under mpirun with the mpi transport (see [`InterCommunicator`]).
     fn parent(&self) -> Option<InterCommunicator> {
-        None
+        fatal(self.as_simple().backend().parent()).map(InterCommunicator::new)
     }
     /// The communicator's name (`MPI_Comm_get_name`).
     fn get_name(&self) -> String {

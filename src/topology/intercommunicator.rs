@@ -1,8 +1,16 @@
-//! Intercommunicators (rsmpi's `InterCommunicator`): what `spawn` and `parent` give. pagewire
-//! starts no process into a running job (neither launcher can), so no intercommunicator
-//! ever exists: [`crate::topology::Communicator::parent`] is `None` and `spawn` returns an
-//! error that says so. The type keeps rsmpi programs compiling.
+//! Intercommunicators (rsmpi's `InterCommunicator`): what `spawn` and `parent` give, a
+//! communicator between two groups of processes. Point-to-point calls on it address the
+//! other group's ranks; [`InterCommunicator::merge`] makes both groups one communicator.
+//!
+//! Only the host-MPI backend (`PAGEWIRE_TRANSPORT=mpi` under mpirun, feature `mpi`) has them:
+//! MPI's `MPI_Comm_spawn` starts the processes. pagewire's own transport cannot add
+//! processes to a running job, so there `spawn` returns an error that says so and
+//! [`crate::topology::Communicator::parent`] is `None`. Collectives on an intercommunicator
+//! (MPI's intercommunicator collectives) are not supported: they return or panic with an
+//! error that says to merge first.
 
+use crate::backend::{CommBackend, CommunicatorBackend};
+use crate::error::fatal;
 use crate::topology::communicator::{Attributes, Communicator, SimpleCommunicator};
 use crate::topology::Rank;
 
@@ -15,29 +23,40 @@ pub enum MergeOrder {
     High,
 }
 
-/// A communicator between two groups of processes (rsmpi's `InterCommunicator`). No value
-/// of it can be made in pagewire (see the module documentation).
+/// A communicator between two groups of processes (rsmpi's `InterCommunicator`): its rank
+/// and size are this group's; `process_at_rank` addresses the other group.
 #[derive(Debug)]
 pub struct InterCommunicator {
-    never: std::convert::Infallible,
+    comm: SimpleCommunicator,
 }
 
 impl InterCommunicator {
-    /// Processes in the other group.
-    pub fn remote_size(&self) -> Rank {
-        match self.never {}
+    /// The intercommunicator on `backend`.
+    pub(crate) fn new(backend: CommBackend) -> InterCommunicator {
+        InterCommunicator {
+            comm: SimpleCommunicator::new(backend),
+        }
     }
-    /// Both groups as one communicator (`MPI_Intercomm_merge`).
-    pub fn merge(&self, _order: MergeOrder) -> SimpleCommunicator {
-        match self.never {}
+
+    /// Processes in the other group (`MPI_Comm_remote_size`).
+    pub fn remote_size(&self) -> Rank {
+        self.comm.backend().target_size() as Rank
+    }
+
+    /// Both groups as one communicator (`MPI_Intercomm_merge`; collective over both): one
+    /// group passes [`MergeOrder::Low`], the other [`MergeOrder::High`]. Panics on error, as
+    /// rsmpi does.
+    pub fn merge(&self, order: MergeOrder) -> SimpleCommunicator {
+        let merged = fatal(self.comm.backend().merge(order == MergeOrder::High));
+        SimpleCommunicator::new(merged)
     }
 }
 
 impl Communicator for InterCommunicator {
     fn as_simple(&self) -> &SimpleCommunicator {
-        match self.never {}
+        &self.comm
     }
     fn attributes_mut(&mut self) -> &mut Attributes {
-        match self.never {}
+        self.comm.attributes_mut()
     }
 }

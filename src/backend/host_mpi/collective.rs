@@ -14,21 +14,21 @@ impl HostMpi {
 
     /// `MPI_Barrier`.
     pub fn barrier(&self) -> Result<()> {
-        ffi::barrier(self.coll());
+        ffi::barrier(self.coll()?);
         Ok(())
     }
 
     /// `MPI_Bcast` of `buf` from `root`.
     pub fn broadcast<T: Pod>(&self, root: usize, buf: &mut [T]) -> Result<()> {
         let root = self.peer(root)?;
-        ffi::broadcast(self.coll(), root, bytes_mut(buf));
+        ffi::broadcast(self.coll()?, root, bytes_mut(buf));
         Ok(())
     }
 
     /// `MPI_Allgather`: `recv` holds `size · send.len()` elements, rank `j`'s block at `j`.
     pub fn all_gather<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         self.expect_len("all_gather: recv", recv.len(), send.len() * self.size)?;
-        ffi::all_gather(self.coll(), bytes(send), bytes_mut(recv));
+        ffi::all_gather(self.coll()?, bytes(send), bytes_mut(recv));
         Ok(())
     }
 
@@ -47,7 +47,7 @@ impl HostMpi {
         )?;
         self.expect_len("all_gather_varcount: recv", recv.len(), layout.total)?;
         ffi::all_gather_varcount(
-            self.coll(),
+            self.coll()?,
             bytes(send),
             bytes_mut(recv),
             &layout.counts,
@@ -67,7 +67,7 @@ impl HostMpi {
                 self.size
             )));
         }
-        ffi::all_to_all(self.coll(), bytes(send), bytes_mut(recv));
+        ffi::all_to_all(self.coll()?, bytes(send), bytes_mut(recv));
         Ok(())
     }
 
@@ -85,7 +85,7 @@ impl HostMpi {
         self.expect_len("all_to_all_varcount: send", send.len(), s.total)?;
         self.expect_len("all_to_all_varcount: recv", recv.len(), r.total)?;
         ffi::all_to_all_varcount(
-            self.coll(),
+            self.coll()?,
             (bytes(send), &s.counts, &s.displs),
             (bytes_mut(recv), &r.counts, &r.displs),
         );
@@ -99,7 +99,7 @@ impl HostMpi {
         if let Some(recv) = &recv {
             self.expect_len("gather: recv", recv.len(), send.len() * self.size)?;
         }
-        ffi::gather(self.coll(), root, bytes(send), recv.map(bytes_mut));
+        ffi::gather(self.coll()?, root, bytes(send), recv.map(bytes_mut));
         Ok(())
     }
 
@@ -118,9 +118,9 @@ impl HostMpi {
                 self.expect_len("gather_varcount: send", send.len(), layout.elems[self.rank])?;
                 self.expect_len("gather_varcount: recv", recv.len(), layout.total)?;
                 let recv = (bytes_mut(recv), &layout.counts[..], &layout.displs[..]);
-                ffi::gather_varcount(self.coll(), root, bytes(send), Some(recv));
+                ffi::gather_varcount(self.coll()?, root, bytes(send), Some(recv));
             }
-            None => ffi::gather_varcount(self.coll(), root, bytes(send), None),
+            None => ffi::gather_varcount(self.coll()?, root, bytes(send), None),
         }
         Ok(())
     }
@@ -137,7 +137,7 @@ impl HostMpi {
                 recv.len() * self.size,
             )?;
         }
-        ffi::scatter(self.coll(), root, send.map(bytes), recv);
+        ffi::scatter(self.coll()?, root, send.map(bytes), recv);
         Ok(())
     }
 
@@ -160,9 +160,9 @@ impl HostMpi {
                     layout.elems[self.rank],
                 )?;
                 let send = (bytes(send), &layout.counts[..], &layout.displs[..]);
-                ffi::scatter_varcount(self.coll(), root, Some(send), bytes_mut(recv));
+                ffi::scatter_varcount(self.coll()?, root, Some(send), bytes_mut(recv));
             }
-            None => ffi::scatter_varcount(self.coll(), root, None, bytes_mut(recv)),
+            None => ffi::scatter_varcount(self.coll()?, root, None, bytes_mut(recv)),
         }
         Ok(())
     }
@@ -183,14 +183,14 @@ impl HostMpi {
         if let Some(recv) = &recv {
             self.expect_len("reduce: recv", recv.len(), send.len())?;
         }
-        ffi::reduce(self.coll(), root, send, recv, op)
+        ffi::reduce(self.coll()?, root, send, recv, op)
     }
 
     /// `MPI_Allreduce`.
     pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
         self.expect_len("all_reduce: recv", recv.len(), send.len())?;
         reduction::check::<T>(op)?;
-        ffi::all_reduce(self.coll(), send, recv, op)
+        ffi::all_reduce(self.coll()?, send, recv, op)
     }
 
     /// `MPI_Reduce_scatter_block`: `send` holds `size · recv.len()` elements; block `j` of
@@ -207,7 +207,7 @@ impl HostMpi {
             recv.len() * self.size,
         )?;
         reduction::check::<T>(op)?;
-        ffi::reduce_scatter_block(self.coll(), send, recv, op)
+        ffi::reduce_scatter_block(self.coll()?, send, recv, op)
     }
 
     /// `MPI_Reduce_scatter`: `send` holds `Σ counts` elements; block `j` (`counts[j]`
@@ -223,14 +223,14 @@ impl HostMpi {
         self.expect_len("reduce_scatter: send", send.len(), layout.total)?;
         self.expect_len("reduce_scatter: recv", recv.len(), layout.elems[self.rank])?;
         reduction::check::<T>(op)?;
-        ffi::reduce_scatter(self.coll(), send, recv, counts, op)
+        ffi::reduce_scatter(self.coll()?, send, recv, counts, op)
     }
 
     /// `MPI_Scan`: rank `r` gets the reduction of ranks `0..=r`.
     pub fn scan<T: Element>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
         self.expect_len("scan: recv", recv.len(), send.len())?;
         reduction::check::<T>(op)?;
-        ffi::scan(self.coll(), send, recv, op)
+        ffi::scan(self.coll()?, send, recv, op)
     }
 
     // ---- argument checks -------------------------------------------------------------------

@@ -4,6 +4,7 @@
 //! Its requests and matched messages ([`HostMpiRequest`], [`HostMpiMessage`]) keep MPI
 //! initialised until they are gone.
 
+use std::process::Command;
 use std::rc::Rc;
 
 use pagewire_collectives::{Element, Operation};
@@ -106,12 +107,8 @@ impl CommunicatorBackend for HostMpiComm {
         Ok(self.mpi.split(color, key)?.map(|sub| self.on(sub)))
     }
 
-    fn create_from_members(&self, _members: &[usize], _tag: i32) -> Result<HostMpiComm> {
-        Err(Error::InvalidArgument(
-            "PAGEWIRE_TRANSPORT=mpi: communicators from groups (split_by_subgroup) are not \
-             forwarded to the host MPI library yet; use split_by_color"
-                .into(),
-        ))
+    fn create_from_members(&self, members: &[usize], tag: i32) -> Result<HostMpiComm> {
+        Ok(self.on(self.mpi.create_from_members(members, tag)?))
     }
 
     fn same_context(&self, other: &HostMpiComm) -> bool {
@@ -124,17 +121,28 @@ impl CommunicatorBackend for HostMpiComm {
     }
 
     fn nonblocking_channel(&self) -> Result<(HostMpiComm, i32)> {
-        Err(Error::InvalidArgument(
-            "PAGEWIRE_TRANSPORT=mpi: immediate collectives are not forwarded to the host MPI \
-             library yet; use the blocking ones"
-                .into(),
-        ))
+        let (channel, tag) = self.mpi.nonblocking_channel()?;
+        Ok((self.on(channel), tag))
     }
 
     fn world_ranks(&self) -> Result<Vec<usize>> {
-        Err(Error::InvalidArgument(
-            "PAGEWIRE_TRANSPORT=mpi: groups are not forwarded to the host MPI library yet".into(),
-        ))
+        self.mpi.world_ranks()
+    }
+
+    fn target_size(&self) -> usize {
+        self.mpi.target_size()
+    }
+
+    fn spawn(&self, root: usize, commands: &[Command], maxprocs: &[i32]) -> Result<HostMpiComm> {
+        Ok(self.on(self.mpi.spawn(root, commands, maxprocs)?))
+    }
+
+    fn parent(&self) -> Result<Option<HostMpiComm>> {
+        Ok(HostMpi::parent()?.map(|p| self.on(p)))
+    }
+
+    fn merge(&self, high: bool) -> Result<HostMpiComm> {
+        Ok(self.on(self.mpi.merge(high)?))
     }
 
     fn transport(&self) -> TransportKind {

@@ -119,7 +119,151 @@ pub(super) fn split(comm: &Comm, color: Option<i32>, key: i32) -> Option<Comm> {
     comm.split_by_color_with_key(color, key)
 }
 
-pub(super) fn errors_return(comm: &Comm) -> Result<()> {
+/// What point-to-point calls address: an intracommunicator (ranks of its own group) or an
+/// intercommunicator (ranks of the other group: `MPI_Comm_spawn`'s result and the parent).
+pub(super) enum PeerComm {
+    /// An intracommunicator, freed when dropped.
+    Intra(Comm),
+    /// An intercommunicator that this process created (`MPI_Comm_spawn`), freed when
+    /// dropped.
+    Inter(ffi::MPI_Comm),
+    /// The parent intercommunicator (`MPI_Comm_get_parent`): MPI's own handle, never freed
+    /// (a second `parent()` returns the same handle), as rsmpi does.
+    Parent(ffi::MPI_Comm),
+}
+
+impl PeerComm {
+    /// The `MPI_Comm` handle.
+    pub(super) fn as_raw(&self) -> ffi::MPI_Comm {
+        match self {
+            PeerComm::Intra(c) => c.as_raw(),
+            PeerComm::Inter(c) | PeerComm::Parent(c) => *c,
+        }
+    }
+
+    /// Ranks the calls address: the group's own, or the other group's for an
+    /// intercommunicator (rsmpi's `target_size`).
+    pub(super) fn target_size(&self) -> usize {
+        match self {
+            PeerComm::Intra(c) => size(c),
+            PeerComm::Inter(c) | PeerComm::Parent(c) => {
+                let mut n: c_int = 0;
+                // SAFETY: a live intercommunicator; writes one int.
+                unsafe { ffi::MPI_Comm_remote_size(*c, &mut n) };
+                usize::try_from(n).expect("MPI sizes are non-negative")
+            }
+        }
+    }
+
+    /// This process's rank and the size of its own group.
+    pub(super) fn local_rank_and_size(&self) -> (usize, usize) {
+        let (mut rank, mut n): (c_int, c_int) = (0, 0);
+        // SAFETY: a live communicator; each call writes one int.
+        unsafe {
+            ffi::MPI_Comm_rank(self.as_raw(), &mut rank);
+            ffi::MPI_Comm_size(self.as_raw(), &mut n);
+        }
+        (rank.max(0) as usize, n.max(0) as usize)
+    }
+}
+
+impl Drop for PeerComm {
+    fn drop(&mut self) {
+        if let PeerComm::Inter(c) = self {
+            if !is_finalized() {
+                // SAFETY: an intercommunicator this process owns, used by nothing after this;
+                // MPI_Comm_free is local (MPI_Comm_disconnect would wait for the other group).
+                unsafe { ffi::MPI_Comm_free(c) };
+            }
+        }
+    }
+}
+
+/// `MPI_Comm_spawn` (or `MPI_Comm_spawn_multiple` for several commands) of `maxprocs[i]`
+/// processes of `commands[i]`, collective over `comm`, with the commands and counts taken
+/// from `root`: rsmpi's own call, whose intercommunicator becomes a [`PeerComm::Inter`].
+pub(super) fn spawn(
+    comm: &Comm,
+    root: i32,
+    commands: &[std::process::Command],
+    maxprocs: &[i32],
+) -> Result<PeerComm> {
+    use mpi::collective::Root as _;
+    if let Some(c) = commands.iter().find(|c| c.get_envs().len() > 0) {
+        return Err(Error::InvalidArgument(format!(
+            "spawn of {c:?}: environment variables on the command are not passed to spawned \
+             processes (rsmpi has no way to either); set them before mpirun"
+        )));
+    }
+    let root = comm.process_at_rank(root);
+    let spawned = if let ([command], [n]) = (commands, maxprocs) {
+        root.spawn(command, *n)
+    } else {
+        root.spawn_multiple(commands, maxprocs)
+    };
+    let inter = spawned.map_err(|e| {
+        Error::Bootstrap(format!(
+            "spawn of {commands:?} ({maxprocs:?} processes) failed: {e:?}"
+        ))
+    })?;
+    let raw = inter.as_raw();
+    // rsmpi would disconnect the handle when dropped; the PeerComm frees it instead.
+    std::mem::forget(inter);
+    Ok(PeerComm::Inter(raw))
+}
+
+/// The intercommunicator to the processes that spawned this one (`MPI_Comm_get_parent`),
+/// if they did.
+pub(super) fn parent() -> Option<PeerComm> {
+    // SAFETY: reads a constant that rsmpi's C shim defines.
+    let mut raw = unsafe { ffi::RSMPI_COMM_NULL };
+    // SAFETY: writes one handle.
+    unsafe { ffi::MPI_Comm_get_parent(&mut raw) };
+    // SAFETY: reads a constant that rsmpi's C shim defines.
+    (raw != unsafe { ffi::RSMPI_COMM_NULL }).then_some(PeerComm::Parent(raw))
+}
+
+/// `MPI_Intercomm_merge` of `inter` (collective over both groups): this group's ranks
+/// after the other's when `high`.
+pub(super) fn merge(inter: &PeerComm, high: bool) -> Result<Comm> {
+    // SAFETY: reads a constant that rsmpi's C shim defines.
+    let mut raw = unsafe { ffi::RSMPI_COMM_NULL };
+    // SAFETY: a live intercommunicator; writes one handle.
+    let rc = unsafe { ffi::MPI_Intercomm_merge(inter.as_raw(), c_int::from(high), &mut raw) };
+    check("MPI_Intercomm_merge", rc)?;
+    // SAFETY: reads a constant that rsmpi's C shim defines.
+    if raw == unsafe { ffi::RSMPI_COMM_NULL } {
+        return Err(Error::Bootstrap(
+            "MPI_Intercomm_merge returned no communicator".into(),
+        ));
+    }
+    // SAFETY: a new, live intracommunicator that nothing else holds.
+    Ok(unsafe { <SimpleCommunicator as mpi::raw::FromRaw>::from_raw(raw) })
+}
+
+/// The rank in `MPI_COMM_WORLD` of each rank of `comm`; `None` for a process outside this
+/// world (one of another job's, after a merge with spawned processes).
+pub(super) fn world_ranks(comm: &Comm) -> Vec<Option<usize>> {
+    use mpi::topology::Group as _;
+    let world = SimpleCommunicator::world().group();
+    let ranks: Vec<i32> = (0..comm.size()).collect();
+    comm.group()
+        .translate_ranks(&ranks, &world)
+        .into_iter()
+        .map(|r| r.and_then(|r| usize::try_from(r).ok()))
+        .collect()
+}
+
+/// `MPI_Comm_create_group`: a communicator of `comm`'s ranks `members`, in that order,
+/// collective over the members only; `tag` tells concurrent calls apart.
+pub(super) fn create_from_members(comm: &Comm, members: &[i32], tag: i32) -> Result<Comm> {
+    use mpi::topology::Group as _;
+    let group = comm.group().include(members);
+    comm.split_by_subgroup_with_tag(&group, tag)
+        .ok_or_else(|| Error::InvalidArgument("this rank is not among the members".into()))
+}
+
+pub(super) fn errors_return(comm: &PeerComm) -> Result<()> {
     // SAFETY: a live communicator and a predefined error handler.
     let rc = unsafe { ffi::MPI_Comm_set_errhandler(comm.as_raw(), ffi::RSMPI_ERRORS_RETURN) };
     check("MPI_Comm_set_errhandler", rc)
@@ -226,7 +370,7 @@ fn count(len: usize) -> Result<c_int> {
     })
 }
 
-pub(super) fn send(comm: &Comm, buf: &[u8], dest: i32, tag: i32, sync: bool) -> Result<()> {
+pub(super) fn send(comm: &PeerComm, buf: &[u8], dest: i32, tag: i32, sync: bool) -> Result<()> {
     let n = count(buf.len())?;
     let p = buf.as_ptr().cast::<c_void>();
     // SAFETY: MPI reads `n` bytes of `buf`, which is borrowed for the whole (blocking) call.
@@ -240,7 +384,7 @@ pub(super) fn send(comm: &Comm, buf: &[u8], dest: i32, tag: i32, sync: bool) -> 
     check(if sync { "MPI_Ssend" } else { "MPI_Send" }, rc)
 }
 
-pub(super) fn recv(comm: &Comm, buf: &mut [u8], source: i32, tag: i32) -> Result<Status> {
+pub(super) fn recv(comm: &PeerComm, buf: &mut [u8], source: i32, tag: i32) -> Result<Status> {
     let n = count(buf.len())?;
     let mut st = empty_status();
     // SAFETY: MPI writes at most `n` bytes into `buf`, borrowed mutably for the whole
@@ -259,7 +403,7 @@ pub(super) fn recv(comm: &Comm, buf: &mut [u8], source: i32, tag: i32) -> Result
     received("MPI_Recv", rc, &st, buf.len())
 }
 
-pub(super) fn probe(comm: &Comm, source: i32, tag: i32) -> Result<Status> {
+pub(super) fn probe(comm: &PeerComm, source: i32, tag: i32) -> Result<Status> {
     let mut st = empty_status();
     // SAFETY: writes one status.
     let rc = unsafe { ffi::MPI_Probe(source, tag, comm.as_raw(), &mut st) };
@@ -267,7 +411,7 @@ pub(super) fn probe(comm: &Comm, source: i32, tag: i32) -> Result<Status> {
     Ok(status(&mpi::point_to_point::Status::from_raw(st)))
 }
 
-pub(super) fn iprobe(comm: &Comm, source: i32, tag: i32) -> Result<Option<Status>> {
+pub(super) fn iprobe(comm: &PeerComm, source: i32, tag: i32) -> Result<Option<Status>> {
     let mut st = empty_status();
     let mut flag: c_int = 0;
     // SAFETY: writes one flag and one status.
@@ -284,7 +428,7 @@ pub(super) fn is_null_message(m: &Message) -> bool {
     *m == unsafe { ffi::RSMPI_MESSAGE_NULL }
 }
 
-pub(super) fn improbe(comm: &Comm, source: i32, tag: i32) -> Result<Option<(Message, Status)>> {
+pub(super) fn improbe(comm: &PeerComm, source: i32, tag: i32) -> Result<Option<(Message, Status)>> {
     let mut st = empty_status();
     let mut flag: c_int = 0;
     // SAFETY: reads a constant that rsmpi's C shim defines.
@@ -317,7 +461,13 @@ pub(super) fn imrecv(msg: &mut Message, buf: UserBufMut) -> Result<Request> {
     Ok(req)
 }
 
-pub(super) fn isend(comm: &Comm, buf: UserBuf, dest: i32, tag: i32, sync: bool) -> Result<Request> {
+pub(super) fn isend(
+    comm: &PeerComm,
+    buf: UserBuf,
+    dest: i32,
+    tag: i32,
+    sync: bool,
+) -> Result<Request> {
     let n = count(buf.len())?;
     let p = buf.addr() as usize as *const c_void;
     // SAFETY: reads a constant that rsmpi's C shim defines.
@@ -336,7 +486,7 @@ pub(super) fn isend(comm: &Comm, buf: UserBuf, dest: i32, tag: i32, sync: bool) 
     Ok(req)
 }
 
-pub(super) fn irecv(comm: &Comm, buf: UserBufMut, source: i32, tag: i32) -> Result<Request> {
+pub(super) fn irecv(comm: &PeerComm, buf: UserBufMut, source: i32, tag: i32) -> Result<Request> {
     let n = count(buf.len())?;
     let p = buf.addr() as usize as *mut c_void;
     // SAFETY: reads a constant that rsmpi's C shim defines.

@@ -40,6 +40,17 @@
 //! reduce them; so does the facade on this backend, see [`reduces_natively`]). User-defined
 //! operations are not forwarded (rsmpi needs libffi for them).
 //!
+//! # Groups, immediate collectives, intercommunicators
+//!
+//! Groups name processes by world rank: [`HostMpi::world_ranks`] translates the
+//! communicator's group into `MPI_COMM_WORLD`'s, and `split_by_subgroup` is
+//! `MPI_Comm_create_group`. Immediate collectives run the facade's own algorithms
+//! (`collective/immediate.rs`) as point-to-point messages on a third duplicate made with the
+//! other two, so starting one never communicates; MPI's `MPI_Ibarrier` & co. are not used.
+//! `spawn` is `MPI_Comm_spawn(_multiple)` and `parent` `MPI_Comm_get_parent`: their
+//! intercommunicator carries point-to-point to the other group and `merge`
+//! (`MPI_Intercomm_merge`), and has no collectives.
+//!
 //! # Threads and lifetime
 //!
 //! `HostMpi` is neither `Send` nor `Sync`: MPI runs at `MPI_THREAD_FUNNELED`, and
@@ -65,7 +76,10 @@ mod ffi;
 mod reduction;
 mod request;
 
+use std::cell::Cell;
 use std::marker::PhantomData;
+use std::process::Command;
+use std::rc::Rc;
 
 use pagewire_transport::boot::MpiBootstrap;
 use pagewire_transport::msg::raw::{UserBuf, UserBufMut};
@@ -79,30 +93,46 @@ pub use request::{HostMessage, HostRequest};
 /// The host MPI library behind pagewire's operations, on one communicator.
 pub struct HostMpi {
     /// Point-to-point traffic; `MPI_ERRORS_RETURN`. `None` only while dropping.
-    p2p: Option<ffi::Comm>,
-    /// Collectives; `MPI_ERRORS_ARE_FATAL`. `None` only while dropping.
+    p2p: Option<Rc<ffi::PeerComm>>,
+    /// Collectives; `MPI_ERRORS_ARE_FATAL`. `None` on an intercommunicator and on the channel
+    /// of immediate collectives, which have none.
     coll: Option<ffi::Comm>,
+    /// The point-to-point channel of immediate collectives (`MPI_ERRORS_RETURN`): a
+    /// duplicate made with the others, so that starting an immediate collective never
+    /// communicates. `None` where `coll` is.
+    nonblocking: Option<Rc<ffi::PeerComm>>,
+    /// The tag of the next immediate collective on `nonblocking`.
+    next_nonblocking_tag: Cell<i32>,
     rank: usize,
     size: usize,
+    /// Ranks that point-to-point calls address: `size`, or the other group's size on an
+    /// intercommunicator.
+    peers: usize,
     /// Neither `Send` nor `Sync` (`MPI_THREAD_FUNNELED`).
     _funneled: PhantomData<*const ()>,
 }
+
+/// Tags of immediate collectives cycle below this (MPI guarantees tags up to 32767).
+const NONBLOCKING_TAGS: i32 = 32768;
 
 impl std::fmt::Debug for HostMpi {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HostMpi")
             .field("rank", &self.rank)
             .field("size", &self.size)
+            .field("peers", &self.peers)
             .finish()
     }
 }
 
 impl Drop for HostMpi {
     fn drop(&mut self) {
-        let comms = [self.p2p.take(), self.coll.take()];
+        let peers = [self.p2p.take(), self.nonblocking.take()];
+        let coll = self.coll.take();
         if ffi::is_finalized() {
             // Freeing a communicator after MPI_Finalize is erroneous: leak the handles.
-            comms.into_iter().for_each(std::mem::forget);
+            peers.into_iter().for_each(std::mem::forget);
+            std::mem::forget(coll);
         }
     }
 }
@@ -118,14 +148,36 @@ impl HostMpi {
 
     /// The backend on duplicates of `parent` (collective over `parent`).
     fn on(parent: &ffi::Comm) -> Result<HostMpi> {
-        let p2p = ffi::duplicate(parent);
+        let p2p = ffi::PeerComm::Intra(ffi::duplicate(parent));
         ffi::errors_return(&p2p)?;
         let coll = ffi::duplicate(parent);
+        let nonblocking = ffi::PeerComm::Intra(ffi::duplicate(parent));
+        ffi::errors_return(&nonblocking)?;
+        let (rank, size) = (ffi::rank(parent), ffi::size(parent));
         Ok(HostMpi {
-            rank: ffi::rank(parent),
-            size: ffi::size(parent),
-            p2p: Some(p2p),
+            rank,
+            size,
+            peers: size,
+            p2p: Some(Rc::new(p2p)),
             coll: Some(coll),
+            nonblocking: Some(Rc::new(nonblocking)),
+            next_nonblocking_tag: Cell::new(0),
+            _funneled: PhantomData,
+        })
+    }
+
+    /// The backend on an intercommunicator: point-to-point to the other group, and merge.
+    fn on_intercommunicator(inter: ffi::PeerComm) -> Result<HostMpi> {
+        ffi::errors_return(&inter)?;
+        let (rank, size) = inter.local_rank_and_size();
+        Ok(HostMpi {
+            rank,
+            size,
+            peers: inter.target_size(),
+            p2p: Some(Rc::new(inter)),
+            coll: None,
+            nonblocking: None,
+            next_nonblocking_tag: Cell::new(0),
             _funneled: PhantomData,
         })
     }
@@ -140,17 +192,29 @@ impl HostMpi {
         self.size
     }
 
-    fn p2p(&self) -> &ffi::Comm {
+    /// Ranks that point-to-point calls address: [`HostMpi::size`], or the other group's
+    /// size on an intercommunicator.
+    pub fn target_size(&self) -> usize {
+        self.peers
+    }
+
+    fn p2p(&self) -> &ffi::PeerComm {
         self.p2p.as_ref().expect("live until dropped")
     }
 
-    fn coll(&self) -> &ffi::Comm {
-        self.coll.as_ref().expect("live until dropped")
+    fn coll(&self) -> Result<&ffi::Comm> {
+        self.coll.as_ref().ok_or_else(|| {
+            Error::InvalidArgument(
+                "collective operations on an intercommunicator are not supported by the \
+                 host-MPI backend; merge it into one communicator first (merge)"
+                    .into(),
+            )
+        })
     }
 
     /// A backend on a new communicator with the same ranks (`MPI_Comm_dup`; collective).
     pub fn duplicate(&self) -> Result<HostMpi> {
-        Self::on(self.coll())
+        Self::on(self.coll()?)
     }
 
     /// Splits the communicator (`MPI_Comm_split`; collective): ranks with the same `color`
@@ -162,10 +226,88 @@ impl HostMpi {
                 "color {c}: colors are non-negative (None for MPI_UNDEFINED)"
             )));
         }
-        match ffi::split(self.coll(), color, key) {
+        match ffi::split(self.coll()?, color, key) {
             Some(sub) => Ok(Some(Self::on(&sub)?)),
             None => Ok(None),
         }
+    }
+
+    /// The communicator of ranks `members` (ranks here, in the new order), collective over
+    /// the members only (`MPI_Comm_create_group`); `tag` tells concurrent calls apart.
+    pub fn create_from_members(&self, members: &[usize], tag: i32) -> Result<HostMpi> {
+        let members = members
+            .iter()
+            .map(|&r| self.peer(r))
+            .collect::<Result<Vec<_>>>()?;
+        Self::on(&ffi::create_from_members(self.coll()?, &members, tag)?)
+    }
+
+    /// The rank in `MPI_COMM_WORLD` of each rank here.
+    pub fn world_ranks(&self) -> Result<Vec<usize>> {
+        ffi::world_ranks(self.coll()?)
+            .into_iter()
+            .enumerate()
+            .map(|(rank, w)| {
+                w.ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "rank {rank} of this communicator is not in this job's world (a \
+                         spawned or spawning process): groups name processes by world rank"
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// The same ranks on the channel of immediate collectives (a communicator of its own,
+    /// made with this one, so this is local), and the tag of the next immediate collective.
+    pub fn nonblocking_channel(&self) -> Result<(HostMpi, i32)> {
+        let channel = self.nonblocking.clone().ok_or_else(|| {
+            Error::InvalidArgument(
+                "immediate collectives on an intercommunicator are not supported by the \
+                 host-MPI backend; merge it into one communicator first (merge)"
+                    .into(),
+            )
+        })?;
+        let tag = self.next_nonblocking_tag.get();
+        self.next_nonblocking_tag.set((tag + 1) % NONBLOCKING_TAGS);
+        Ok((
+            HostMpi {
+                p2p: Some(channel),
+                coll: None,
+                nonblocking: None,
+                next_nonblocking_tag: Cell::new(0),
+                rank: self.rank,
+                size: self.size,
+                peers: self.size,
+                _funneled: PhantomData,
+            },
+            tag,
+        ))
+    }
+
+    /// Starts `maxprocs[i]` processes of `commands[i]` (`MPI_Comm_spawn`,
+    /// `MPI_Comm_spawn_multiple`; collective, the commands taken from `root`) and returns the
+    /// intercommunicator to them.
+    pub fn spawn(&self, root: usize, commands: &[Command], maxprocs: &[i32]) -> Result<HostMpi> {
+        let root = self.peer(root)?;
+        Self::on_intercommunicator(ffi::spawn(self.coll()?, root, commands, maxprocs)?)
+    }
+
+    /// The intercommunicator to the processes that spawned this one
+    /// (`MPI_Comm_get_parent`), if they did.
+    pub fn parent() -> Result<Option<HostMpi>> {
+        ffi::parent().map(Self::on_intercommunicator).transpose()
+    }
+
+    /// Both groups of this intercommunicator as one communicator (`MPI_Intercomm_merge`,
+    /// collective over both): this group's ranks after the other's when `high`.
+    pub fn merge(&self, high: bool) -> Result<HostMpi> {
+        if self.coll.is_some() || self.nonblocking.is_some() {
+            return Err(Error::InvalidArgument(
+                "merge: not an intercommunicator".into(),
+            ));
+        }
+        Self::on(&ffi::merge(self.p2p(), high)?)
     }
 
     // ---- point-to-point ------------------------------------------------------------------
@@ -235,12 +377,12 @@ impl HostMpi {
     }
 
     fn peer(&self, rank: usize) -> Result<i32> {
-        if rank < self.size {
+        if rank < self.peers {
             Ok(rank as i32)
         } else {
             Err(Error::NoSuchRank {
                 rank,
-                size: self.size,
+                size: self.peers,
             })
         }
     }

@@ -25,6 +25,7 @@ mod collective;
 pub(crate) mod point_to_point;
 
 use std::cell::{Cell, RefCell};
+use std::process::Command;
 use std::rc::Rc;
 
 use pagewire_collectives::Op;
@@ -286,6 +287,31 @@ impl CommunicatorBackend for PagewireComm {
         Ok((
             self.new_comm(context, self.rank, self.size, self.ranks.clone()),
             tag,
+        ))
+    }
+
+    fn target_size(&self) -> usize {
+        self.size
+    }
+
+    fn spawn(&self, _root: usize, commands: &[Command], maxprocs: &[i32]) -> Result<PagewireComm> {
+        let programs: Vec<_> = commands.iter().map(|c| c.get_program()).collect();
+        Err(Error::InvalidArgument(format!(
+            "spawn of {maxprocs:?} processes of {programs:?}: pagewire's own transport cannot \
+             add processes to a running job (neither pwrun nor its MPI bootstrap can); run \
+             under mpirun with PAGEWIRE_TRANSPORT=mpi and --features mpi, or start the children \
+             as ranks of the job"
+        )))
+    }
+
+    fn parent(&self) -> Result<Option<PagewireComm>> {
+        // No process of a pagewire job was spawned by another.
+        Ok(None)
+    }
+
+    fn merge(&self, _high: bool) -> Result<PagewireComm> {
+        Err(Error::InvalidArgument(
+            "merge: not an intercommunicator".into(),
         ))
     }
 
