@@ -179,37 +179,89 @@ impl Drop for PeerComm {
     }
 }
 
-/// `MPI_Comm_spawn` (or `MPI_Comm_spawn_multiple` for several commands) of `maxprocs[i]`
-/// processes of `commands[i]`, collective over `comm`, with the commands and counts taken
-/// from `root`: rsmpi's own call, whose intercommunicator becomes a [`PeerComm::Inter`].
+/// `MPI_Comm_spawn_multiple` of `maxprocs[i]` processes of `commands[i]`, collective over
+/// `comm` (an intracommunicator with `MPI_ERRORS_RETURN`, so that a failed spawn is an
+/// [`Error::Mpi`] on every rank with MPI's message, not an abort whose text hydra may drop),
+/// the commands and counts taken from `root`.
 pub(super) fn spawn(
-    comm: &Comm,
+    comm: &PeerComm,
     root: i32,
     commands: &[std::process::Command],
     maxprocs: &[i32],
 ) -> Result<PeerComm> {
-    use mpi::collective::Root as _;
+    use std::ffi::CString;
     if let Some(c) = commands.iter().find(|c| c.get_envs().len() > 0) {
         return Err(Error::InvalidArgument(format!(
             "spawn of {c:?}: environment variables on the command are not passed to spawned \
              processes (rsmpi has no way to either); set them before mpirun"
         )));
     }
-    let root = comm.process_at_rank(root);
-    let spawned = if let ([command], [n]) = (commands, maxprocs) {
-        root.spawn(command, *n)
-    } else {
-        root.spawn_multiple(commands, maxprocs)
+    let c_string = |s: &std::ffi::OsStr| {
+        CString::new(s.to_string_lossy().into_owned())
+            .map_err(|_| Error::InvalidArgument(format!("spawn: {s:?} holds a NUL byte")))
     };
-    let inter = spawned.map_err(|e| {
-        Error::Bootstrap(format!(
-            "spawn of {commands:?} ({maxprocs:?} processes) failed: {e:?}"
-        ))
-    })?;
-    let raw = inter.as_raw();
-    // rsmpi would disconnect the handle when dropped; the PeerComm frees it instead.
-    std::mem::forget(inter);
-    Ok(PeerComm::Inter(raw))
+    let programs = commands
+        .iter()
+        .map(|c| c_string(c.get_program()))
+        .collect::<Result<Vec<_>>>()?;
+    let args = commands
+        .iter()
+        .map(|c| c.get_args().map(c_string).collect::<Result<Vec<_>>>())
+        .collect::<Result<Vec<_>>>()?;
+    // MPI takes `char *` everywhere and writes through none of them.
+    let mut program_ptrs: Vec<*mut std::ffi::c_char> =
+        programs.iter().map(|p| p.as_ptr().cast_mut()).collect();
+    let mut argv_ptrs: Vec<Vec<*mut std::ffi::c_char>> = args
+        .iter()
+        .map(|a| {
+            a.iter()
+                .map(|s| s.as_ptr().cast_mut())
+                .chain(std::iter::once(std::ptr::null_mut()))
+                .collect()
+        })
+        .collect();
+    let mut argvs: Vec<*mut *mut std::ffi::c_char> =
+        argv_ptrs.iter_mut().map(|a| a.as_mut_ptr()).collect();
+    // SAFETY: reads a constant that rsmpi's C shim defines.
+    let infos = vec![unsafe { ffi::RSMPI_INFO_NULL }; commands.len()];
+    let total: usize = maxprocs.iter().map(|&n| n.max(0) as usize).sum();
+    let mut errcodes: Vec<c_int> = vec![0; total];
+    // SAFETY: reads a constant that rsmpi's C shim defines.
+    let mut raw = unsafe { ffi::RSMPI_COMM_NULL };
+    // SAFETY: `commands.len()` programs, NULL-terminated argument vectors, counts and infos,
+    // all alive across the (blocking) call; one errcode per process; one handle written.
+    let rc = unsafe {
+        ffi::MPI_Comm_spawn_multiple(
+            count(commands.len())?,
+            program_ptrs.as_mut_ptr(),
+            argvs.as_mut_ptr(),
+            maxprocs.as_ptr(),
+            infos.as_ptr(),
+            root,
+            comm.as_raw(),
+            &mut raw,
+            errcodes.as_mut_ptr(),
+        )
+    };
+    check("MPI_Comm_spawn_multiple", rc)?;
+    let failed = errcodes
+        .iter()
+        .filter(|&&c| c != ffi::MPI_SUCCESS as c_int)
+        .count();
+    // SAFETY: reads a constant that rsmpi's C shim defines.
+    if raw == unsafe { ffi::RSMPI_COMM_NULL } {
+        return Err(Error::Bootstrap(format!(
+            "spawn of {commands:?}: MPI returned no intercommunicator"
+        )));
+    }
+    // Owned from here: freed when dropped, on the error path too.
+    let inter = PeerComm::Inter(raw);
+    if failed > 0 {
+        return Err(Error::Bootstrap(format!(
+            "spawn of {commands:?}: {failed} of {total} processes did not start"
+        )));
+    }
+    Ok(inter)
 }
 
 /// The intercommunicator to the processes that spawned this one (`MPI_Comm_get_parent`),

@@ -290,7 +290,10 @@ impl HostMpi {
     /// intercommunicator to them.
     pub fn spawn(&self, root: usize, commands: &[Command], maxprocs: &[i32]) -> Result<HostMpi> {
         let root = self.peer(root)?;
-        Self::on_intercommunicator(ffi::spawn(self.coll()?, root, commands, maxprocs)?)
+        // Collective over this communicator's ranks (none on an intercommunicator); the
+        // point-to-point duplicate returns MPI's errors instead of aborting.
+        self.coll()?;
+        Self::on_intercommunicator(ffi::spawn(self.p2p(), root, commands, maxprocs)?)
     }
 
     /// The intercommunicator to the processes that spawned this one
