@@ -17,6 +17,9 @@ pub(crate) struct SharedSegment {
     name: String,
     /// Whether this process created the object and its name has not been removed yet.
     owner: std::sync::atomic::AtomicBool,
+    /// The object's inode, when this process created it: the name is removed only while it
+    /// still names this object (a later NIC of the same job and rank may have taken it).
+    inode: u64,
 }
 
 // SAFETY: the mapping is process-shared memory accessed only through atomics or explicit
@@ -31,14 +34,26 @@ impl SharedSegment {
     pub(crate) fn create(name: &str, len: usize) -> Result<SharedSegment> {
         let c =
             CString::new(format!("/{name}")).map_err(|_| Error::InvalidArgument(name.into()))?;
-        // SAFETY: shm_open with a valid NUL-terminated name.
-        let fd = unsafe {
-            libc::shm_open(
-                c.as_ptr(),
-                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
-                0o600,
-            )
+        let create = || {
+            // SAFETY: shm_open with a valid NUL-terminated name.
+            unsafe {
+                libc::shm_open(
+                    c.as_ptr(),
+                    libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
+                    0o600,
+                )
+            }
         };
+        let mut fd = create();
+        if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EEXIST) {
+            // Names carry the job and the rank, so only this process makes this one: it is
+            // left by this process's previous NIC of the same job (a universe initialised
+            // again), whose teardown may still be under way on another thread. Whoever maps
+            // the old object keeps it; the name is taken for the new one.
+            // SAFETY: unlinking a name of this job and rank, as above.
+            unsafe { libc::shm_unlink(c.as_ptr()) };
+            fd = create();
+        }
         if fd < 0 {
             return Err(Error::last_os(format!(
                 "shm_open(/dev/shm/{name}, O_CREAT)"
@@ -54,7 +69,18 @@ impl SharedSegment {
             }
             return Err(e);
         }
-        let seg = Self::map(fd, len, name, true);
+        // SAFETY: fstat into a stat struct we own, on our open descriptor.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let inode = if unsafe { libc::fstat(fd, &mut st) } == 0 {
+            st.st_ino
+        } else {
+            0
+        };
+        let seg = Self::map(fd, len, name, true).map(|mut seg| {
+            seg.inode = inode;
+            seg
+        });
         if seg.is_err() {
             // SAFETY: removing the object we created.
             unsafe { libc::shm_unlink(c.as_ptr()) };
@@ -106,6 +132,7 @@ impl SharedSegment {
             len,
             name: name.to_string(),
             owner: std::sync::atomic::AtomicBool::new(owner),
+            inode: 0,
         })
     }
 
@@ -114,6 +141,12 @@ impl SharedSegment {
     /// something (a monitor thread finishing an event) holds the mapping a little longer.
     pub(crate) fn unlink_name(&self) {
         if self.owner.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            use std::os::unix::fs::MetadataExt;
+            let path = format!("/dev/shm/{}", self.name);
+            let still_ours = std::fs::metadata(&path).is_ok_and(|m| m.ino() == self.inode);
+            if !still_ours {
+                return;
+            }
             if let Ok(c) = CString::new(format!("/{}", self.name)) {
                 // SAFETY: unlinking the object this process created, once.
                 unsafe { libc::shm_unlink(c.as_ptr()) };
@@ -202,10 +235,24 @@ mod tests {
     }
 
     #[test]
-    fn create_twice_fails_with_the_name() {
+    fn a_name_left_by_an_earlier_segment_is_taken_over_and_kept() {
+        // A NIC brought up again in the same process finds its previous NIC's name while
+        // that one's teardown is still under way: the new object takes the name, and the old
+        // one's teardown leaves it alone.
         let name = format!("pagewire-unittest-{:x}", rand::random::<u64>());
-        let _a = SharedSegment::create(&name, 4096).unwrap();
-        let e = SharedSegment::create(&name, 4096).unwrap_err().to_string();
-        assert!(e.contains(&name), "{e}");
+        let old = SharedSegment::create(&name, 4096).unwrap();
+        old.copy_in(0, b"old");
+        let new = SharedSegment::create(&name, 8192).unwrap();
+        let mut out = [0u8; 3];
+        new.copy_out(0, &mut out);
+        assert_eq!(out, [0, 0, 0], "a fresh object");
+        old.copy_out(0, &mut out);
+        assert_eq!(&out, b"old", "the old mapping keeps its bytes");
+        drop(old);
+        let peer = SharedSegment::open(&name).expect("the name still names the new object");
+        assert_eq!(peer.len(), 8192);
+        drop(peer);
+        drop(new);
+        assert!(!std::path::Path::new(&format!("/dev/shm/{name}")).exists());
     }
 }
