@@ -1050,3 +1050,114 @@ fn small_messages_make_no_system_calls_in_every_mode() {
         );
     }
 }
+
+/// Issue 15, item 1: an error met while starting one request belongs to that request. With
+/// explicit ODP regions (one per transfer) and 4,200 rendezvous sends to a rank that has not
+/// posted its receives yet, the sender's NIC runs out of memory regions part-way (4,096 per
+/// NIC). The sends that could not start report that error at their own completion; the
+/// others, and every message after them, go through with every byte right; the receiver gets
+/// nothing of a failed send. Before the fix the error came out of `immediate_send` while the
+/// request stayed queued, so the caller took its buffer back while the layer still meant to
+/// send it, and every later send to that rank waited behind it.
+#[test]
+fn sends_that_cannot_get_a_memory_region_fail_alone() {
+    const N: usize = 4200;
+    const LEN: usize = 4096;
+    ranks(
+        "sends_that_cannot_get_a_memory_region_fail_alone",
+        2,
+        &[
+            ("PAGEWIRE_MODE", "odp"),
+            ("PAGEWIRE_ODP", "explicit"),
+            ("PAGEWIRE_EAGER_CREDITS", "4096"),
+            ("PAGEWIRE_EAGER_LIMIT", "1024"),
+        ],
+        |u| {
+            let world = u.world();
+            let peer = world.process_at_rank(1 - world.rank());
+            if world.rank() == 0 {
+                let data: Vec<Vec<u8>> = (0..N).map(|i| pattern(i as u64, LEN)).collect();
+                request::scope(|s| {
+                    let sent: Vec<_> = data
+                        .iter()
+                        .map(|d| peer.immediate_send_with_tag(s, &d[..], 1))
+                        .collect();
+                    let mut failed = Vec::new();
+                    let mut live = Vec::new();
+                    for (i, r) in sent.into_iter().enumerate() {
+                        match r.try_test() {
+                            Err(e) => failed.push((i as u32, e.to_string())),
+                            Ok(Ok(_)) => {}
+                            Ok(Err(r)) => live.push(r),
+                        }
+                    }
+                    assert!(
+                        !failed.is_empty() && failed.len() < N / 2,
+                        "{} of {N} sends failed; expected the last ones past the NIC's \
+                         4096 regions",
+                        failed.len()
+                    );
+                    for (i, e) in &failed {
+                        assert!(e.contains("memory regions"), "send {i}: {e}");
+                    }
+                    let indices: Vec<u32> = failed.iter().map(|f| f.0).collect();
+                    peer.send_with_tag(&indices[..], 2);
+                    for r in live {
+                        r.try_wait().expect("a send that started completes");
+                    }
+                });
+                peer.send_with_tag(&[7u8][..], 3);
+            } else {
+                let (failed, _) = peer.receive_vec_with_tag::<u32>(2);
+                let mut got = vec![0u8; LEN];
+                for i in (0..N as u32).filter(|i| !failed.contains(i)) {
+                    let s = peer.receive_into_with_tag(&mut got[..], 1);
+                    assert_eq!(s.count_bytes(), LEN);
+                    assert!(got == pattern(i as u64, LEN), "message {i} differs");
+                }
+                let (last, _) = peer.receive_vec_with_tag::<u8>(3);
+                assert_eq!(last, [7]);
+                assert!(
+                    peer.immediate_probe_with_tag(1).is_none(),
+                    "a failed send reached the receiver"
+                );
+            }
+        },
+    );
+}
+
+/// Issue 15, item 7: a rank that panics while a rendezvous send is in flight (its peer
+/// waits in a barrier and never receives it) ends, and the launcher ends the job naming it,
+/// instead of waiting in the request's drop for ever.
+#[test]
+fn a_rank_panicking_with_a_send_in_flight_ends_the_job() {
+    let name = "a_rank_panicking_with_a_send_in_flight_ends_the_job";
+    if std::env::var(util::ROLE).as_deref() == Ok(name) {
+        let universe = pagewire::initialize().expect("first initialisation");
+        let world = universe.world();
+        if world.rank() == 0 {
+            let big = vec![1u8; 4 << 20];
+            request::scope(|s| {
+                let _r = world.process_at_rank(1).immediate_send(s, &big[..]);
+                panic!("rank 0 fails with a 4 MiB send in flight");
+            });
+        } else {
+            world.barrier();
+        }
+        return;
+    }
+    for mode in ["copy", "pindown", "odp"] {
+        let t0 = std::time::Instant::now();
+        let o = util::launch(name, 2, &[("PAGEWIRE_MODE", mode)]);
+        assert_eq!(
+            (o.exit_code, o.failed_rank),
+            (101, Some(0)),
+            "{mode}: {o:?}"
+        );
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "{mode}: the job took {:?} to end",
+            t0.elapsed()
+        );
+    }
+}

@@ -463,6 +463,46 @@ fn posting_to_a_dead_peer_completes_with_an_error_not_a_hang() {
     );
 }
 
+/// Issue 15, item 6: a staged RDMA WRITE of 4 MiB (256 packets) to a peer that exits: the
+/// WRITE's own packets fill the ring, so no request ahead of it awaits a response whose
+/// liveness check would end it. It ends with RETRY_EXC_ERR instead of waiting for ever
+/// for room in a ring nobody drains.
+fn dead_peer_full_ring_body(r: &Rank) {
+    const LEN: usize = 4 << 20;
+    let qps = r.connect_all(false);
+    let buf = AnonMapping::new(LEN).unwrap();
+    let mr = r.nic.register(buf.addr(), LEN as u64, rw()).unwrap();
+    let remote = r.exchange(&mr);
+    if r.rank() == 1 {
+        return; // exits at once: the peer is gone
+    }
+    let (addr, rkey, _) = remote[1];
+    let start = std::time::Instant::now();
+    post_send(
+        r,
+        qps[1].unwrap(),
+        1,
+        Opcode::RdmaWrite {
+            remote_addr: addr,
+            rkey,
+        },
+        &[sge(buf.addr(), LEN as u64, mr.lkey)],
+    );
+    let c = r.wait();
+    assert_eq!(c.status, WcStatus::RetryExceeded, "{c:?}");
+    assert!(start.elapsed() < std::time::Duration::from_secs(30));
+}
+
+#[test]
+fn a_write_filling_the_ring_to_a_dead_peer_completes_with_an_error_not_a_hang() {
+    ranks(
+        "a_write_filling_the_ring_to_a_dead_peer_completes_with_an_error_not_a_hang",
+        2,
+        &[("PAGEWIRE_SOFT_DMA", "staged")],
+        dead_peer_full_ring_body,
+    );
+}
+
 fn memlock_body(r: &Rank) {
     let (limit, _) = r.nic.memlock();
     assert_eq!(

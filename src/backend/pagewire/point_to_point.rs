@@ -3,6 +3,7 @@
 //! matched messages ([`PagewireMessage`]).
 
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use pagewire_transport::msg::raw::{UserBuf, UserBufMut};
 use pagewire_transport::msg::{MessageHandle, PointToPoint, RequestId, Status};
@@ -175,14 +176,43 @@ impl Drop for PagewireRequest {
     }
 }
 
+/// How long a rank unwinding from a panic lets an abandoned operation finish before it
+/// ends the process.
+const PANIC_GRACE: Duration = Duration::from_secs(1);
+
 /// Ends an operation nobody will complete: cancel if it has not matched, else wait.
+///
+/// A rank unwinding from a panic cannot wait for ever: its peer may never match the
+/// operation (it may be waiting for this rank elsewhere), and the launcher sees the failure
+/// only once the process ends. Nor may it return while the NIC or the peer can still use
+/// the buffer, which the unwinding frees. So it gives the operation [`PANIC_GRACE`] and then
+/// ends the process with the panic's exit status, as MPI does on a fatal error (issue 15,
+/// item 7; the panic message is already printed).
 fn finish_abandoned(p2p: &mut PointToPoint, id: RequestId) {
-    if !p2p.cancel(id) {
-        let _ = p2p.wait(id);
-    } else {
+    if p2p.cancel(id) {
         let _ = p2p.test(id);
+        return;
     }
+    if !std::thread::panicking() {
+        let _ = p2p.wait(id);
+        return;
+    }
+    let deadline = Instant::now() + PANIC_GRACE;
+    while Instant::now() < deadline {
+        if !matches!(p2p.test(id), Ok(None)) {
+            return;
+        }
+    }
+    eprintln!(
+        "pagewire: rank {} panicked with a nonblocking operation still in flight; \
+         ending the process so that the job ends",
+        p2p.rank()
+    );
+    std::process::exit(PANIC_EXIT_STATUS);
 }
+
+/// The exit status of a Rust program that panicked.
+const PANIC_EXIT_STATUS: i32 = 101;
 
 /// A message a matched probe parked in the message layer.
 pub(crate) struct PagewireMessage {

@@ -18,6 +18,7 @@
 //! bytes and request ids.
 
 mod eager;
+mod failure;
 pub mod matching;
 #[allow(unsafe_code)]
 pub mod raw;
@@ -42,6 +43,7 @@ use crate::nic::{
 };
 use crate::sys::AnonMapping;
 
+use failure::Failing;
 use matching::Matcher;
 use raw::{UserBuf, UserBufMut};
 use request::Slab;
@@ -426,6 +428,9 @@ pub struct PointToPoint {
     /// progress pass visits besides completions (O(active peers), not O(ranks)).
     service: Vec<usize>,
     pub(crate) counters: MsgCounters,
+    /// Rendezvous requests that failed while the NIC or the peer may still use their
+    /// buffers; each completes with its error once nothing can (issue 15, item 1).
+    pub(crate) failing: Vec<Failing>,
     max_inline: usize,
     max_send_wr: u32,
     scratch: Vec<Completion>,
@@ -550,6 +555,7 @@ impl PointToPoint {
             yield_when_idle: false,
             active: Vec::new(),
             service: Vec::new(),
+            failing: Vec::new(),
             counters: MsgCounters::default(),
             max_inline,
             max_send_wr,
@@ -664,7 +670,10 @@ impl PointToPoint {
             state: SendState::Queued,
         }));
         self.peers[dest].queued.push_back(id);
-        self.drain_queued(dest)?;
+        if let Err(e) = self.drain_queued(dest) {
+            // The request has an id now: its wait reports the error, once it is safe to.
+            self.fail_request(id, e, false);
+        }
         if !self.peers[dest].queued.is_empty() {
             self.needs_service(dest);
         }
@@ -703,7 +712,9 @@ impl PointToPoint {
             state: RecvState::Posted,
         }));
         if let Some((env, u)) = self.matcher.post(sel, id) {
-            self.deliver_unexpected(id, env, u)?;
+            if let Err(e) = self.deliver_unexpected(id, env, u) {
+                self.fail_request(id, e, false);
+            }
         }
         Ok(id)
     }
@@ -776,13 +787,24 @@ impl PointToPoint {
             buf,
             state: RecvState::Posted,
         }));
-        self.deliver_unexpected(id, env, u)?;
+        if let Err(e) = self.deliver_unexpected(id, env, u) {
+            self.fail_request(id, e, false);
+        }
         Ok(id)
     }
 
     /// Completes `id` if it is done: `Some(result)` (the request is then gone), else `None`.
+    ///
+    /// An error met while making progress that belongs to no other request fails `id`
+    /// itself; either way, an error is returned only once `id` has finished, so its buffer
+    /// is never touched after this reports (issue 15, item 1).
     pub fn test(&mut self, id: RequestId) -> Result<Option<Result<Status>>> {
-        self.progress()?;
+        if let Err(e) = self.progress() {
+            if self.reqs.get(id).is_none() {
+                return Err(e);
+            }
+            self.fail_request(id, e, false);
+        }
         match self.reqs.get(id) {
             None => Err(Error::InvalidArgument(
                 "unknown or already completed request".into(),
@@ -844,7 +866,12 @@ impl PointToPoint {
         false
     }
 
-    pub(crate) fn complete(&mut self, id: RequestId, result: Result<Status>) {
+    /// Ends request `id` with `result` (or with its error, if it was failing) and gives
+    /// back what it holds.
+    pub(crate) fn complete(&mut self, id: RequestId, mut result: Result<Status>) {
+        if let Some(i) = self.failing.iter().position(|f| f.id == id) {
+            result = Err(self.failing.swap_remove(i).error);
+        }
         if let Some(r) = self.reqs.get_mut(id) {
             let mut old = std::mem::replace(r, Req::Done(result));
             self.end_rndv(&mut old);
@@ -891,7 +918,10 @@ impl PointToPoint {
             }
         }
         if !self.active.is_empty() {
-            events += self.advance_rendezvous()?;
+            events += self.advance_rendezvous();
+        }
+        if !self.failing.is_empty() {
+            self.settle_all_failing();
         }
         self.last_progress_made = events > 0;
         if events == 0 && self.yield_when_idle {
@@ -934,35 +964,6 @@ impl PointToPoint {
             k if k == WrKind::Rdma as u64 => self.rdma_done(index),
             _ => Ok(()),
         }
-    }
-
-    /// Every request involving `peer` fails; further operations with it fail at once.
-    pub(crate) fn fail_peer(&mut self, peer: usize, status: WcStatus, what: &'static str) {
-        if self.peers[peer].dead.is_some() {
-            return;
-        }
-        self.peers[peer].dead = Some(status);
-        let err = || Error::Communication { peer, status, what };
-        for id in self.reqs.ids() {
-            let involved = match self.reqs.get(id) {
-                Some(Req::Send(s)) => s.peer == peer,
-                Some(Req::Recv(r)) => match &r.state {
-                    RecvState::Rndv(rv) => rv.peer == peer,
-                    RecvState::Posted => r.sel.source == Some(peer),
-                },
-                _ => false,
-            };
-            if involved {
-                if let Some(Req::Recv(r)) = self.reqs.get(id) {
-                    if matches!(r.state, RecvState::Posted) {
-                        self.matcher.cancel(|x| *x == id);
-                    }
-                }
-                self.complete(id, Err(err()));
-            }
-        }
-        self.peers[peer].queued.clear();
-        self.peers[peer].control.clear();
     }
 
     /// If a wait makes no progress for a while, sends a zero-length RDMA WRITE to the peers

@@ -118,6 +118,17 @@ impl PointToPoint {
     /// Sends the RTS of request `id` (a data message: the caller holds a credit). False if
     /// there was no room to send it now.
     pub(crate) fn start_rndv_send(&mut self, peer: usize, id: RequestId) -> Result<bool> {
+        match self.try_start_rndv_send(peer, id) {
+            Ok(started) => Ok(started),
+            Err(e) => {
+                // Nothing was sent: the request ends with the error and leaves the queue.
+                self.fail_request(id, e, false);
+                Ok(true)
+            }
+        }
+    }
+
+    fn try_start_rndv_send(&mut self, peer: usize, id: RequestId) -> Result<bool> {
         let Some(Req::Send(s)) = self.reqs.get(id) else {
             return Ok(true);
         };
@@ -227,8 +238,40 @@ impl PointToPoint {
             .collect()
     }
 
-    /// Receive `rid` matched the RTS `h` from `peer`.
+    /// Receive `rid` matched the RTS `h` from `peer`. An error fails the receive (and, once
+    /// nothing is in flight, tells the sender it takes nothing more).
     pub(crate) fn start_rndv_recv(
+        &mut self,
+        rid: RequestId,
+        peer: usize,
+        h: Header,
+        chunks: Vec<ChunkDesc>,
+    ) -> Result<()> {
+        let (sreq, get) = (h.sreq, h.flags & wire::GET != 0);
+        if let Err(e) = self.try_start_rndv_recv(rid, peer, h, chunks) {
+            let started = matches!(
+                self.reqs.get(rid),
+                Some(Req::Recv(r)) if matches!(r.state, RecvState::Rndv(_))
+            );
+            if !started {
+                // The sender waits for an answer to its RTS: this side takes nothing.
+                let mut m = Header::new(if get {
+                    MsgKind::ChunkDone
+                } else {
+                    MsgKind::Cts
+                });
+                m.flags = wire::ALL_DONE;
+                m.chunk = if get { NO_CHUNK } else { 0 };
+                m.sreq = sreq;
+                m.rreq = rid.0;
+                let _ = self.send_control(peer, m);
+            }
+            self.fail_request(rid, e, false);
+        }
+        Ok(())
+    }
+
+    fn try_start_rndv_recv(
         &mut self,
         rid: RequestId,
         peer: usize,
@@ -394,28 +437,33 @@ impl PointToPoint {
     }
 
     /// Drives every active rendezvous as far as leases and queue room allow.
-    pub(crate) fn advance_rendezvous(&mut self) -> Result<usize> {
+    /// Advances every active rendezvous; an error fails the request it belongs to.
+    pub(crate) fn advance_rendezvous(&mut self) -> usize {
         let mut events = 0;
         let active: smallvec::SmallVec<[RequestId; 8]> = self.active.iter().copied().collect();
         for id in active {
-            events += match self.reqs.get(id) {
+            let advanced = match self.reqs.get(id) {
                 Some(Req::Send(s)) => match &s.state {
-                    SendState::Rndv(rs) if rs.get => self.advance_get_send(id)?,
-                    SendState::Rndv(_) => self.advance_put_send(id)?,
-                    _ => 0,
+                    SendState::Rndv(rs) if rs.get => self.advance_get_send(id),
+                    SendState::Rndv(_) => self.advance_put_send(id),
+                    _ => Ok(0),
                 },
                 Some(Req::Recv(r)) => match &r.state {
-                    RecvState::Rndv(rv) if rv.get => self.advance_get_recv(id)?,
-                    RecvState::Rndv(_) => self.advance_put_recv(id)?,
-                    _ => 0,
+                    RecvState::Rndv(rv) if rv.get => self.advance_get_recv(id),
+                    RecvState::Rndv(_) => self.advance_put_recv(id),
+                    _ => Ok(0),
                 },
                 _ => {
                     self.active.retain(|a| *a != id);
-                    0
+                    Ok(0)
                 }
             };
+            match advanced {
+                Ok(n) => events += n,
+                Err(e) => self.fail_request(id, e, false),
+            }
         }
-        Ok(events)
+        events
     }
 
     /// Control messages of the rendezvous protocols.
@@ -425,13 +473,19 @@ impl PointToPoint {
         kind: MsgKind,
         h: Header,
     ) -> Result<()> {
-        match kind {
-            MsgKind::Cts => self.on_cts(peer, h),
-            MsgKind::Fin => self.on_fin(h),
-            MsgKind::ChunkReady => self.on_chunk_ready(h),
-            MsgKind::ChunkDone => self.on_chunk_done(peer, h),
-            _ => Ok(()),
+        // The request the message is for: the sender's for CTS and ChunkDone, the
+        // receiver's for FIN and ChunkReady.
+        let (id, handled) = match kind {
+            MsgKind::Cts => (h.sreq, self.on_cts(peer, h)),
+            MsgKind::Fin => (h.rreq, self.on_fin(h)),
+            MsgKind::ChunkReady => (h.rreq, self.on_chunk_ready(h)),
+            MsgKind::ChunkDone => (h.sreq, self.on_chunk_done(peer, h)),
+            _ => return Ok(()),
+        };
+        if let Err(e) = handled {
+            self.fail_request(RequestId(id), e, false);
         }
+        Ok(())
     }
 
     /// An RDMA operation of a rendezvous completed.

@@ -18,6 +18,10 @@ use crate::nic::Opcode;
 impl PointToPoint {
     /// Sender: announces further chunks as leases free up.
     pub(crate) fn advance_get_send(&mut self, id: RequestId) -> Result<usize> {
+        if self.is_failing(id) {
+            // A failed request starts no more work.
+            return Ok(0);
+        }
         let mut events = 0;
         loop {
             let Some(Req::Send(s)) = self.reqs.get(id) else {
@@ -63,6 +67,10 @@ impl PointToPoint {
 
     /// Receiver: reads announced chunks, in pieces of its own granularity.
     pub(crate) fn advance_get_recv(&mut self, rid: RequestId) -> Result<usize> {
+        if self.is_failing(rid) {
+            // A failed request starts no more work.
+            return Ok(0);
+        }
         let mut events = 0;
         loop {
             let Some(Req::Recv(r)) = self.reqs.get(rid) else {

@@ -17,6 +17,10 @@ use crate::nic::Opcode;
 impl PointToPoint {
     /// Receiver: asks for chunks while landing leases are available.
     pub(crate) fn advance_put_recv(&mut self, rid: RequestId) -> Result<usize> {
+        if self.is_failing(rid) {
+            // A failed request starts no more work.
+            return Ok(0);
+        }
         let mut events = 0;
         loop {
             let Some(Req::Recv(r)) = self.reqs.get(rid) else {
@@ -123,6 +127,10 @@ impl PointToPoint {
 
     /// Sender: writes the regions asked for, in pieces of its own granularity.
     pub(crate) fn advance_put_send(&mut self, id: RequestId) -> Result<usize> {
+        if self.is_failing(id) {
+            // A failed request starts no more work.
+            return Ok(0);
+        }
         let mut events = 0;
         loop {
             let Some(Req::Send(s)) = self.reqs.get(id) else {

@@ -85,6 +85,9 @@ impl PointToPoint {
     /// and sends FIN; false if that cannot be done at once (it then waits its turn in the
     /// RPUT pipeline).
     pub(crate) fn write_split_tail(&mut self, id: RequestId, h: &Header) -> Result<bool> {
+        if self.is_failing(id) {
+            return Ok(true); // a failed request writes nothing more
+        }
         let Some(Req::Send(s)) = self.reqs.get(id) else {
             return Ok(true);
         };

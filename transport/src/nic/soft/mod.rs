@@ -798,7 +798,13 @@ impl Inner {
         };
         let mut unwatch = None;
         let mut book = self.regions.lock();
-        let Some(idx) = book.regions.iter().position(Option::is_none) else {
+        let tpt = self.own.tpt();
+        // A free entry that still has a key it never issued (issue 15, item 5).
+        let free = book.regions.iter().enumerate().filter(|(_, r)| r.is_none());
+        let Some((idx, key)) = free
+            .filter_map(|(i, _)| tpt.fresh_key(i).map(|k| (i, k)))
+            .next()
+        else {
             drop(book);
             if let Some(id) = watch {
                 self.bound.unsubscribe(id);
@@ -834,8 +840,6 @@ impl Inner {
                 detached: None,
             });
         }
-        let tpt = self.own.tpt();
-        let key = tpt.fresh_key(idx);
         tpt.publish(Translation {
             key,
             base: addr,

@@ -3,8 +3,11 @@
 //! byte moves (DESIGN.md "The soft provider"; seed 004: the NIC's tables live in host memory).
 //!
 //! An entry is written only by its owner under a sequence lock and read by anyone. A key is
-//! `index | tag << INDEX_BITS` with a fresh random non-zero tag per registration, so a
-//! guessed key fails with probability 1 - 2^-20 and a recycled (stale) key always fails.
+//! `index | tag << INDEX_BITS`. An entry's first tag is random and non-zero, and each
+//! registration after it takes the next one (as an HCA's memory key has an index and a
+//! variant part that advances); an entry whose tags have all been issued is never used again.
+//! So a key never comes back within a job, and a recycled (stale) key always fails (issue
+//! 15, item 5), after up to 4,096 x (2^20 - 1) registrations.
 //! Readers doing DMA hold an in-use count that deregistration waits on, as `ibv_dereg_mr`
 //! waits for the HCA to stop using a region.
 
@@ -32,6 +35,13 @@ const LEN: usize = 3;
 const ACCESS: usize = 4;
 const INUSE: usize = 5;
 const ALIAS: usize = 6;
+/// The tag of the entry's first key (0: the entry was never used). Owner only.
+const FIRST_TAG: usize = 7;
+/// How long an update of an entry may stay in progress before its writer is taken as gone.
+/// An owner descheduled mid-update on a loaded host resumes well within it.
+const WRITER_GONE_AFTER: Duration = Duration::from_secs(2);
+/// Tags are `1..TAG_LIMIT`.
+const TAG_LIMIT: u32 = 1 << (32 - INDEX_BITS);
 
 /// What a key translates to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,20 +120,30 @@ impl<'a> Tpt<'a> {
         &self.words[index * ENTRY_WORDS..(index + 1) * ENTRY_WORDS]
     }
 
-    /// Owner: a fresh key for entry `index` (tag differs from the previous one).
-    pub(crate) fn fresh_key(&self, index: usize) -> u32 {
-        let old = self.entry(index)[KEY].load(Relaxed) as u32 >> INDEX_BITS;
-        loop {
-            let tag = rand::random::<u32>() >> INDEX_BITS;
-            if tag != 0 && tag != old {
-                return index as u32 | tag << INDEX_BITS;
+    /// Owner: the next key of entry `index`, never issued before by this entry; `None` once
+    /// the entry has issued every tag (it is then retired).
+    pub(crate) fn fresh_key(&self, index: usize) -> Option<u32> {
+        let e = self.entry(index);
+        let first = e[FIRST_TAG].load(Relaxed) as u32;
+        let tag = if first == 0 {
+            rand::random::<u32>() % (TAG_LIMIT - 1) + 1
+        } else {
+            let old = e[KEY].load(Relaxed) as u32 >> INDEX_BITS;
+            let next = if old + 1 >= TAG_LIMIT { 1 } else { old + 1 };
+            if next == first {
+                return None;
             }
-        }
+            next
+        };
+        Some(index as u32 | tag << INDEX_BITS)
     }
 
     /// Owner: makes `t` visible to every NIC engine.
     pub(crate) fn publish(&self, t: Translation) {
         let e = self.entry((t.key & INDEX_MASK) as usize);
+        if e[FIRST_TAG].load(Relaxed) == 0 {
+            e[FIRST_TAG].store((t.key >> INDEX_BITS) as u64, Relaxed);
+        }
         let seq = e[SEQ].load(Relaxed);
         e[SEQ].store(seq + 1, Relaxed);
         std::sync::atomic::fence(Release);
@@ -155,12 +175,27 @@ impl<'a> Tpt<'a> {
     }
 
     /// Anyone: what `key` translates to, if it is live.
+    ///
+    /// An entry whose owner died in the middle of an update stays odd for ever: after
+    /// [`WRITER_GONE_AFTER`] the key is taken as unknown instead of spinning on (issue 15,
+    /// item 6).
     pub(crate) fn lookup(&self, key: u32) -> Option<Translation> {
         let e = self.entry((key & INDEX_MASK) as usize);
+        let mut spins = 0u32;
+        let mut odd_since: Option<Instant> = None;
         loop {
             let s1 = e[SEQ].load(Acquire);
             if s1 & 1 == 1 {
-                std::hint::spin_loop();
+                spins = spins.wrapping_add(1);
+                if spins % 1024 == 0 {
+                    let since = *odd_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() > WRITER_GONE_AFTER {
+                        return None;
+                    }
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
                 continue;
             }
             let k = e[KEY].load(Relaxed);
@@ -230,7 +265,7 @@ mod tests {
     fn live_key_checks_bounds_and_rights() {
         let w = table();
         let tpt = Tpt::new(&w);
-        let key = tpt.fresh_key(5);
+        let key = tpt.fresh_key(5).expect("an unused entry");
         tpt.publish(Translation {
             key,
             base: 0x1000,
@@ -259,7 +294,7 @@ mod tests {
     fn revoked_and_recycled_keys_fail() {
         let w = table();
         let tpt = Tpt::new(&w);
-        let old = tpt.fresh_key(7);
+        let old = tpt.fresh_key(7).expect("an unused entry");
         let t = Translation {
             key: old,
             base: 0,
@@ -270,7 +305,7 @@ mod tests {
         tpt.publish(t);
         assert!(tpt.revoke(old, Duration::from_secs(1)));
         assert_eq!(tpt.lookup(old), None);
-        let new = tpt.fresh_key(7);
+        let new = tpt.fresh_key(7).expect("an unused entry");
         assert_ne!(new, old, "same slot, new tag");
         tpt.publish(Translation { key: new, ..t });
         assert_eq!(
@@ -284,10 +319,56 @@ mod tests {
     }
 
     #[test]
+    fn an_entry_never_issues_a_key_twice_and_retires_when_out_of_tags() {
+        let w = table();
+        let tpt = Tpt::new(&w);
+        let mut seen = vec![false; TAG_LIMIT as usize];
+        let mut issued = 0u32;
+        while let Some(key) = tpt.fresh_key(3) {
+            assert_eq!(key & INDEX_MASK, 3);
+            let tag = (key >> INDEX_BITS) as usize;
+            assert!(tag != 0 && !seen[tag], "tag {tag} issued twice");
+            seen[tag] = true;
+            issued += 1;
+            let t = Translation {
+                key,
+                base: 0,
+                len: 4096,
+                access: Access::REMOTE_READ,
+                alias: 0,
+            };
+            tpt.publish(t);
+            assert!(tpt.revoke(key, Duration::from_secs(1)));
+        }
+        assert_eq!(issued, TAG_LIMIT - 1, "every non-zero tag, once");
+        assert!(tpt.fresh_key(4).is_some(), "other entries are unaffected");
+    }
+
+    #[test]
+    fn an_update_left_half_done_by_a_dead_owner_refuses_the_key_instead_of_spinning() {
+        let w = table();
+        let tpt = Tpt::new(&w);
+        let key = tpt.fresh_key(9).expect("an unused entry");
+        tpt.publish(Translation {
+            key,
+            base: 0,
+            len: 4096,
+            access: Access::REMOTE_READ,
+            alias: 0,
+        });
+        assert!(tpt.lookup(key).is_some());
+        // The owner died between the two stores of an update: the sequence stays odd.
+        w[9 * ENTRY_WORDS + SEQ].fetch_add(1, SeqCst);
+        let t0 = Instant::now();
+        assert_eq!(tpt.lookup(key), None);
+        assert!(t0.elapsed() >= WRITER_GONE_AFTER);
+    }
+
+    #[test]
     fn revoke_waits_for_in_flight_dma() {
         let w = table();
         let tpt = Tpt::new(&w);
-        let key = tpt.fresh_key(1);
+        let key = tpt.fresh_key(1).expect("an unused entry");
         tpt.publish(Translation {
             key,
             base: 0,
@@ -305,7 +386,7 @@ mod tests {
     fn a_detached_region_translates_into_its_copy() {
         let w = table();
         let tpt = Tpt::new(&w);
-        let key = tpt.fresh_key(2);
+        let key = tpt.fresh_key(2).expect("an unused entry");
         let t = Translation {
             key,
             base: 0x10_0100,

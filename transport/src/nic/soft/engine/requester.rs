@@ -298,11 +298,26 @@ impl Inner {
                         if !self.transmit_packets(
                             op, sges, inline, *peer_rank, qpn, remote_qpn, peer.cma,
                         ) {
-                            op.state = OpState::Transmitting;
-                            // Ring full: the peer must drain it. If its application is not
-                            // polling, only its driver thread can.
-                            peer.mem.wake_driver_if_asleep();
-                            break;
+                            // Ring full: the peer must drain it. A peer that died never will
+                            // (issue 15, item 6): its liveness is checked as for a request
+                            // awaiting its response.
+                            if op.state != OpState::Transmitting {
+                                op.state = OpState::Transmitting;
+                                op.checked_alive = clock.now();
+                            } else if let Some(now) = clock.tick() {
+                                if now.saturating_sub(op.checked_alive) > LIVENESS_AFTER {
+                                    op.checked_alive = now;
+                                    if !peer_alive(peer) {
+                                        op.state = OpState::Done(WcStatus::RetryExceeded);
+                                    }
+                                }
+                            }
+                            if op.state == OpState::Transmitting {
+                                // If its application is not polling, only its driver
+                                // thread can.
+                                peer.mem.wake_driver_if_asleep();
+                                break;
+                            }
                         }
                         if !matches!(op.state, OpState::Done(_)) {
                             op.state = OpState::AwaitingResponse;
