@@ -930,6 +930,8 @@ impl PointToPoint {
             return Ok(());
         }
         match kind {
+            // Nothing more is taken from a peer that failed (or broke the protocol).
+            k if k == WrKind::Recv as u64 && self.peers[peer].dead.is_some() => Ok(()),
             k if k == WrKind::Recv as u64 => self.handle_incoming(peer, index, c.byte_len as usize),
             k if k == WrKind::Rdma as u64 => self.rdma_done(index),
             _ => Ok(()),
@@ -938,11 +940,31 @@ impl PointToPoint {
 
     /// Every request involving `peer` fails; further operations with it fail at once.
     pub(crate) fn fail_peer(&mut self, peer: usize, status: WcStatus, what: &'static str) {
+        self.fail_peer_with(peer, status, || Error::Communication { peer, status, what });
+    }
+
+    /// `peer` sent what no correct peer sends (`why`): every request involving it fails
+    /// with [`Error::ProtocolViolation`], and nothing more it sends is taken (the NIC reports
+    /// later operations with it as a remote invalid request).
+    pub(crate) fn protocol_violation(&mut self, peer: usize, why: &'static str) {
+        if self.peers[peer].dead.is_none() {
+            eprintln!(
+                "pagewire: rank {}: rank {peer} broke the protocol ({why}); communication with it has stopped",
+                self.rank
+            );
+        }
+        self.fail_peer_with(peer, WcStatus::RemoteInvalidRequest, || {
+            Error::ProtocolViolation { peer, why }
+        });
+    }
+
+    /// Every request involving `peer` fails with `err()`; the peer is marked dead with
+    /// `status`, which later operations with it report.
+    fn fail_peer_with(&mut self, peer: usize, status: WcStatus, err: impl Fn() -> Error) {
         if self.peers[peer].dead.is_some() {
             return;
         }
         self.peers[peer].dead = Some(status);
-        let err = || Error::Communication { peer, status, what };
         for id in self.reqs.ids() {
             let involved = match self.reqs.get(id) {
                 Some(Req::Send(s)) => s.peer == peer,

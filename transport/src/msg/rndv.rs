@@ -418,6 +418,17 @@ impl PointToPoint {
         Ok(events)
     }
 
+    /// Whether request `id` is a rendezvous send to `peer` (a control message from `peer`
+    /// may only concern its own transfers; one naming another is ignored).
+    pub(crate) fn is_rndv_send_to(&self, id: RequestId, peer: usize) -> bool {
+        matches!(self.reqs.get(id), Some(Req::Send(s)) if s.peer == peer && matches!(s.state, SendState::Rndv(_)))
+    }
+
+    /// Whether request `id` is a rendezvous receive from `peer`.
+    pub(crate) fn is_rndv_recv_from(&self, id: RequestId, peer: usize) -> bool {
+        matches!(self.reqs.get(id), Some(Req::Recv(r)) if matches!(&r.state, RecvState::Rndv(rv) if rv.peer == peer))
+    }
+
     /// Control messages of the rendezvous protocols.
     pub(crate) fn handle_rndv_control(
         &mut self,
@@ -427,8 +438,8 @@ impl PointToPoint {
     ) -> Result<()> {
         match kind {
             MsgKind::Cts => self.on_cts(peer, h),
-            MsgKind::Fin => self.on_fin(h),
-            MsgKind::ChunkReady => self.on_chunk_ready(h),
+            MsgKind::Fin => self.on_fin(peer, h),
+            MsgKind::ChunkReady => self.on_chunk_ready(peer, h),
             MsgKind::ChunkDone => self.on_chunk_done(peer, h),
             _ => Ok(()),
         }
