@@ -79,11 +79,10 @@ pub fn decode_message(bytes: &[u8]) -> Result<(MsgKind, Header), &'static str> {
     }
     let payload = &bytes[HEADER_BYTES..];
     match kind {
-        MsgKind::Eager => {
-            if h.size != payload.len() as u64 {
-                return Err("an eager message whose size is not its payload's");
-            }
+        MsgKind::Eager if h.size != payload.len() as u64 => {
+            return Err("an eager message whose size is not its payload's");
         }
+        MsgKind::Eager => {}
         MsgKind::Rts => {
             if payload.len() % CHUNK_DESC_BYTES != 0 {
                 return Err("an RTS with a partial chunk descriptor");

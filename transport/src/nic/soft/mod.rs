@@ -38,7 +38,7 @@ mod inbox;
 mod odp_watch;
 mod pin;
 mod present;
-mod ring;
+pub(crate) mod ring;
 #[allow(unsafe_code)]
 mod shm;
 mod tpt;

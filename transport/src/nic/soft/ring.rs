@@ -110,7 +110,7 @@ impl Header {
     }
 
     /// Words 0..7 of the slot (word 7 is the sequence word, written by `publish`).
-    fn encode(&self) -> [u64; 7] {
+    pub(crate) fn encode(&self) -> [u64; 7] {
         [
             self.kind as u64
                 | (self.flags as u64) << 8
