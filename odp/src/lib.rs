@@ -204,7 +204,8 @@ impl BufferMode for OdpMode {
         }
         Ok(Transfer {
             pipeline: Pipeline {
-                chunk: len.max(1),
+                // One chunk, the whole buffer: `lease` bounds leases by it.
+                chunk: len,
                 depth: 1,
             },
             zero_copy: true,
@@ -228,6 +229,9 @@ impl BufferMode for OdpMode {
         }
     }
 
+    /// The range of the buffer itself, under the transfer's key; a range reaching outside
+    /// the buffer is refused (`Error::InvalidArgument`), since the implicit key would let the
+    /// NIC reach any address.
     fn lease(
         &mut self,
         _nic: &dyn Nic,
@@ -237,6 +241,14 @@ impl BufferMode for OdpMode {
         len: usize,
         _dir: Direction,
     ) -> Result<Option<Lease>> {
+        // The implicit key covers the whole address space, so the NIC's table cannot bound
+        // a lease: this does. The plan is one chunk, the whole buffer (`begin`).
+        let buffer = t.pipeline.chunk;
+        if offset.checked_add(len).is_none_or(|end| end > buffer) {
+            return Err(Error::InvalidArgument(format!(
+                "an odp lease of {len} bytes at offset {offset} reaches outside its {buffer}-byte buffer"
+            )));
+        }
         self.counters.leases += 1;
         let key = t.token as u32;
         Ok(Some(Lease {
@@ -278,5 +290,44 @@ impl BufferMode for OdpMode {
         if let Some(k) = self.implicit_key.take() {
             let _ = nic.deregister(k);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pagewire_transport::boot::SingletonBootstrap;
+    use pagewire_transport::nic::soft::{SoftConfig, SoftNic};
+
+    #[test]
+    fn a_lease_never_reaches_outside_its_buffer() {
+        let nic =
+            SoftNic::new(&SingletonBootstrap::new(), SoftConfig::from_env().unwrap()).unwrap();
+        let mut mode = OdpMode::new(OdpConfig::default());
+        mode.start(&nic).unwrap();
+        let buf = vec![0u8; 3 * 4096];
+        let addr = buf.as_ptr() as u64;
+        let t = mode
+            .begin(&nic, addr, buf.len(), Direction::Source)
+            .unwrap();
+        let whole = mode
+            .lease(&nic, &t, addr, 0, buf.len(), Direction::Source)
+            .unwrap()
+            .unwrap();
+        assert_eq!((whole.addr, whole.len), (addr, buf.len() as u64));
+        // A peer's CTS with the offset at the buffer's end, or wrapping the address space.
+        for (offset, len) in [
+            (buf.len(), 4096),
+            (usize::MAX - 4095, 4096),
+            (4096, 3 * 4096),
+        ] {
+            assert!(
+                mode.lease(&nic, &t, addr, offset, len, Direction::Source)
+                    .is_err(),
+                "lease of {len} bytes at {offset}"
+            );
+        }
+        mode.end(&nic, t);
+        mode.stop(&nic);
     }
 }

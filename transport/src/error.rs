@@ -151,6 +151,17 @@ pub enum Error {
         what: &'static str,
     },
 
+    /// A peer sent a message or packet that no correct peer sends (a field out of range, a
+    /// region outside the message, a length its bytes do not have): nothing of it was used,
+    /// and every operation with that peer fails from then on.
+    #[error("rank {peer} broke the protocol ({why}); communication with it has stopped")]
+    ProtocolViolation {
+        /// The peer.
+        peer: usize,
+        /// What was wrong, in a few words.
+        why: &'static str,
+    },
+
     /// The request was cancelled before it matched.
     #[error("the request was cancelled before it matched a message")]
     Cancelled,

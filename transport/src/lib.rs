@@ -16,3 +16,6 @@ pub mod nic;
 pub mod sys;
 
 pub use error::{Error, Result};
+
+#[cfg(test)]
+mod fuzz;

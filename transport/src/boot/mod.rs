@@ -14,7 +14,7 @@ pub mod binding;
 pub mod launcher;
 #[cfg(feature = "mpi")]
 mod mpi;
-mod pwrun_client;
+pub(crate) mod pwrun_client;
 #[allow(unsafe_code)]
 mod sys;
 

@@ -92,8 +92,12 @@ pub(crate) mod wire {
                 format!("bad frame length {len}"),
             ));
         }
-        let mut body = vec![0u8; len];
-        r.read_exact(&mut body)?;
+        // Memory grows with the bytes that arrive, not with the length a peer claims.
+        let mut body = Vec::with_capacity(len.min(64 << 10));
+        r.take(len as u64).read_to_end(&mut body)?;
+        if body.len() != len {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
         let tag = body.remove(0);
         Ok(Some((tag, body)))
     }

@@ -13,7 +13,9 @@
 
 use super::matching::Envelope;
 use super::wire::{self, Header, MsgKind, HEADER_BYTES};
-use super::{EagerData, Payload, PointToPoint, Req, RequestId, SendState, Status, Unexpected};
+use super::{
+    EagerData, Payload, PointToPoint, Req, RequestId, SendReq, SendState, Status, Unexpected,
+};
 use crate::error::{Error, Result};
 use crate::sys::AnonMapping;
 
@@ -88,12 +90,31 @@ impl PointToPoint {
     }
 
     /// A message arrived in receive slot `slot` of `peer`.
+    ///
+    /// What no correct peer sends (see [`wire::decode_message`], and credits beyond those
+    /// this rank was given) fails every operation with `peer` ([`Error::ProtocolViolation`])
+    /// and nothing of the message is used.
     pub(crate) fn handle_incoming(&mut self, peer: usize, slot: usize, len: usize) -> Result<()> {
-        let h = Header::decode(&self.slot_bytes_of(peer, slot)[..HEADER_BYTES]);
-        self.peers[peer].credits += h.credits as u32;
-        let Some(kind) = h.kind() else {
-            return self.post_slot(peer, slot);
+        let bytes = self.slot_bytes_of(peer, slot);
+        let (kind, h) = match wire::decode_message(&bytes[..len.min(bytes.len())]) {
+            Ok(m) => m,
+            Err(why) => {
+                self.protocol_violation(peer, why);
+                return Ok(());
+            }
         };
+        // A peer returns at most the credits it was given.
+        match self.peers[peer]
+            .credits
+            .checked_add(h.credits as u32)
+            .filter(|&c| c <= self.cfg.credits)
+        {
+            Some(c) => self.peers[peer].credits = c,
+            None => {
+                self.protocol_violation(peer, "more credits returned than were given");
+                return Ok(());
+            }
+        }
         let env = Envelope {
             source: peer,
             tag: h.tag,
@@ -101,12 +122,8 @@ impl PointToPoint {
         };
         match kind {
             MsgKind::Eager => {
+                // The decoder checked that the payload is `size` bytes.
                 let size = h.size as usize;
-                if len != HEADER_BYTES + size {
-                    return Err(Error::InvalidArgument(format!(
-                        "rank {peer} sent a malformed eager message ({len} bytes for a {size}-byte payload)"
-                    )));
-                }
                 let sync = h.flags & wire::SYNC != 0;
                 match self.matcher.take_posted(&env) {
                     Some(rid) => {
@@ -161,7 +178,18 @@ impl PointToPoint {
             }
             MsgKind::SyncAck => {
                 let id = RequestId(h.sreq);
-                if let Some(Req::Send(s)) = self.reqs.get(id) {
+                // Only a synchronous send to this peer that waits for its match ends here.
+                if let Some(Req::Send(
+                    s @ SendReq {
+                        state: SendState::AwaitSyncAck,
+                        ..
+                    },
+                )) = self.reqs.get(id)
+                {
+                    if s.peer != peer {
+                        self.protocol_violation(peer, "a sync ack for another rank's send");
+                        return Ok(());
+                    }
                     let status = Status {
                         source: self.rank(),
                         tag: s.tag,

@@ -129,6 +129,28 @@ impl PointToPoint {
 
     /// Every request involving `peer` fails; further operations with it fail at once.
     pub(crate) fn fail_peer(&mut self, peer: usize, status: WcStatus, what: &'static str) {
+        self.fail_peer_with(peer, status, || Error::Communication { peer, status, what });
+    }
+
+    /// `peer` sent what no correct peer sends (`why`): every request involving it fails
+    /// with [`Error::ProtocolViolation`], and nothing more it sends is taken (the NIC reports
+    /// later operations with it as a remote invalid request).
+    pub(crate) fn protocol_violation(&mut self, peer: usize, why: &'static str) {
+        if self.peers[peer].dead.is_none() {
+            eprintln!(
+                "pagewire: rank {}: rank {peer} broke the protocol ({why}); communication with it has stopped",
+                self.rank()
+            );
+        }
+        self.fail_peer_with(peer, WcStatus::RemoteInvalidRequest, || {
+            Error::ProtocolViolation { peer, why }
+        });
+    }
+
+    /// Every request involving `peer` fails with `err()` (once this NIC's operations in
+    /// flight for it are over); the peer is marked dead with `status`, which later
+    /// operations with it report.
+    fn fail_peer_with(&mut self, peer: usize, status: WcStatus, err: impl Fn() -> Error) {
         if self.peers[peer].dead.is_some() {
             return;
         }
@@ -143,8 +165,7 @@ impl PointToPoint {
                 _ => false,
             };
             if involved {
-                let error = Error::Communication { peer, status, what };
-                self.fail_request(id, error, true);
+                self.fail_request(id, err(), true);
             }
         }
         self.peers[peer].queued.clear();

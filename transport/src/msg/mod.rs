@@ -960,6 +960,8 @@ impl PointToPoint {
             return Ok(());
         }
         match kind {
+            // Nothing more is taken from a peer that failed (or broke the protocol).
+            k if k == WrKind::Recv as u64 && self.peers[peer].dead.is_some() => Ok(()),
             k if k == WrKind::Recv as u64 => self.handle_incoming(peer, index, c.byte_len as usize),
             k if k == WrKind::Rdma as u64 => self.rdma_done(index),
             _ => Ok(()),

@@ -49,10 +49,14 @@ impl UserBuf {
         self.len == 0
     }
 
-    /// Copies `dst.len()` bytes starting at `offset` out of the buffer.
+    /// Copies `dst.len()` bytes starting at `offset` out of the buffer; never reads outside
+    /// it (a range past its end, or one whose end wraps, panics: the protocols check every
+    /// range a peer names before it gets here).
     pub(crate) fn read(&self, offset: usize, dst: &mut [u8]) {
         assert!(
-            offset + dst.len() <= self.len,
+            offset
+                .checked_add(dst.len())
+                .is_some_and(|end| end <= self.len),
             "read past the end of a user buffer"
         );
         if dst.is_empty() {
@@ -96,10 +100,13 @@ impl UserBufMut {
         self.len == 0
     }
 
-    /// Copies `src` into the buffer at `offset`; never writes past the buffer's end.
+    /// Copies `src` into the buffer at `offset`; never writes outside the buffer (a range
+    /// past its end, or one whose end wraps, panics).
     pub(crate) fn write(&self, offset: usize, src: &[u8]) {
         assert!(
-            offset + src.len() <= self.len,
+            offset
+                .checked_add(src.len())
+                .is_some_and(|end| end <= self.len),
             "write past the end of a user buffer"
         );
         if src.is_empty() {

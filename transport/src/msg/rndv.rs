@@ -466,6 +466,17 @@ impl PointToPoint {
         events
     }
 
+    /// Whether request `id` is a rendezvous send to `peer` (a control message from `peer`
+    /// may only concern its own transfers; one naming another is ignored).
+    pub(crate) fn is_rndv_send_to(&self, id: RequestId, peer: usize) -> bool {
+        matches!(self.reqs.get(id), Some(Req::Send(s)) if s.peer == peer && matches!(s.state, SendState::Rndv(_)))
+    }
+
+    /// Whether request `id` is a rendezvous receive from `peer`.
+    pub(crate) fn is_rndv_recv_from(&self, id: RequestId, peer: usize) -> bool {
+        matches!(self.reqs.get(id), Some(Req::Recv(r)) if matches!(&r.state, RecvState::Rndv(rv) if rv.peer == peer))
+    }
+
     /// Control messages of the rendezvous protocols.
     pub(crate) fn handle_rndv_control(
         &mut self,
@@ -477,13 +488,21 @@ impl PointToPoint {
         // receiver's for FIN and ChunkReady.
         let (id, handled) = match kind {
             MsgKind::Cts => (h.sreq, self.on_cts(peer, h)),
-            MsgKind::Fin => (h.rreq, self.on_fin(h)),
-            MsgKind::ChunkReady => (h.rreq, self.on_chunk_ready(h)),
+            MsgKind::Fin => (h.rreq, self.on_fin(peer, h)),
+            MsgKind::ChunkReady => (h.rreq, self.on_chunk_ready(peer, h)),
             MsgKind::ChunkDone => (h.sreq, self.on_chunk_done(peer, h)),
             _ => return Ok(()),
         };
         if let Err(e) = handled {
-            self.fail_request(RequestId(id), e, false);
+            let id = RequestId(id);
+            // Only a request of this peer's transfers (a message naming another is ignored).
+            let ours = match kind {
+                MsgKind::Cts | MsgKind::ChunkDone => self.is_rndv_send_to(id, peer),
+                _ => self.is_rndv_recv_from(id, peer),
+            };
+            if ours {
+                self.fail_request(id, e, false);
+            }
         }
         Ok(())
     }

@@ -211,9 +211,21 @@ impl PointToPoint {
     }
 
     /// Receiver: the sender made another chunk readable.
-    pub(crate) fn on_chunk_ready(&mut self, h: Header) -> Result<()> {
+    ///
+    /// The chunk must lie inside the message: one outside it is a protocol violation.
+    pub(crate) fn on_chunk_ready(&mut self, peer: usize, h: Header) -> Result<()> {
+        if !self.is_rndv_recv_from(RequestId(h.rreq), peer) {
+            return Ok(());
+        }
         if let Some(Req::Recv(r)) = self.reqs.get_mut(RequestId(h.rreq)) {
             if let RecvState::Rndv(rv) = &mut r.state {
+                if h.size
+                    .checked_add(h.len)
+                    .is_none_or(|end| end > rv.size as u64)
+                {
+                    self.protocol_violation(peer, "a chunk outside the message");
+                    return Ok(());
+                }
                 rv.announced.push_back(ChunkDesc {
                     chunk: h.chunk,
                     offset: h.size,
@@ -227,8 +239,11 @@ impl PointToPoint {
     }
 
     /// Sender: the receiver read a chunk (or wants nothing more).
-    pub(crate) fn on_chunk_done(&mut self, _peer: usize, h: Header) -> Result<()> {
+    pub(crate) fn on_chunk_done(&mut self, peer: usize, h: Header) -> Result<()> {
         let id = RequestId(h.sreq);
+        if !self.is_rndv_send_to(id, peer) {
+            return Ok(());
+        }
         if h.chunk != NO_CHUNK {
             if let Some(lease) = self.take_lease(id, h.chunk as u64) {
                 self.mode.release(&*self.nic, lease);

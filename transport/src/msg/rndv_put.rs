@@ -65,7 +65,10 @@ impl PointToPoint {
     }
 
     /// Receiver: a region was written.
-    pub(crate) fn on_fin(&mut self, h: Header) -> Result<()> {
+    pub(crate) fn on_fin(&mut self, peer: usize, h: Header) -> Result<()> {
+        if !self.is_rndv_recv_from(RequestId(h.rreq), peer) {
+            return Ok(());
+        }
         if h.chunk == super::rndv_split::SPLIT_CHUNK {
             return self.on_split_fin(h);
         }
@@ -95,8 +98,22 @@ impl PointToPoint {
     }
 
     /// Sender: the receiver is ready for a region.
-    pub(crate) fn on_cts(&mut self, _peer: usize, h: Header) -> Result<()> {
+    ///
+    /// The region must lie inside the message (checked arithmetic): a CTS naming bytes
+    /// outside it is a protocol violation, which fails the send before any byte moves.
+    pub(crate) fn on_cts(&mut self, peer: usize, h: Header) -> Result<()> {
         let id = RequestId(h.sreq);
+        if !self.is_rndv_send_to(id, peer) {
+            return Ok(());
+        }
+        let size = match self.reqs.get(id) {
+            Some(Req::Send(s)) => s.buf.len() as u64,
+            _ => 0,
+        };
+        if h.size.checked_add(h.len).is_none_or(|end| end > size) {
+            self.protocol_violation(peer, "a CTS for bytes outside the message");
+            return Ok(());
+        }
         if h.chunk == super::rndv_split::SPLIT_CHUNK && self.write_split_tail(id, &h)? {
             return Ok(());
         }

@@ -54,6 +54,55 @@ pub const GET: u8 = 2;
 pub const ALL_DONE: u8 = 4;
 /// Flag on RTS: the header carries chunk 0's descriptor (RGET).
 pub const HAS_CHUNK: u8 = 8;
+/// Every flag a message may carry.
+const KNOWN_FLAGS: u8 = SYNC | GET | ALL_DONE | HAS_CHUNK;
+/// Bytes of one chunk descriptor in the payload of an RTS.
+pub const CHUNK_DESC_BYTES: usize = 32;
+
+/// Decodes and checks a message as a peer sent it (`bytes`: the header, then the payload):
+/// its kind and header, or why no correct peer could have sent it. A pure function of the
+/// bytes, the message layer's decoder; what depends on this rank's state (credits, request
+/// ids) the protocol checks afterwards.
+///
+/// Checked here: the length covers a header; the kind and flags are known; an eager
+/// payload is exactly `size` bytes; an RTS carries whole chunk descriptors, each inside the
+/// message; a control message has no payload, and the region a CTS or ChunkReady names does
+/// not wrap.
+pub fn decode_message(bytes: &[u8]) -> Result<(MsgKind, Header), &'static str> {
+    if bytes.len() < HEADER_BYTES {
+        return Err("shorter than a message header");
+    }
+    let h = Header::decode(bytes);
+    let kind = h.kind().ok_or("unknown message kind")?;
+    if h.flags & !KNOWN_FLAGS != 0 {
+        return Err("unknown flag bits");
+    }
+    let payload = &bytes[HEADER_BYTES..];
+    match kind {
+        MsgKind::Eager if h.size != payload.len() as u64 => {
+            return Err("an eager message whose size is not its payload's");
+        }
+        MsgKind::Eager => {}
+        MsgKind::Rts => {
+            if payload.len() % CHUNK_DESC_BYTES != 0 {
+                return Err("an RTS with a partial chunk descriptor");
+            }
+            for d in payload.chunks_exact(CHUNK_DESC_BYTES) {
+                let len = u64::from_le_bytes(d[16..24].try_into().expect("8 bytes"));
+                let offset = u64::from_le_bytes(d[24..32].try_into().expect("8 bytes"));
+                if offset.checked_add(len).is_none_or(|end| end > h.size) {
+                    return Err("an RTS chunk outside the message");
+                }
+            }
+        }
+        _ if !payload.is_empty() => return Err("a control message with a payload"),
+        MsgKind::Cts | MsgKind::ChunkReady if h.size.checked_add(h.len).is_none() => {
+            return Err("a region whose offset + length wraps");
+        }
+        _ => {}
+    }
+    Ok((kind, h))
+}
 
 /// The header fields.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -162,5 +211,47 @@ mod tests {
         assert_eq!(Header::decode(&h.encode()), h);
         assert_eq!(h.kind(), Some(MsgKind::Rts));
         assert!(MsgKind::Eager.is_data() && !MsgKind::Cts.is_data());
+    }
+
+    fn message(h: Header, payload: &[u8]) -> Vec<u8> {
+        let mut v = h.encode().to_vec();
+        v.extend_from_slice(payload);
+        v
+    }
+
+    #[test]
+    fn the_decoder_refuses_what_no_peer_sends() {
+        let mut eager = Header::new(MsgKind::Eager);
+        eager.size = 3;
+        assert_eq!(
+            decode_message(&message(eager, b"abc")),
+            Ok((MsgKind::Eager, eager))
+        );
+        assert!(decode_message(&message(eager, b"ab")).is_err());
+        eager.size = u64::MAX;
+        assert!(decode_message(&message(eager, b"abc")).is_err());
+        assert!(decode_message(&[MsgKind::Rts as u8; 63]).is_err());
+        assert!(decode_message(&message(Header::new(MsgKind::Cts), b"x")).is_err());
+        let mut unknown = Header::new(MsgKind::Credit);
+        unknown.kind = 0;
+        assert!(decode_message(&message(unknown, &[])).is_err());
+        unknown.kind = 0xff;
+        assert!(decode_message(&message(unknown, &[])).is_err());
+        let mut flags = Header::new(MsgKind::Credit);
+        flags.flags = 0x80;
+        assert!(decode_message(&message(flags, &[])).is_err());
+        let mut cts = Header::new(MsgKind::Cts);
+        cts.size = u64::MAX - 4095;
+        cts.len = 4096;
+        assert!(decode_message(&message(cts, &[])).is_err());
+        let mut rts = Header::new(MsgKind::Rts);
+        rts.size = 1 << 20;
+        let mut desc = [0u8; CHUNK_DESC_BYTES];
+        desc[16..24].copy_from_slice(&4096u64.to_le_bytes());
+        desc[24..32].copy_from_slice(&((1u64 << 20) - 4096).to_le_bytes());
+        assert!(decode_message(&message(rts, &desc)).is_ok());
+        desc[24..32].copy_from_slice(&(1u64 << 20).to_le_bytes());
+        assert!(decode_message(&message(rts, &desc)).is_err());
+        assert!(decode_message(&message(rts, &desc[..31])).is_err());
     }
 }

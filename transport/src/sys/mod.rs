@@ -169,7 +169,11 @@ pub fn getpid() -> u32 {
 /// Rounds `[addr, addr+len)` out to whole pages: (first page address, length).
 pub fn page_span(addr: u64, len: u64) -> (u64, u64) {
     let start = addr & !(PAGE_SIZE - 1);
-    let end = (addr + len).div_ceil(PAGE_SIZE) * PAGE_SIZE;
+    // Saturating: a range reaching the top of the address space ends on its last page.
+    let end = addr
+        .saturating_add(len)
+        .div_ceil(PAGE_SIZE)
+        .saturating_mul(PAGE_SIZE);
     (start, end - start)
 }
 

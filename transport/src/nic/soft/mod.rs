@@ -38,7 +38,7 @@ mod inbox;
 mod odp_watch;
 mod pin;
 mod present;
-mod ring;
+pub(crate) mod ring;
 #[allow(unsafe_code)]
 mod shm;
 mod tpt;
@@ -541,6 +541,28 @@ impl SoftNic {
     pub fn memlock(&self) -> (MemlockLimit, u64) {
         let r = self.inner.regions.lock();
         (r.pins.limit_value(), r.pins.pinned_bytes())
+    }
+
+    /// For hostile-peer tests only: publishes one packet into the ring to `peer` with header
+    /// words 0..7 exactly as given (the ring's encoding, little-endian words: kind | flags<<8
+    /// | code<<16 | imm<<32; dst_qpn | src_qpn<<32; msn; total_len; offset; remote_addr;
+    /// rkey | payload_len<<32) and `payload` (at most one slot), checking nothing: what a
+    /// peer that writes anything into the shared memory it maps can do. False if `peer` does
+    /// not exist or its ring is full.
+    #[doc(hidden)]
+    pub fn publish_raw_packet(&self, peer: usize, header: [u64; 7], payload: &[u8]) -> bool {
+        let Some(p) = self.inner.peers.get(peer) else {
+            return false;
+        };
+        let ring = p.mem.ring_from(self.inner.rank);
+        let Some(slot) = ring.reserve() else {
+            return false;
+        };
+        slot.write_payload(&payload[..payload.len().min(ring::MTU)]);
+        ring.publish_words(slot, header);
+        inbox::announce(&ring, p.mem.pending(), self.inner.rank);
+        p.mem.wake_driver_if_asleep();
+        true
     }
 
     /// One line: how this NIC pins registered memory, and whether regions stay bound to

@@ -66,6 +66,13 @@ pub(crate) const LAST: u8 = 2;
 pub(crate) const HAS_IMM: u8 = 4;
 /// Flag: the payload is a list of the sender's extents to pull with CMA, not data.
 pub(crate) const CMA_DESCRIPTOR: u8 = 8;
+/// Every flag a packet may carry.
+const KNOWN_FLAGS: u8 = FIRST | LAST | HAS_IMM | CMA_DESCRIPTOR;
+/// Extents a CMA descriptor can name (the device's `max_sge`), 16 bytes each.
+pub(crate) const MAX_DESCRIPTOR_EXTENTS: usize = 16;
+/// Bytes of an encoded header before the sequence word.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) const ENCODED_HEADER_BYTES: usize = 56;
 
 /// A packet header (64 bytes on the wire).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -103,7 +110,7 @@ impl Header {
     }
 
     /// Words 0..7 of the slot (word 7 is the sequence word, written by `publish`).
-    fn encode(&self) -> [u64; 7] {
+    pub(crate) fn encode(&self) -> [u64; 7] {
         [
             self.kind as u64
                 | (self.flags as u64) << 8
@@ -118,7 +125,8 @@ impl Header {
         ]
     }
 
-    fn decode(w: [u64; 7]) -> Header {
+    /// The header in words 0..7 of a slot, as read; not yet checked (see [`validate`]).
+    fn from_words(w: [u64; 7]) -> Header {
         Header {
             kind: w[0] as u8,
             flags: (w[0] >> 8) as u8,
@@ -134,6 +142,62 @@ impl Header {
             payload_len: (w[6] >> 32) as u32,
         }
     }
+}
+
+/// Checks a header read from a peer's packet against what the protocol can produce; the
+/// packet's kind, or why it is malformed. A malformed packet puts the queue pair it names in
+/// the error state (`engine::responder`): no field of it is used to move bytes.
+pub(crate) fn validate(h: &Header) -> Result<Kind, &'static str> {
+    let kind = h.kind().ok_or("unknown packet kind")?;
+    if h.flags & !KNOWN_FLAGS != 0 {
+        return Err("unknown flag bits");
+    }
+    let len = h.payload_len as usize;
+    if len > MTU {
+        return Err("payload longer than a slot");
+    }
+    if h.flags & CMA_DESCRIPTOR != 0 {
+        if !matches!(kind, Kind::Send | Kind::WriteImm) {
+            return Err("a CMA descriptor on a packet that cannot carry one");
+        }
+        if h.flags & (FIRST | LAST) != FIRST | LAST || h.offset != 0 {
+            return Err("a CMA descriptor that is not a whole message");
+        }
+        if len % 16 != 0 || len > 16 * MAX_DESCRIPTOR_EXTENTS {
+            return Err("a CMA descriptor of a length no descriptor has");
+        }
+        return Ok(kind);
+    }
+    match kind {
+        Kind::ReadRequest if len != 0 || h.offset != 0 => {
+            Err("a READ request with a payload or an offset")
+        }
+        Kind::WriteImm if h.flags & HAS_IMM == 0 => Err("a WRITE WITH IMM without its immediate"),
+        _ => {
+            let end = h
+                .offset
+                .checked_add(len as u64)
+                .ok_or("offset + length wraps")?;
+            if end > h.total_len {
+                return Err("payload past the end of its message");
+            }
+            Ok(kind)
+        }
+    }
+}
+
+/// Decodes and checks one encoded packet header (the first [`ENCODED_HEADER_BYTES`] of
+/// `bytes`, words little endian): a pure function of the bytes, the ring's packet decoder
+/// (the engine reads the same words from the slot and calls [`validate`]).
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn decode(bytes: &[u8]) -> Result<(Kind, Header), &'static str> {
+    let b = bytes
+        .get(..ENCODED_HEADER_BYTES)
+        .ok_or("shorter than a packet header")?;
+    let h = Header::from_words(std::array::from_fn(|i| {
+        u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"))
+    }));
+    Ok((validate(&h)?, h))
 }
 
 /// A view of one ring inside a segment.
@@ -180,11 +244,13 @@ impl<'a> Ring<'a> {
     /// Producer: the free slot to fill next, if the ring is not full.
     pub(crate) fn reserve(&self) -> Option<Slot<'a>> {
         let p = self.producer();
+        // The indices live in the receiver's segment, where a peer can write anything: ring
+        // arithmetic wraps (a garbled index reads as a full ring, never as a panic).
         let tail = p[0].load(Relaxed);
-        if tail - p[1].load(Relaxed) >= SLOTS {
+        if tail.wrapping_sub(p[1].load(Relaxed)) >= SLOTS {
             let head = self.head().load(Acquire);
             p[1].store(head, Relaxed);
-            if tail - head >= SLOTS {
+            if tail.wrapping_sub(head) >= SLOTS {
                 return None;
             }
         }
@@ -196,12 +262,18 @@ impl<'a> Ring<'a> {
 
     /// Producer: publishes the slot returned by `reserve` after writing `header`.
     pub(crate) fn publish(&self, slot: Slot<'a>, header: &Header) {
+        self.publish_words(slot, header.encode());
+    }
+
+    /// Producer: publishes the slot returned by `reserve` with header words 0..7 as given
+    /// (`publish`, and the hostile-peer tests' raw packets).
+    pub(crate) fn publish_words(&self, slot: Slot<'a>, header: [u64; 7]) {
         let words = self.seg.words(slot.offset, 8);
-        for (w, v) in words.iter().zip(header.encode()) {
+        for (w, v) in words.iter().zip(header) {
             w.store(v, Relaxed);
         }
         let p = self.producer();
-        let tail = p[0].load(Relaxed) + 1;
+        let tail = p[0].load(Relaxed).wrapping_add(1);
         p[0].store(tail, Relaxed);
         // Sequentially consistent: it releases the packet, and the producer reads the
         // watched flag next (see `inbox`).
@@ -214,10 +286,10 @@ impl<'a> Ring<'a> {
         let offset = self.slot(head);
         let words = self.seg.words(offset, 8);
         // Sequentially consistent: pairs with `publish` for the watched flag (see `inbox`).
-        if words[7].load(SeqCst) != head + 1 {
+        if words[7].load(SeqCst) != head.wrapping_add(1) {
             return None;
         }
-        let header = Header::decode(std::array::from_fn(|i| words[i].load(Relaxed)));
+        let header = Header::from_words(std::array::from_fn(|i| words[i].load(Relaxed)));
         Some((
             header,
             Slot {
@@ -230,13 +302,15 @@ impl<'a> Ring<'a> {
     /// Consumer: frees the slot returned by `peek`.
     pub(crate) fn pop(&self) {
         let head = self.head().load(Relaxed);
-        self.head().store(head + 1, Release);
+        self.head().store(head.wrapping_add(1), Release);
     }
 
     /// Packets published and not yet consumed.
     #[cfg(test)]
     pub(crate) fn occupancy(&self) -> u64 {
-        self.producer()[0].load(Acquire) - self.head().load(Acquire)
+        self.producer()[0]
+            .load(Acquire)
+            .wrapping_sub(self.head().load(Acquire))
     }
 }
 
@@ -291,7 +365,53 @@ mod tests {
             rkey: 0xabcd_1234,
             payload_len: MTU as u32,
         };
-        assert_eq!(Header::decode(h.encode()), h);
+        assert_eq!(Header::from_words(h.encode()), h);
+        let bytes: Vec<u8> = h.encode().iter().flat_map(|w| w.to_le_bytes()).collect();
+        assert_eq!(decode(&bytes), Ok((Kind::ReadResponse, h)));
+    }
+
+    #[test]
+    fn the_packet_decoder_refuses_what_no_peer_sends() {
+        let ok = Header {
+            kind: Kind::Send as u8,
+            flags: FIRST,
+            total_len: 3 * MTU as u64,
+            offset: MTU as u64,
+            payload_len: MTU as u32,
+            ..Header::default()
+        };
+        assert_eq!(validate(&ok), Ok(Kind::Send));
+        let bad = [
+            Header { kind: 0, ..ok },
+            Header { kind: 0xff, ..ok },
+            Header { flags: 0xff, ..ok },
+            Header {
+                payload_len: MTU as u32 + 1,
+                ..ok
+            },
+            Header {
+                payload_len: u32::MAX,
+                ..ok
+            },
+            Header {
+                offset: u64::MAX,
+                ..ok
+            },
+            Header { total_len: 0, ..ok },
+            Header {
+                kind: Kind::ReadRequest as u8,
+                ..ok
+            },
+            Header {
+                flags: FIRST | LAST | CMA_DESCRIPTOR,
+                payload_len: 17,
+                ..ok
+            },
+        ];
+        for h in bad {
+            assert!(validate(&h).is_err(), "{h:?}");
+        }
+        assert!(decode(&[0u8; ENCODED_HEADER_BYTES - 1]).is_err());
     }
 
     #[test]

@@ -242,7 +242,9 @@ impl<'a> Tpt<'a> {
 /// Checks bounds and rights of an access against a translation.
 pub(crate) fn check(t: &Translation, addr: u64, len: u64, need: Access) -> Result<(), Refusal> {
     let end = addr.checked_add(len).ok_or(Refusal::OutOfBounds)?;
-    if addr < t.base || end > t.base + t.len {
+    // The table lives in shared memory: a garbled entry must not wrap.
+    let region_end = t.base.checked_add(t.len).ok_or(Refusal::OutOfBounds)?;
+    if addr < t.base || end > region_end {
         return Err(Refusal::OutOfBounds);
     }
     if !t.access.contains(need) {

@@ -13,13 +13,12 @@ use super::{
 use crate::error::{Error, Result};
 use crate::nic::soft::ack::Nak;
 use crate::nic::soft::dma;
-use crate::nic::soft::ring::{Header, Kind, Slot, CMA_DESCRIPTOR, FIRST, HAS_IMM, LAST, MTU};
+use crate::nic::soft::ring::{
+    self, Header, Kind, Slot, CMA_DESCRIPTOR, FIRST, HAS_IMM, LAST, MAX_DESCRIPTOR_EXTENTS, MTU,
+};
 use crate::nic::soft::Inner;
 use crate::nic::{Access, DataPath, RecvWr, Sge, WcOpcode, WcStatus};
 use crate::sys::{self, CmaDirection, Extent};
-
-/// Extents a CMA descriptor can name (the device's `max_sge`).
-const MAX_DESCRIPTOR_EXTENTS: usize = 16;
 
 /// Takes the receive at the front of the queue, with its scatter-gather entries.
 fn take_receive(qp: &mut QueuePair) -> (RecvOp, SmallVec<[Sge; 2]>) {
@@ -99,21 +98,41 @@ impl Inner {
     }
 
     pub(super) fn handle_packet(&self, eng: &mut Engine, from: usize, h: Header, slot: Slot<'_>) {
-        let Some(kind) = h.kind() else { return };
-        if h.payload_len as usize > MTU {
-            return; // malformed: no packet carries more than a slot
-        }
-        // Only packets of a queue pair connected to the sender's queue pair count.
+        // Only packets of a queue pair connected to the sender's queue pair count (others
+        // are dropped, as an RC NIC drops packets for a queue pair it does not have).
         match eng.qps.get(h.dst_qpn as usize).and_then(Option::as_ref) {
             Some(qp) if qp.peer == from && qp.remote_qpn == Some(h.src_qpn) => {}
             _ => return,
         }
+        let kind = match ring::validate(&h) {
+            Ok(kind) => kind,
+            Err(why) => return self.malformed_packet(eng, from, h.dst_qpn, why),
+        };
         match kind {
             Kind::Send | Kind::Write | Kind::WriteImm | Kind::ReadRequest => {
                 self.handle_request(eng, from, kind, &h, slot)
             }
             Kind::ReadResponse => self.handle_read_response(eng, &h, slot),
         }
+    }
+
+    /// A packet from `from` to queue pair `qpn` broke the protocol: the queue pair enters the
+    /// error state (its receives complete flushed, so the application learns of it), it
+    /// takes nothing more from that peer, and one line on stderr says why.
+    fn malformed_packet(&self, eng: &mut Engine, from: usize, qpn: u32, why: &'static str) {
+        let why = format!("rank {from} sent a malformed packet ({why})");
+        let flushed = eng.enter_error(qpn, why.clone());
+        if let Some(qp) = eng.qps[qpn as usize].as_mut() {
+            if !qp.refusing {
+                qp.refusing = true;
+                qp.rx = None;
+                eprintln!(
+                    "pagewire: rank {}: {why}; its queue pair {qpn} is in the error state",
+                    self.rank
+                );
+            }
+        }
+        self.counters.error_completions.fetch_add(flushed, Relaxed);
     }
 
     fn handle_request(
