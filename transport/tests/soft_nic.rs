@@ -474,7 +474,9 @@ fn dead_peer_full_ring_body(r: &Rank) {
     let mr = r.nic.register(buf.addr(), LEN as u64, rw()).unwrap();
     let remote = r.exchange(&mr);
     if r.rank() == 1 {
-        return; // exits at once: the peer is gone
+        // Gone at once, its region never deregistered (as if killed): the WRITE is valid,
+        // and only liveness can end it.
+        std::process::exit(0);
     }
     let (addr, rkey, _) = remote[1];
     let start = std::time::Instant::now();
