@@ -210,8 +210,25 @@ impl RankMemory {
             )));
         }
         let (nic, odp) = Self::names(job, rank);
-        let seg = SharedSegment::create(&nic, RINGS_OFFSET + size * RING_BYTES)?;
-        let present = SharedSegment::create(&odp, PRESENT_BYTES)?;
+        let seg_bytes = RINGS_OFFSET + size * RING_BYTES;
+        let seg = SharedSegment::create(&nic, seg_bytes).map_err(|e| match e {
+            Error::SharedMemoryFull {
+                object,
+                needed,
+                available,
+                ..
+            } => Error::SharedMemoryFull {
+                object,
+                needed,
+                job_needed: needed.saturating_mul(size as u64),
+                ranks: size,
+                available,
+            },
+            e => e,
+        })?;
+        // The bitmap covers the whole address space (4 GiB): only the pages covering the
+        // ranges a job registers for ODP are ever touched, so it stays sparse.
+        let present = SharedSegment::create_sparse(&odp, PRESENT_BYTES)?;
         let h = seg.words(0, 4);
         h[1].store(std::process::id() as u64, Relaxed);
         h[2].store(rank as u64, Relaxed);
@@ -475,6 +492,11 @@ impl SoftNic {
         }
         // Nobody may remove its segment before everyone has mapped it.
         boot.barrier()?;
+        // Everyone has: the names can go now (the mappings keep the objects alive), so that
+        // nothing is left in /dev/shm however the job ends, even if the launcher is killed.
+        // No name of this job is opened after this point.
+        own.seg.unlink_name();
+        own.present.unlink_name();
         let caps = Capabilities {
             provider: "soft",
             max_mr_size: ADDRESS_SPACE_END,
@@ -593,10 +615,8 @@ impl Drop for SoftNic {
         for k in keys {
             let _ = self.inner.deregister(k);
         }
-        // The names go now: a NIC brought up again in this process (same job) must find
-        // them free, whoever still holds the mappings for a moment.
-        self.inner.own.seg.unlink_name();
-        self.inner.own.present.unlink_name();
+        // The shared memory's names went when the NIC came up (a NIC brought up again in
+        // this process finds them free); the objects go with the last mapping.
     }
 }
 
