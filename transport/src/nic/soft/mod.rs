@@ -448,7 +448,15 @@ impl SoftNic {
         let own = Arc::new(RankMemory::create(&job, rank, size)?);
         let watch = PresentWatch::new(own.clone(), config.odp_check)?;
         own.seg.words(ODP_MONITORED, 1)[0].store(watch.uses_monitor() as u64, Release);
-        sys::allow_cma_from_siblings();
+        if let Some(tracer) = cma_ptracer(
+            size,
+            sys::yama_ptrace_scope(),
+            std::os::unix::process::parent_id(),
+        ) {
+            // Should the kernel refuse, the probe below finds CMA forbidden and the peers
+            // stage payloads through the rings instead.
+            let _ = sys::allow_cma_from_descendants_of(tracer);
+        }
         let probe = own.seg.addr_of(0);
         let mut mine = Vec::with_capacity(12);
         mine.extend_from_slice(&std::process::id().to_le_bytes());
@@ -575,6 +583,24 @@ impl SoftNic {
             format!("{how}; regions follow their address range (no long-term pins or no memory monitor)")
         }
     }
+}
+
+/// The process whose descendants may read and write this rank's memory with CMA, when this
+/// rank must name one: under Yama's `ptrace_scope` 1, a process may only trace its own
+/// descendants or processes that named it (or one of its ancestors) their ptracer, so ranks
+/// that are siblings cannot use `process_vm_readv` on each other unless each names their
+/// common parent. That parent is `pwrun` (or the test or benchmark that launched the job),
+/// or under `mpirun` the launcher's local proxy (MPICH's `hydra_pmi_proxy`, Open MPI's
+/// `prted`): its descendants are this host's processes of the job, not other programs of
+/// the same user (`PR_SET_PTRACER_ANY` would admit those too).
+///
+/// `None` when nothing needs naming or naming would not help: a single-rank job (no peer
+/// reads its memory); no Yama, or scope 0 (siblings may already), 2 or 3 (only
+/// `CAP_SYS_PTRACE`, or nobody, whatever is named); a rank whose parent is gone or is
+/// `init` (pid 1, whose descendants are every process). Peers then find CMA forbidden at
+/// start-up and stage payloads through the rings.
+fn cma_ptracer(ranks: usize, yama_scope: Option<u32>, parent: u32) -> Option<u32> {
+    (ranks > 1 && yama_scope == Some(1) && parent > 1).then_some(parent)
 }
 
 fn cma_permitted(pid: u32, probe: u64) -> bool {
@@ -1027,6 +1053,21 @@ impl Nic for SoftNic {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cma_ptracer_is_the_parent_only_where_yama_needs_one() {
+        // Siblings under Yama scope 1 name their parent (pwrun, mpirun's proxy).
+        assert_eq!(cma_ptracer(4, Some(1), 4242), Some(4242));
+        // A single rank has no peer to admit.
+        assert_eq!(cma_ptracer(1, Some(1), 4242), None);
+        // No Yama, classic scope, admin-only or no ptrace at all: naming changes nothing.
+        for scope in [None, Some(0), Some(2), Some(3)] {
+            assert_eq!(cma_ptracer(4, scope, 4242), None, "{scope:?}");
+        }
+        // An orphan would admit every process by naming init.
+        assert_eq!(cma_ptracer(4, Some(1), 1), None);
+        assert_eq!(cma_ptracer(4, Some(1), 0), None);
+    }
 
     #[test]
     fn byte_sizes_parse_with_suffixes() {
