@@ -31,8 +31,22 @@ fn private_mounts_permitted() -> Result<(), String> {
 fn dev_shm_too_small_is_one_clear_line_not_sigbus() {
     const NAME: &str = "dev_shm_too_small_is_one_clear_line_not_sigbus";
     if std::env::var(util::ROLE).as_deref() == Ok(NAME) {
+        // Enough traffic to touch every slot of every ring: what a sparse, unreserved
+        // segment pays for with SIGBUS once /dev/shm is full.
         let universe = pagewire::initialize().expect("first initialisation");
-        universe.world().barrier();
+        let world = universe.world();
+        let (me, n) = (world.rank(), world.size());
+        let message = vec![me as u8; 12 << 10];
+        let mut got = vec![0u8; 12 << 10];
+        for _round in 0..128 {
+            for k in 1..n {
+                world.process_at_rank((me + k) % n).send(&message[..]);
+                world
+                    .process_at_rank((me + n - k) % n)
+                    .receive_into(&mut got[..]);
+            }
+        }
+        world.barrier();
         return;
     }
     if let Err(why) = private_mounts_permitted() {
