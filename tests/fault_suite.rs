@@ -197,6 +197,22 @@ impl Job {
         assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill pwrun");
     }
 
+    /// Stops a job that overran: SIGTERM to pwrun, which stops its ranks and cleans up,
+    /// then SIGKILL if it has not ended within 5 s; removes the test's directory.
+    fn stop(&mut self) {
+        self.signal_pwrun(libc::SIGTERM);
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until {
+            if let Ok(Some(_)) = self.pwrun.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.pwrun.kill();
+        let _ = self.pwrun.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+
     /// Waits for pwrun to end, at most until `fault` + [`BOUND`]; then checks that no
     /// process of the job is left and `/dev/shm` holds nothing of it (allowing the same
     /// bound). Returns pwrun's status and stderr.
@@ -207,12 +223,11 @@ impl Job {
                 break status;
             }
             if Instant::now() >= deadline {
-                let _ = self.pwrun.kill();
-                let _ = self.pwrun.wait();
+                let stderr = self.stderr();
+                self.stop();
                 panic!(
-                    "{}: the job was still running {BOUND:?} after the fault; stderr:\n{}",
-                    self.name,
-                    self.stderr()
+                    "{}: the job was still running {BOUND:?} after the fault; stderr:\n{stderr}",
+                    self.name
                 );
             }
             std::thread::sleep(Duration::from_millis(5));
