@@ -30,6 +30,28 @@ pub enum Error {
         source_of_limit: &'static str,
     },
 
+    /// `/dev/shm` has no room for a rank's shared NIC memory. The soft NIC reserves its
+    /// segment when it comes up, so a full `/dev/shm` is this error at start-up, not a
+    /// `SIGBUS` when a page is first touched.
+    #[error(
+        "/dev/shm is too small for this job: {object} needs {} MiB ({} MiB for all {ranks} \
+         ranks), but /dev/shm has {} MiB free; free space in /dev/shm or make it larger \
+         (`mount -o remount,size=2G /dev/shm`; in a container, `--shm-size`), or run fewer ranks",
+        mib(*.needed), mib(*.job_needed), mib(*.available)
+    )]
+    SharedMemoryFull {
+        /// The object that could not be reserved (`/dev/shm/pagewire-JOB-nic-RANK`).
+        object: String,
+        /// Bytes that object needs.
+        needed: u64,
+        /// Bytes the whole job needs in `/dev/shm` (every rank's object).
+        job_needed: u64,
+        /// Ranks in the job.
+        ranks: usize,
+        /// Bytes free in `/dev/shm` when the reservation failed.
+        available: u64,
+    },
+
     /// The range given to `register` is not (entirely) mapped in this process.
     #[error("cannot register {len} bytes at {addr:#x}: the range is not mapped in this process")]
     UnmappedRange {
@@ -215,6 +237,11 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+}
+
+/// `bytes` in MiB with one decimal, for messages.
+fn mib(bytes: u64) -> String {
+    format!("{:.1}", bytes as f64 / (1u64 << 20) as f64)
 }
 
 impl Error {

@@ -495,3 +495,113 @@ fn read_raw_frame(s: &mut UnixStream) -> Vec<u8> {
     s.read_exact(&mut body).unwrap();
     body
 }
+
+/// Names the test whose launcher this process plays (between the test and its ranks).
+const LAUNCHER_ROLE: &str = "PAGEWIRE_TEST_LAUNCHER";
+
+#[test]
+fn bootstrap_socket_is_private_whatever_the_umask() {
+    const NAME: &str = "bootstrap_socket_is_private_whatever_the_umask";
+    if as_rank(NAME) {
+        use std::os::unix::fs::PermissionsExt;
+        let sock = std::env::var_os("PAGEWIRE_BOOT").expect("PAGEWIRE_BOOT");
+        let mode = std::fs::metadata(&sock)
+            .expect("stat the socket")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "socket mode {:o}", mode & 0o777);
+        boot::from_env()
+            .expect("bootstrap")
+            .barrier()
+            .expect("barrier");
+        return;
+    }
+    if std::env::var(LAUNCHER_ROLE).as_deref() == Ok(NAME) {
+        let (outcome, _) = run(&self_job(NAME, 2));
+        assert!(outcome.success(), "{outcome:?}");
+        return;
+    }
+    // The launcher runs in a child with umask 000, which would leave the socket
+    // connectable by every user.
+    let status = Command::new("sh")
+        .args(["-c", r#"umask 000 && exec "$@""#, "sh"])
+        .arg(std::env::current_exe().expect("current_exe"))
+        .args(self_args(NAME))
+        .env(LAUNCHER_ROLE, NAME)
+        .status()
+        .expect("run the launcher");
+    assert!(status.success(), "{status}");
+}
+
+#[test]
+fn hello_from_a_process_outside_the_job_is_refused() {
+    const NAME: &str = "hello_from_a_process_outside_the_job_is_refused";
+    if as_rank(NAME) {
+        // Tell the test where the socket is, and connect only once it has tried.
+        let dir = rank_scratch();
+        let rank = std::env::var("PAGEWIRE_RANK").expect("PAGEWIRE_RANK");
+        let text = format!(
+            "{}\n{}",
+            std::env::var("PAGEWIRE_BOOT").expect("PAGEWIRE_BOOT"),
+            std::env::var("PAGEWIRE_JOB").expect("PAGEWIRE_JOB")
+        );
+        std::fs::write(dir.join("boot.tmp"), text).expect("write");
+        std::fs::rename(dir.join("boot.tmp"), dir.join(format!("boot-{rank}"))).ok();
+        let start = Instant::now();
+        while !dir.join("go").exists() {
+            assert!(start.elapsed() < Duration::from_secs(30), "no go");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        boot::from_env()
+            .expect("bootstrap")
+            .barrier()
+            .expect("barrier");
+        return;
+    }
+    let scratch = Scratch::new(NAME);
+    let mut cfg = self_job(NAME, 2);
+    cfg.env.push((SCRATCH.into(), scratch.0.clone().into()));
+    let launcher = std::thread::spawn(move || run(&cfg).0);
+    let info = scratch.0.join("boot-0");
+    let start = Instant::now();
+    while !info.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "rank 0 never started"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let text = std::fs::read_to_string(&info).unwrap();
+    let (path, job) = text.split_once('\n').unwrap();
+    // This test process runs the launcher: it is of the job's user, but neither rank 0
+    // nor a process rank 0 started.
+    let mut s = UnixStream::connect(path).expect("connect to the bootstrap socket");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut hello = Vec::new();
+    hello.extend_from_slice(&0u64.to_le_bytes());
+    hello.extend_from_slice(&2u64.to_le_bytes());
+    hello.extend_from_slice(&u64::from(std::process::id()).to_le_bytes());
+    hello.extend_from_slice(job.as_bytes());
+    let mut frame = ((hello.len() + 1) as u32).to_le_bytes().to_vec();
+    frame.push(0x01); // HELLO
+    frame.extend_from_slice(&hello);
+    s.write_all(&frame).unwrap();
+    let reply = read_raw_frame(&mut s);
+    drop(s);
+    std::fs::write(scratch.0.join("go"), b"").unwrap();
+    let outcome = launcher.join().expect("launcher thread");
+    let text = String::from_utf8_lossy(&reply[1..]);
+    assert_eq!(
+        reply[0], 0xEE,
+        "expected ERROR, got {:#04x} {text:?}",
+        reply[0]
+    );
+    assert!(
+        text.contains("is neither rank 0") && text.contains(&std::process::id().to_string()),
+        "{text}"
+    );
+    assert!(
+        outcome.success(),
+        "the real ranks could not connect: {outcome:?}"
+    );
+}

@@ -12,11 +12,17 @@
 //!   and `PAGEWIRE_BIND_NODE`;
 //! - the first rank to exit non-zero or by a signal is reported on stderr and the others
 //!   are stopped (`SIGTERM`, then `SIGKILL` after 2 s); the job's exit code is that rank's;
-//! - at the end, the socket and every `/dev/shm/pagewire-<job>-*` object are removed.
+//! - the socket is private: mode 0600 whatever the umask, and a hello is accepted only from
+//!   a process of the launcher's user that is the rank's process or a descendant of it
+//!   (`SO_PEERCRED`);
+//! - at the end, the socket and every `/dev/shm/pagewire-<job>-*` object are removed (the
+//!   soft NIC already removes its names once every rank has mapped them, so that a killed
+//!   launcher leaves nothing there either).
 
 use std::ffi::OsString;
 use std::io;
 use std::os::fd::AsFd;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -291,6 +297,11 @@ impl Job {
         let socket_path = std::env::temp_dir().join(format!("pagewire-{job_id}.sock"));
         let listener = UnixListener::bind(&socket_path)
             .map_err(|e| Error::os(format!("bind({})", socket_path.display()), e))?;
+        // Only this user may connect, whatever the umask made of the socket's mode. A
+        // connection made before this takes effect still has to pass the credential check
+        // of its hello (`Server::hello`).
+        std::fs::set_permissions(&socket_path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| Error::os(format!("chmod(0600, {})", socket_path.display()), e))?;
         let mut job = Job {
             server: Arc::new(Server::new(cfg.ranks, job_id.clone())),
             job_id,
@@ -661,6 +672,10 @@ impl Server {
         let Some(rank) = usize::try_from(h.rank).ok().filter(|&r| r < size) else {
             return refuse(format!("rank {} is out of range for {size} ranks", h.rank));
         };
+        if let Err(why) = self.check_credentials(stream, rank) {
+            eprintln!("pwrun: refused a bootstrap connection for rank {rank}: {why}");
+            return refuse(why);
+        }
         let mut st = self.state.lock();
         // A rank that dropped its bootstrap and connects again may be faster than the
         // thread noticing that its old connection closed: give that thread a moment.
@@ -686,6 +701,31 @@ impl Server {
         st.unidentified -= 1;
         st.reevaluate();
         Some(rank)
+    }
+
+    /// Checks that the process behind `stream` may speak for `rank`: it runs as this
+    /// launcher's user, and it is the rank's process or a descendant of it (a wrapper such
+    /// as `sh -c` may start the program in a child). Where the kernel cannot name the
+    /// process (another pid namespace), the user check alone applies.
+    fn check_credentials(&self, stream: &UnixStream, rank: usize) -> Result<(), String> {
+        let peer = sys::peer_credentials(stream.as_fd())
+            .map_err(|e| format!("cannot read the connection's credentials (SO_PEERCRED): {e}"))?;
+        let uid = sys::effective_uid();
+        if peer.uid != uid {
+            return Err(format!(
+                "the connecting process (pid {}) runs as uid {}, the job as uid {uid}",
+                peer.pid, peer.uid
+            ));
+        }
+        let rank_pid = self.pid(rank);
+        if peer.pid != 0 && !is_same_or_descendant(peer.pid, rank_pid) {
+            return Err(format!(
+                "the connecting process (pid {}) is neither rank {rank} (pid {rank_pid}) nor \
+                 a process it started",
+                peer.pid
+            ));
+        }
+        Ok(())
     }
 
     /// Handles a GATHER from `rank`.
@@ -820,6 +860,36 @@ impl State {
     }
 }
 
+/// Deepest chain of parents followed by [`is_same_or_descendant`].
+const MAX_ANCESTRY: usize = 64;
+
+/// Whether process `pid` is `ancestor` or descends from it, following the parent links of
+/// `/proc/PID/stat`. False when a link cannot be read (the process is gone).
+fn is_same_or_descendant(pid: u32, ancestor: u32) -> bool {
+    let mut p = pid;
+    for _ in 0..MAX_ANCESTRY {
+        if p == ancestor {
+            return true;
+        }
+        if p <= 1 {
+            return false;
+        }
+        match parent_of(p) {
+            Some(parent) => p = parent,
+            None => return false,
+        }
+    }
+    false
+}
+
+/// The parent of process `pid` (field 4 of `/proc/PID/stat`, after the parenthesised
+/// command name, which may itself contain spaces and parentheses).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Serves one connection until it closes.
 fn serve_connection(server: &Server, mut stream: UnixStream, id: u64) {
     let mut rank = None;
@@ -864,5 +934,21 @@ fn serve_connection(server: &Server, mut stream: UnixStream, id: u64) {
     match rank {
         Some(r) => server.closed(r, id),
         None => server.unidentified_closed(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ancestry_follows_parent_links() {
+        let me = std::process::id();
+        let parent = std::os::unix::process::parent_id();
+        assert_eq!(parent_of(me), Some(parent));
+        assert!(is_same_or_descendant(me, me));
+        assert!(is_same_or_descendant(me, parent));
+        assert!(!is_same_or_descendant(parent, me));
+        assert!(!is_same_or_descendant(u32::MAX, me), "no such process");
     }
 }

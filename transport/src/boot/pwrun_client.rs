@@ -18,7 +18,8 @@
 //! ```
 //!
 //! A rank sends HELLO and waits for WELCOME (or ERROR: wrong job, rank out of range,
-//! rank already connected). Each GATHER joins the rank's next collective; once every rank
+//! rank already connected, or a connecting process that is not the rank's own or one it
+//! started, or that runs as another user: `SO_PEERCRED`). Each GATHER joins the rank's next collective; once every rank
 //! has joined it, every rank receives one RESULT with all contributions. A barrier is a
 //! GATHER of no bytes. Collectives are numbered implicitly, in order: at most one is
 //! incomplete at any time, since no rank can start collective k+1 before k completes.

@@ -55,6 +55,51 @@ pub(super) fn signal_child(child: &Child, sig: libc::c_int) -> io::Result<()> {
     }
 }
 
+/// Who is at the other end of a connected Unix socket, as the kernel recorded it when the
+/// connection was made (`SO_PEERCRED`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct PeerCredentials {
+    /// The connecting process, in this process's pid namespace; 0 when it is not visible
+    /// from here (another pid namespace).
+    pub(super) pid: u32,
+    /// Its effective user id.
+    pub(super) uid: u32,
+}
+
+/// The credentials of the peer of the connected Unix socket `fd`.
+pub(super) fn peer_credentials(fd: BorrowedFd<'_>) -> io::Result<PeerCredentials> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`, a valid, exclusively
+    // borrowed ucred of that size, and updates `len`; the fd is kept open by the borrow.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(PeerCredentials {
+        pid: u32::try_from(cred.pid).unwrap_or(0),
+        uid: cred.uid,
+    })
+}
+
+/// This process's effective user id.
+pub(super) fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 /// Waits up to `timeout` for `fd` to become readable; `Ok(false)` on timeout or `EINTR`.
 pub(super) fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
     let mut pfd = libc::pollfd {

@@ -301,18 +301,30 @@ impl ProcessHandle {
     }
 }
 
-/// Lets any process of the same user read and write this one's memory with CMA when the
-/// Yama LSM restricts ptrace to descendants (`PR_SET_PTRACER_ANY`, as Open MPI's CMA
-/// support does). Returns whether Yama is present.
-pub fn allow_cma_from_siblings() -> bool {
-    if !std::path::Path::new("/proc/sys/kernel/yama/ptrace_scope").exists() {
-        return false;
+/// The Yama LSM's `kernel.yama.ptrace_scope` (0 classic, 1 restricted to descendants and
+/// named ptracers, 2 admin only, 3 none), or `None` where Yama is not in the kernel.
+pub fn yama_ptrace_scope() -> Option<u32> {
+    std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Lets process `tracer` and its descendants read and write this process's memory with CMA
+/// when Yama restricts ptrace to descendants (`prctl(PR_SET_PTRACER, tracer)`, replacing
+/// any earlier exception). Sibling processes, such as the ranks of one job, need it to use
+/// `process_vm_readv`/`writev` between each other; naming their common parent admits them
+/// and nothing outside that process tree.
+pub fn allow_cma_from_descendants_of(tracer: u32) -> io::Result<()> {
+    // SAFETY: prctl(PR_SET_PTRACER, pid) only changes this process's Yama exception; the
+    // variadic arguments are plain integers and no memory of ours is touched.
+    let rc = unsafe { libc::prctl(libc::PR_SET_PTRACER, tracer as libc::c_ulong, 0, 0, 0) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
-    // SAFETY: prctl with PR_SET_PTRACER only changes this process's Yama exception.
-    unsafe {
-        libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0);
-    }
-    true
 }
 
 /// Sets this process's soft `RLIMIT_MEMLOCK` (`None`: unlimited), which the processes it

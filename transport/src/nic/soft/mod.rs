@@ -210,8 +210,25 @@ impl RankMemory {
             )));
         }
         let (nic, odp) = Self::names(job, rank);
-        let seg = SharedSegment::create(&nic, RINGS_OFFSET + size * RING_BYTES)?;
-        let present = SharedSegment::create(&odp, PRESENT_BYTES)?;
+        let seg_bytes = RINGS_OFFSET + size * RING_BYTES;
+        let seg = SharedSegment::create(&nic, seg_bytes).map_err(|e| match e {
+            Error::SharedMemoryFull {
+                object,
+                needed,
+                available,
+                ..
+            } => Error::SharedMemoryFull {
+                object,
+                needed,
+                job_needed: needed.saturating_mul(size as u64),
+                ranks: size,
+                available,
+            },
+            e => e,
+        })?;
+        // The bitmap covers the whole address space (4 GiB): only the pages covering the
+        // ranges a job registers for ODP are ever touched, so it stays sparse.
+        let present = SharedSegment::create_sparse(&odp, PRESENT_BYTES)?;
         let h = seg.words(0, 4);
         h[1].store(std::process::id() as u64, Relaxed);
         h[2].store(rank as u64, Relaxed);
@@ -431,7 +448,15 @@ impl SoftNic {
         let own = Arc::new(RankMemory::create(&job, rank, size)?);
         let watch = PresentWatch::new(own.clone(), config.odp_check)?;
         own.seg.words(ODP_MONITORED, 1)[0].store(watch.uses_monitor() as u64, Release);
-        sys::allow_cma_from_siblings();
+        if let Some(tracer) = cma_ptracer(
+            size,
+            sys::yama_ptrace_scope(),
+            std::os::unix::process::parent_id(),
+        ) {
+            // Should the kernel refuse, the probe below finds CMA forbidden and the peers
+            // stage payloads through the rings instead.
+            let _ = sys::allow_cma_from_descendants_of(tracer);
+        }
         let probe = own.seg.addr_of(0);
         let mut mine = Vec::with_capacity(12);
         mine.extend_from_slice(&std::process::id().to_le_bytes());
@@ -475,6 +500,11 @@ impl SoftNic {
         }
         // Nobody may remove its segment before everyone has mapped it.
         boot.barrier()?;
+        // Everyone has: the names can go now (the mappings keep the objects alive), so that
+        // nothing is left in /dev/shm however the job ends, even if the launcher is killed.
+        // No name of this job is opened after this point.
+        own.seg.unlink_name();
+        own.present.unlink_name();
         let caps = Capabilities {
             provider: "soft",
             max_mr_size: ADDRESS_SPACE_END,
@@ -577,6 +607,24 @@ impl SoftNic {
     }
 }
 
+/// The process whose descendants may read and write this rank's memory with CMA, when this
+/// rank must name one: under Yama's `ptrace_scope` 1, a process may only trace its own
+/// descendants or processes that named it (or one of its ancestors) their ptracer, so ranks
+/// that are siblings cannot use `process_vm_readv` on each other unless each names their
+/// common parent. That parent is `pwrun` (or the test or benchmark that launched the job),
+/// or under `mpirun` the launcher's local proxy (MPICH's `hydra_pmi_proxy`, Open MPI's
+/// `prted`): its descendants are this host's processes of the job, not other programs of
+/// the same user (`PR_SET_PTRACER_ANY` would admit those too).
+///
+/// `None` when nothing needs naming or naming would not help: a single-rank job (no peer
+/// reads its memory); no Yama, or scope 0 (siblings may already), 2 or 3 (only
+/// `CAP_SYS_PTRACE`, or nobody, whatever is named); a rank whose parent is gone or is
+/// `init` (pid 1, whose descendants are every process). Peers then find CMA forbidden at
+/// start-up and stage payloads through the rings.
+fn cma_ptracer(ranks: usize, yama_scope: Option<u32>, parent: u32) -> Option<u32> {
+    (ranks > 1 && yama_scope == Some(1) && parent > 1).then_some(parent)
+}
+
 fn cma_permitted(pid: u32, probe: u64) -> bool {
     let mut word = [0u8; 8];
     let local = [Extent {
@@ -615,10 +663,8 @@ impl Drop for SoftNic {
         for k in keys {
             let _ = self.inner.deregister(k);
         }
-        // The names go now: a NIC brought up again in this process (same job) must find
-        // them free, whoever still holds the mappings for a moment.
-        self.inner.own.seg.unlink_name();
-        self.inner.own.present.unlink_name();
+        // The shared memory's names went when the NIC came up (a NIC brought up again in
+        // this process finds them free); the objects go with the last mapping.
     }
 }
 
@@ -1033,6 +1079,21 @@ impl Nic for SoftNic {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cma_ptracer_is_the_parent_only_where_yama_needs_one() {
+        // Siblings under Yama scope 1 name their parent (pwrun, mpirun's proxy).
+        assert_eq!(cma_ptracer(4, Some(1), 4242), Some(4242));
+        // A single rank has no peer to admit.
+        assert_eq!(cma_ptracer(1, Some(1), 4242), None);
+        // No Yama, classic scope, admin-only or no ptrace at all: naming changes nothing.
+        for scope in [None, Some(0), Some(2), Some(3)] {
+            assert_eq!(cma_ptracer(4, scope, 4242), None, "{scope:?}");
+        }
+        // An orphan would admit every process by naming init.
+        assert_eq!(cma_ptracer(4, Some(1), 1), None);
+        assert_eq!(cma_ptracer(4, Some(1), 0), None);
+    }
 
     #[test]
     fn byte_sizes_parse_with_suffixes() {

@@ -29,9 +29,22 @@ unsafe impl Send for SharedSegment {}
 unsafe impl Sync for SharedSegment {}
 
 impl SharedSegment {
-    /// Creates `/dev/shm/NAME` of `len` bytes (sparse: pages cost memory when first touched)
-    /// and maps it; it is unlinked when this value drops.
+    /// Creates `/dev/shm/NAME` of `len` bytes, reserves all of them in `/dev/shm` up front
+    /// and maps it; the name is removed by [`SharedSegment::unlink_name`] or when this value
+    /// drops. A `/dev/shm` without room for it is [`Error::SharedMemoryFull`] here, never a
+    /// `SIGBUS` when a page is first touched.
     pub(crate) fn create(name: &str, len: usize) -> Result<SharedSegment> {
+        Self::create_with(name, len, true)
+    }
+
+    /// Creates `/dev/shm/NAME` of `len` bytes without reserving them (sparse: pages cost
+    /// memory when first touched), for objects far larger than what is ever touched (the
+    /// 4 GiB ODP present bitmap). Touching a page when `/dev/shm` is full raises `SIGBUS`.
+    pub(crate) fn create_sparse(name: &str, len: usize) -> Result<SharedSegment> {
+        Self::create_with(name, len, false)
+    }
+
+    fn create_with(name: &str, len: usize, reserve: bool) -> Result<SharedSegment> {
         let c =
             CString::new(format!("/{name}")).map_err(|_| Error::InvalidArgument(name.into()))?;
         let create = || {
@@ -68,6 +81,32 @@ impl SharedSegment {
                 libc::shm_unlink(c.as_ptr());
             }
             return Err(e);
+        }
+        if reserve {
+            // SAFETY: fd is our open descriptor; posix_fallocate touches no memory of ours.
+            let rc = unsafe { libc::posix_fallocate(fd, 0, len as libc::off_t) };
+            if rc != 0 {
+                let e = if rc == libc::ENOSPC {
+                    Error::SharedMemoryFull {
+                        object: format!("/dev/shm/{name}"),
+                        needed: len as u64,
+                        job_needed: len as u64,
+                        ranks: 1,
+                        available: free_bytes(fd),
+                    }
+                } else {
+                    Error::os(
+                        format!("posix_fallocate(/dev/shm/{name}, {len})"),
+                        std::io::Error::from_raw_os_error(rc),
+                    )
+                };
+                // SAFETY: closing and unlinking what we just created.
+                unsafe {
+                    libc::close(fd);
+                    libc::shm_unlink(c.as_ptr());
+                }
+                return Err(e);
+            }
         }
         // SAFETY: fstat into a stat struct we own, on our open descriptor.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -204,6 +243,17 @@ impl SharedSegment {
     }
 }
 
+/// Bytes free for an unprivileged writer in the file system of `fd` (0 if unknown).
+fn free_bytes(fd: libc::c_int) -> u64 {
+    // SAFETY: an all-zero statvfs is a valid value; fstatvfs only writes into it.
+    let mut fs: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is an open descriptor of the caller; `fs` is a valid out pointer.
+    if unsafe { libc::fstatvfs(fd, &mut fs) } != 0 {
+        return 0;
+    }
+    (fs.f_bavail as u64).saturating_mul(fs.f_frsize as u64)
+}
+
 impl Drop for SharedSegment {
     fn drop(&mut self) {
         // SAFETY: unmapping our own mapping once; no references into it outlive &self.
@@ -232,6 +282,21 @@ mod tests {
         drop(b);
         drop(a);
         assert!(!std::path::Path::new(&format!("/dev/shm/{name}")).exists());
+    }
+
+    #[test]
+    fn a_segment_is_reserved_up_front_and_the_bitmap_stays_sparse() {
+        // Reserved: a full /dev/shm is an error at creation, never a SIGBUS on first touch.
+        use std::os::unix::fs::MetadataExt;
+        let name = format!("pagewire-unittest-{:x}", rand::random::<u64>());
+        let seg = SharedSegment::create(&name, 1 << 20).unwrap();
+        let meta = std::fs::metadata(format!("/dev/shm/{name}")).unwrap();
+        assert!(meta.blocks() * 512 >= 1 << 20, "{} blocks", meta.blocks());
+        drop(seg);
+        let sparse = SharedSegment::create_sparse(&name, 1 << 30).unwrap();
+        let meta = std::fs::metadata(format!("/dev/shm/{name}")).unwrap();
+        assert_eq!(meta.blocks(), 0);
+        drop(sparse);
     }
 
     #[test]
