@@ -475,8 +475,10 @@ fn dead_peer_full_ring_body(r: &Rank) {
     let remote = r.exchange(&mr);
     if r.rank() == 1 {
         // Gone at once, its region never deregistered (as if killed): the WRITE is valid,
-        // and only liveness can end it.
-        std::process::exit(0);
+        // and only liveness can end it. `_exit`, not `exit`: no exit handler runs while the
+        // driver thread could still take (and acknowledge) the WRITE.
+        // SAFETY (test): ends the process at once; nothing after it runs.
+        unsafe { libc::_exit(0) };
     }
     let (addr, rkey, _) = remote[1];
     let start = std::time::Instant::now();
@@ -502,6 +504,132 @@ fn a_write_filling_the_ring_to_a_dead_peer_completes_with_an_error_not_a_hang() 
         2,
         &[("PAGEWIRE_SOFT_DMA", "staged")],
         dead_peer_full_ring_body,
+    );
+}
+
+/// Issue 15, item 4: the target deregisters its 64 MiB region in the middle of a staged RDMA
+/// WRITE (or READ, with `PAGEWIRE_TEST_OP=read`) and hands the range back to its application:
+/// new pages, new bytes. With `PAGEWIRE_TEST_STOP_INITIATOR` set, it also stops the initiator
+/// (SIGSTOP) for 6 s around that, longer than deregistration used to wait. The transfer ends
+/// with a remote access error; not one of its bytes lands in the new mapping, and a READ
+/// brings back none of the new bytes.
+fn deregistered_mid_transfer_body(r: &Rank) {
+    const LEN: usize = 64 << 20;
+    const OLD: u8 = 0x5a;
+    const NEW: u8 = 0xc5;
+    let read = std::env::var("PAGEWIRE_TEST_OP").as_deref() == Ok("read");
+    let stop = std::env::var_os("PAGEWIRE_TEST_STOP_INITIATOR").is_some();
+    let qps = r.connect_all(false);
+    let me = r.rank();
+    let mut buf = AnonMapping::new(LEN).unwrap();
+    // The initiator's source (WRITE) or the target's region (READ) holds the old bytes.
+    if (me == 0) != read {
+        buf.as_mut_slice().fill(OLD);
+    }
+    let mr = r.nic.register(buf.addr(), LEN as u64, rw()).unwrap();
+    let remote = r.exchange(&mr);
+    let pids = r.boot.allgather(&std::process::id().to_le_bytes()).unwrap();
+    if me == 0 {
+        let (remote_addr, rkey, _) = remote[1];
+        let opcode = if read {
+            Opcode::RdmaRead { remote_addr, rkey }
+        } else {
+            Opcode::RdmaWrite { remote_addr, rkey }
+        };
+        post_send(
+            r,
+            qps[1].unwrap(),
+            1,
+            opcode,
+            &[sge(buf.addr(), LEN as u64, mr.lkey)],
+        );
+        let c = r.wait();
+        assert_eq!(c.status, WcStatus::RemoteAccessError, "{c:?}");
+        if read {
+            assert!(
+                !buf.as_slice().contains(&NEW),
+                "a READ brought back bytes of the target's new mapping"
+            );
+        }
+    } else {
+        // Take packets until a few MiB have moved, then deregister in the middle.
+        let start = std::time::Instant::now();
+        let mut out = Vec::new();
+        while r.nic.counters().bytes_staged < 4 << 20 {
+            r.nic.poll_cq(r.cq, &mut out, 1).unwrap();
+            assert!(start.elapsed() < std::time::Duration::from_secs(60));
+        }
+        let initiator = u32::from_le_bytes(pids[0][..4].try_into().unwrap()) as libc::pid_t;
+        let signal = |sig| {
+            // SAFETY (test): signals the job's other rank, a child of the same launcher.
+            assert_eq!(unsafe { libc::kill(initiator, sig) }, 0);
+        };
+        if stop {
+            signal(libc::SIGSTOP);
+        }
+        let t0 = std::time::Instant::now();
+        r.nic.deregister(mr.lkey).unwrap();
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(2),
+            "a staged transfer holds the target's region only while a packet moves"
+        );
+        buf.discard(0, LEN).unwrap();
+        buf.as_mut_slice().fill(NEW);
+        if stop {
+            std::thread::sleep(std::time::Duration::from_secs(6));
+            signal(libc::SIGCONT);
+        }
+    }
+    // Rank 1's driver thread refuses the rest of the transfer while it waits here.
+    r.boot.barrier().unwrap();
+    if me == 1 {
+        assert!(
+            buf.as_slice().iter().all(|&b| b == NEW),
+            "a byte of the transfer landed in the new mapping"
+        );
+    } else {
+        r.nic.deregister(mr.lkey).unwrap();
+    }
+}
+
+#[test]
+fn a_write_into_a_region_deregistered_mid_transfer_fails_and_leaves_the_new_mapping_alone() {
+    ranks(
+        "a_write_into_a_region_deregistered_mid_transfer_fails_and_leaves_the_new_mapping_alone",
+        2,
+        &[
+            ("PAGEWIRE_MEMLOCK_LIMIT", "1G"),
+            ("PAGEWIRE_SOFT_DMA", "staged"),
+        ],
+        deregistered_mid_transfer_body,
+    );
+}
+
+#[test]
+fn the_same_with_the_initiator_stopped_for_6_s() {
+    ranks(
+        "the_same_with_the_initiator_stopped_for_6_s",
+        2,
+        &[
+            ("PAGEWIRE_MEMLOCK_LIMIT", "1G"),
+            ("PAGEWIRE_SOFT_DMA", "staged"),
+            ("PAGEWIRE_TEST_STOP_INITIATOR", "1"),
+        ],
+        deregistered_mid_transfer_body,
+    );
+}
+
+#[test]
+fn a_read_of_a_region_deregistered_mid_transfer_fails_and_returns_none_of_the_new_bytes() {
+    ranks(
+        "a_read_of_a_region_deregistered_mid_transfer_fails_and_returns_none_of_the_new_bytes",
+        2,
+        &[
+            ("PAGEWIRE_MEMLOCK_LIMIT", "1G"),
+            ("PAGEWIRE_SOFT_DMA", "staged"),
+            ("PAGEWIRE_TEST_OP", "read"),
+        ],
+        deregistered_mid_transfer_body,
     );
 }
 

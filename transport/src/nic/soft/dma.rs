@@ -67,13 +67,6 @@ pub(crate) fn pieces(
     })
 }
 
-/// The extents of `[offset, offset+len)` of the stream (for the kernel copy).
-pub(crate) fn slice(extents: &[Extent], offset: u64, len: u64) -> Vec<Extent> {
-    pieces(extents, offset, len)
-        .map(|(addr, len)| Extent { addr, len })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -51,7 +51,7 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -102,6 +102,12 @@ const APP_POLLS: usize = 320;
 /// Header word: non-zero while an application thread is inside the NIC (posting or
 /// polling, a long DMA included): it is not idle, so peers do not wake its driver.
 const APP_IN_NIC: usize = 384;
+/// Header word: the entry of another rank's table this rank's engine holds now
+/// ([`tpt::claim_tag`]), 0 when none; read by that rank when it deregisters.
+const REMOTE_CLAIM: usize = 448;
+/// How long a deregistration waits for an entry's in-use count before it looks at who holds
+/// it (a live holder is waited for, a dead one's count is written off).
+const HOLDERS_CHECK_AFTER: Duration = Duration::from_millis(100);
 const PENDING_OFFSET: usize = HEADER_BYTES;
 const PENDING_BYTES: usize = 4096;
 const TPT_OFFSET: usize = PENDING_OFFSET + PENDING_BYTES;
@@ -301,6 +307,11 @@ impl RankMemory {
         self.seg.words(APP_IN_NIC, 1)[0].store(inside as u64, Relaxed);
     }
 
+    /// This rank's claim word ([`REMOTE_CLAIM`]).
+    pub(crate) fn remote_claim(&self) -> &AtomicU64 {
+        &self.seg.words(REMOTE_CLAIM, 1)[0]
+    }
+
     fn asleep_word(&self) -> &AtomicU64 {
         &self.seg.words(DRIVER_ASLEEP, 1)[0]
     }
@@ -378,11 +389,19 @@ impl NpfSlot<'_> {
 
 /// A peer as this rank's NIC sees it.
 pub(crate) struct Peer {
+    pub rank: usize,
     pub pid: u32,
     pub mem: Arc<RankMemory>,
     pub cma: bool,
     pub process: Option<ProcessHandle>,
     pub pagemap: Option<File>,
+}
+
+impl Peer {
+    /// Whether the peer's process still runs (always true for this rank itself).
+    pub(crate) fn is_alive(&self) -> bool {
+        self.process.as_ref().is_none_or(|p| p.is_alive())
+    }
 }
 
 /// Local bookkeeping of this NIC's regions.
@@ -491,6 +510,7 @@ impl SoftNic {
                 }
             };
             peers.push(Peer {
+                rank: r,
                 pid,
                 mem,
                 cma,
@@ -769,7 +789,8 @@ impl Inner {
         let info = book.regions[idx]
             .filter(|m| m.lkey == lkey)
             .ok_or(Error::UnknownKey { key: lkey })?;
-        self.own.tpt().revoke(lkey, Duration::from_secs(5));
+        self.own.tpt().invalidate(lkey);
+        self.wait_until_unused(lkey);
         book.regions[idx] = None;
         let mut unwatch = None;
         if let Some(held) = book.held[idx].take() {
@@ -784,6 +805,38 @@ impl Inner {
         self.counters
             .record_registration(false, sys::monotonic_ns().saturating_sub(t0));
         Ok(())
+    }
+
+    /// Waits until no engine moves bytes through `lkey`'s entry any more, as `ibv_dereg_mr`
+    /// returns only once the HCA has stopped using the region: with no deadline, since
+    /// unpinning under a live holder would let its bytes land in whatever the application
+    /// maps there next (issue 15, item 4). A holder that is stopped (SIGSTOP) is waited for.
+    /// A count left by a peer that died mid-DMA is recognised — this rank's own engine,
+    /// whose holds never outlive its lock, is held, and no live peer claims the entry — and
+    /// the entry is retired instead of reused.
+    fn wait_until_unused(&self, lkey: u32) {
+        let tpt = self.own.tpt();
+        let start = Instant::now();
+        while tpt.in_use(lkey) != 0 {
+            if start.elapsed() < HOLDERS_CHECK_AFTER {
+                std::thread::yield_now();
+                continue;
+            }
+            let engine = self.engine.lock();
+            if tpt.in_use(lkey) == 0 {
+                return;
+            }
+            let tag = tpt::claim_tag(self.rank, lkey);
+            let live_holder = self.peers.iter().enumerate().any(|(r, p)| {
+                r != self.rank && p.mem.remote_claim().load(SeqCst) == tag && p.is_alive()
+            });
+            drop(engine);
+            if !live_holder {
+                tpt.retire(lkey);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// The owner entered the NIC: deliver address-space changes to ODP's present bits and

@@ -9,7 +9,11 @@
 //! So a key never comes back within a job, and a recycled (stale) key always fails (issue
 //! 15, item 5), after up to 4,096 x (2^20 - 1) registrations.
 //! Readers doing DMA hold an in-use count that deregistration waits on, as `ibv_dereg_mr`
-//! waits for the HCA to stop using a region.
+//! waits for the HCA to stop using a region; every byte moved into or out of a region is
+//! moved under such a hold, packet by packet on the staged path (issue 15, item 4). An engine
+//! holding an entry of another rank's table also says so in a *claim* word of its own
+//! segment, so that the owner can tell a live holder (waited for, however long) from the
+//! count left behind by one that died mid-DMA (whose entry is retired).
 
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
@@ -35,8 +39,12 @@ const LEN: usize = 3;
 const ACCESS: usize = 4;
 const INUSE: usize = 5;
 const ALIAS: usize = 6;
-/// The tag of the entry's first key (0: the entry was never used). Owner only.
+/// The tag of the entry's first key (0: the entry was never used), and [`RETIRED`]. Owner
+/// only.
 const FIRST_TAG: usize = 7;
+/// In the `FIRST_TAG` word: the entry issues no more keys (its tags ran out, or a holder died
+/// with its in-use count raised).
+const RETIRED: u64 = 1 << 32;
 /// How long an update of an entry may stay in progress before its writer is taken as gone.
 /// An owner descheduled mid-update on a loaded host resumes well within it.
 const WRITER_GONE_AFTER: Duration = Duration::from_secs(2);
@@ -97,16 +105,31 @@ pub(crate) struct Tpt<'a> {
     words: &'a [AtomicU64],
 }
 
-/// Proof that the region stays live while DMA runs; dropping it releases the in-use count.
+/// Proof that the region stays live while DMA runs; dropping it releases the in-use count
+/// (and then the holder's claim, if it made one).
 pub(crate) struct InUse<'a> {
     count: &'a AtomicU64,
+    claim: Option<&'a AtomicU64>,
     pub translation: Translation,
 }
 
 impl Drop for InUse<'_> {
     fn drop(&mut self) {
-        self.count.fetch_sub(1, Release);
+        release(self.count, self.claim);
     }
+}
+
+/// Ends a hold: the count first, so that an owner who finds no claim finds no live count.
+fn release(count: &AtomicU64, claim: Option<&AtomicU64>) {
+    count.fetch_sub(1, SeqCst);
+    if let Some(c) = claim {
+        c.store(0, SeqCst);
+    }
+}
+
+/// What an engine writes in its claim word while it holds entry `key` of rank `owner`'s table.
+pub(crate) fn claim_tag(owner: usize, key: u32) -> u64 {
+    1 << 63 | (owner as u64) << 32 | key as u64
 }
 
 impl<'a> Tpt<'a> {
@@ -124,13 +147,18 @@ impl<'a> Tpt<'a> {
     /// the entry has issued every tag (it is then retired).
     pub(crate) fn fresh_key(&self, index: usize) -> Option<u32> {
         let e = self.entry(index);
-        let first = e[FIRST_TAG].load(Relaxed) as u32;
+        let word = e[FIRST_TAG].load(Relaxed);
+        if word & RETIRED != 0 {
+            return None;
+        }
+        let first = word as u32;
         let tag = if first == 0 {
             rand::random::<u32>() % (TAG_LIMIT - 1) + 1
         } else {
             let old = e[KEY].load(Relaxed) as u32 >> INDEX_BITS;
             let next = if old + 1 >= TAG_LIMIT { 1 } else { old + 1 };
             if next == first {
+                e[FIRST_TAG].store(word | RETIRED, Relaxed);
                 return None;
             }
             next
@@ -155,23 +183,27 @@ impl<'a> Tpt<'a> {
         e[SEQ].store(seq + 2, Release);
     }
 
-    /// Owner: invalidates `key`, then waits until no engine is using it (or `grace` passed,
-    /// which only happens if a peer died mid-DMA). Returns false on a timeout.
-    pub(crate) fn revoke(&self, key: u32, grace: Duration) -> bool {
+    /// Owner: invalidates `key`: no access through it starts after this returns. Accesses
+    /// already under way keep their hold until they end ([`Tpt::in_use`]).
+    pub(crate) fn invalidate(&self, key: u32) {
         let e = self.entry((key & INDEX_MASK) as usize);
         let seq = e[SEQ].load(Relaxed);
         e[SEQ].store(seq + 1, Relaxed);
         // Keep the tag in KEY's high bits' history for `fresh_key`, but mark it dead.
         e[KEY].store((key as u64) | 1 << 40, SeqCst);
         e[SEQ].store(seq + 2, SeqCst);
-        let start = Instant::now();
-        while e[INUSE].load(SeqCst) != 0 {
-            if start.elapsed() > grace {
-                return false;
-            }
-            std::thread::yield_now();
-        }
-        true
+    }
+
+    /// How many engines hold `key`'s entry now.
+    pub(crate) fn in_use(&self, key: u32) -> u64 {
+        self.entry((key & INDEX_MASK) as usize)[INUSE].load(SeqCst)
+    }
+
+    /// Owner: `key`'s entry issues no more keys (its in-use count was left raised by a
+    /// holder that died, so it can no longer tell when the entry is free).
+    pub(crate) fn retire(&self, key: u32) {
+        let w = &self.entry((key & INDEX_MASK) as usize)[FIRST_TAG];
+        w.store(w.load(Relaxed) | RETIRED, Relaxed);
     }
 
     /// Anyone: what `key` translates to, if it is live.
@@ -223,18 +255,43 @@ impl<'a> Tpt<'a> {
         len: u64,
         need: Access,
     ) -> Result<InUse<'a>, Refusal> {
+        self.hold(key, addr, len, need, None)
+    }
+
+    /// [`Tpt::acquire`] by an engine of another rank, which first writes `claim_tag(owner,
+    /// key)` into `claim` (a word of its own segment) and clears it when the hold ends.
+    pub(crate) fn acquire_claimed(
+        &self,
+        key: u32,
+        addr: u64,
+        len: u64,
+        need: Access,
+        claim: (&'a AtomicU64, u64),
+    ) -> Result<InUse<'a>, Refusal> {
+        claim.0.store(claim.1, SeqCst);
+        self.hold(key, addr, len, need, Some(claim.0))
+    }
+
+    fn hold(
+        &self,
+        key: u32,
+        addr: u64,
+        len: u64,
+        need: Access,
+        claim: Option<&'a AtomicU64>,
+    ) -> Result<InUse<'a>, Refusal> {
         let e = self.entry((key & INDEX_MASK) as usize);
         e[INUSE].fetch_add(1, SeqCst);
-        let guard = |t| InUse {
-            count: &e[INUSE],
-            translation: t,
-        };
-        let Some(t) = self.lookup(key) else {
-            e[INUSE].fetch_sub(1, Release);
+        let Some(translation) = self.lookup(key) else {
+            release(&e[INUSE], claim);
             return Err(Refusal::UnknownKey);
         };
-        let g = guard(t);
-        check(&t, addr, len, need)?;
+        let g = InUse {
+            count: &e[INUSE],
+            claim,
+            translation,
+        };
+        check(&translation, addr, len, need)?;
         Ok(g)
     }
 }
@@ -263,18 +320,34 @@ mod tests {
             .collect()
     }
 
+    /// A region bound to its own range.
+    fn region(key: u32, base: u64, len: u64, access: Access) -> Translation {
+        Translation {
+            key,
+            base,
+            len,
+            access,
+            alias: 0,
+        }
+    }
+
+    /// Invalidates `key` and checks that nothing holds it.
+    fn revoke(tpt: &Tpt<'_>, key: u32) {
+        tpt.invalidate(key);
+        assert_eq!(tpt.in_use(key), 0);
+    }
+
     #[test]
     fn live_key_checks_bounds_and_rights() {
         let w = table();
         let tpt = Tpt::new(&w);
         let key = tpt.fresh_key(5).expect("an unused entry");
-        tpt.publish(Translation {
+        tpt.publish(region(
             key,
-            base: 0x1000,
-            len: 0x2000,
-            access: Access::LOCAL_WRITE | Access::REMOTE_READ,
-            alias: 0,
-        });
+            0x1000,
+            0x2000,
+            Access::LOCAL_WRITE | Access::REMOTE_READ,
+        ));
         assert!(tpt
             .acquire(key, 0x1000, 0x2000, Access::REMOTE_READ)
             .is_ok());
@@ -297,15 +370,9 @@ mod tests {
         let w = table();
         let tpt = Tpt::new(&w);
         let old = tpt.fresh_key(7).expect("an unused entry");
-        let t = Translation {
-            key: old,
-            base: 0,
-            len: 4096,
-            access: Access::REMOTE_WRITE,
-            alias: 0,
-        };
+        let t = region(old, 0, 4096, Access::REMOTE_WRITE);
         tpt.publish(t);
-        assert!(tpt.revoke(old, Duration::from_secs(1)));
+        revoke(&tpt, old);
         assert_eq!(tpt.lookup(old), None);
         let new = tpt.fresh_key(7).expect("an unused entry");
         assert_ne!(new, old, "same slot, new tag");
@@ -332,15 +399,9 @@ mod tests {
             assert!(tag != 0 && !seen[tag], "tag {tag} issued twice");
             seen[tag] = true;
             issued += 1;
-            let t = Translation {
-                key,
-                base: 0,
-                len: 4096,
-                access: Access::REMOTE_READ,
-                alias: 0,
-            };
+            let t = region(key, 0, 4096, Access::REMOTE_READ);
             tpt.publish(t);
-            assert!(tpt.revoke(key, Duration::from_secs(1)));
+            revoke(&tpt, key);
         }
         assert_eq!(issued, TAG_LIMIT - 1, "every non-zero tag, once");
         assert!(tpt.fresh_key(4).is_some(), "other entries are unaffected");
@@ -351,13 +412,7 @@ mod tests {
         let w = table();
         let tpt = Tpt::new(&w);
         let key = tpt.fresh_key(9).expect("an unused entry");
-        tpt.publish(Translation {
-            key,
-            base: 0,
-            len: 4096,
-            access: Access::REMOTE_READ,
-            alias: 0,
-        });
+        tpt.publish(region(key, 0, 4096, Access::REMOTE_READ));
         assert!(tpt.lookup(key).is_some());
         // The owner died between the two stores of an update: the sequence stays odd.
         w[9 * ENTRY_WORDS + SEQ].fetch_add(1, SeqCst);
@@ -367,21 +422,18 @@ mod tests {
     }
 
     #[test]
-    fn revoke_waits_for_in_flight_dma() {
+    fn an_invalidated_key_stays_in_use_until_its_dma_ends() {
         let w = table();
         let tpt = Tpt::new(&w);
         let key = tpt.fresh_key(1).expect("an unused entry");
-        tpt.publish(Translation {
-            key,
-            base: 0,
-            len: 4096,
-            access: Access::REMOTE_READ,
-            alias: 0,
-        });
+        tpt.publish(region(key, 0, 4096, Access::REMOTE_READ));
         let g = tpt.acquire(key, 0, 8, Access::REMOTE_READ).unwrap();
-        assert!(!tpt.revoke(key, Duration::from_millis(20)), "still in use");
+        tpt.invalidate(key);
+        assert_eq!(tpt.in_use(key), 1, "still in use");
+        assert!(tpt.acquire(key, 0, 8, Access::REMOTE_READ).is_err());
+        assert_eq!(tpt.in_use(key), 1, "a refused access holds nothing");
         drop(g);
-        assert!(tpt.revoke(key, Duration::from_millis(20)));
+        assert_eq!(tpt.in_use(key), 0);
     }
 
     #[test]
@@ -389,13 +441,7 @@ mod tests {
         let w = table();
         let tpt = Tpt::new(&w);
         let key = tpt.fresh_key(2).expect("an unused entry");
-        let t = Translation {
-            key,
-            base: 0x10_0100,
-            len: 8192,
-            access: Access::LOCAL_WRITE,
-            alias: 0,
-        };
+        let t = region(key, 0x10_0100, 8192, Access::LOCAL_WRITE);
         tpt.publish(t);
         let bound = tpt.lookup(key).unwrap();
         assert!(!bound.detached());
@@ -407,5 +453,39 @@ mod tests {
         let moved = tpt.lookup(key).unwrap();
         assert!(moved.detached());
         assert_eq!(moved.dma_addr(0x10_0200), 0x7000_0200);
+    }
+
+    #[test]
+    fn a_claimed_hold_is_visible_to_the_owner_until_it_ends() {
+        let w = table();
+        let tpt = Tpt::new(&w);
+        let key = tpt.fresh_key(6).expect("an unused entry");
+        tpt.publish(region(key, 0, 4096, Access::REMOTE_WRITE));
+        let claim = AtomicU64::new(0);
+        let tag = claim_tag(3, key);
+        let g = tpt
+            .acquire_claimed(key, 0, 64, Access::REMOTE_WRITE, (&claim, tag))
+            .unwrap();
+        assert_eq!(claim.load(SeqCst), tag);
+        assert_eq!(tpt.in_use(key), 1);
+        drop(g);
+        assert_eq!((claim.load(SeqCst), tpt.in_use(key)), (0, 0));
+        // A refused claimed access leaves neither a count nor a claim.
+        assert!(tpt
+            .acquire_claimed(key, 4000, 200, Access::REMOTE_WRITE, (&claim, tag))
+            .is_err());
+        assert_eq!((claim.load(SeqCst), tpt.in_use(key)), (0, 0));
+    }
+
+    #[test]
+    fn a_retired_entry_issues_no_more_keys() {
+        let w = table();
+        let tpt = Tpt::new(&w);
+        let key = tpt.fresh_key(8).expect("an unused entry");
+        tpt.publish(region(key, 0, 4096, Access::REMOTE_READ));
+        tpt.invalidate(key);
+        tpt.retire(key);
+        assert_eq!(tpt.fresh_key(8), None);
+        assert!(tpt.fresh_key(9).is_some());
     }
 }

@@ -29,9 +29,10 @@ use std::time::Instant;
 use smallvec::SmallVec;
 
 use super::inbox::Inbox;
+use super::tpt::{InUse, Refusal};
 use super::MAX_QPS;
 use crate::error::{Error, Result};
-use crate::nic::{Completion, QpCaps, Sge, WcOpcode, WcStatus};
+use crate::nic::{Access, Completion, QpCaps, Sge, WcOpcode, WcStatus};
 use crate::sys::Extent;
 
 /// SENDs of at least this many bytes to a CMA-capable peer are pulled by the receiver with
@@ -234,7 +235,10 @@ struct Incoming {
     msn: u64,
     kind: IncomingKind,
     imm: Option<u32>,
-    targets: SmallVec<[Extent; 2]>,
+    /// Where the bytes go, checked against the table again for every packet.
+    targets: SmallVec<[KeyedExtent; 2]>,
+    /// The right each packet needs on `targets`.
+    need: Access,
     total: u64,
     /// The receive it consumed and its entries (put back if the message is abandoned).
     recv: Option<(RecvOp, SmallVec<[Sge; 2]>)>,
@@ -243,9 +247,35 @@ struct Incoming {
 struct ReadOut {
     msn: u64,
     dst_qpn: u32,
-    source: Extent,
+    /// The bytes asked for, checked against the table again for every response packet.
+    source: KeyedExtent,
     sent: u64,
 }
+
+/// A piece of a work request's memory as the NIC must check it at every access: the key it
+/// was named with, its address in the owner's space and its length. The engine translates
+/// it under a hold for each packet it moves ([`Inner::hold_own`]), so a region deregistered
+/// mid-message stops the message instead of its bytes landing in whatever the application
+/// maps there next (issue 15, item 4), and a detached region's bytes keep going to its pages.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KeyedExtent {
+    pub key: u32,
+    pub addr: u64,
+    pub len: u64,
+}
+
+impl From<&Sge> for KeyedExtent {
+    fn from(s: &Sge) -> KeyedExtent {
+        KeyedExtent {
+            key: s.lkey,
+            addr: s.addr,
+            len: s.len as u64,
+        }
+    }
+}
+
+/// Holds on this rank's table that keep a transfer's memory registered while bytes move.
+pub(crate) type Held<'a> = SmallVec<[InUse<'a>; 2]>;
 
 impl Engine {
     pub(crate) fn new(ranks: usize) -> Engine {
@@ -476,6 +506,49 @@ fn fault_extent(span: (u64, u64)) -> Extent {
 }
 
 impl super::Inner {
+    /// Holds, in this rank's table, the entries behind bytes `[offset, offset+len)` of the
+    /// stream `keyed` describes, with rights `need`, and returns where those bytes are now
+    /// (in a detached region's copy of its pages, if so). The memory stays registered until
+    /// the holds drop: deregistration waits for them.
+    pub(super) fn hold_own(
+        &self,
+        keyed: &[KeyedExtent],
+        offset: u64,
+        len: u64,
+        need: Access,
+    ) -> std::result::Result<(Held<'_>, SmallVec<[Extent; 2]>), Refusal> {
+        let tpt = self.own.tpt();
+        let end = offset.checked_add(len).ok_or(Refusal::OutOfBounds)?;
+        let (mut held, mut out) = (Held::new(), SmallVec::new());
+        let mut at = 0u64;
+        for k in keyed {
+            let (start, stop) = (at, at.saturating_add(k.len));
+            at = stop;
+            if stop <= offset {
+                continue;
+            }
+            if start >= end {
+                break;
+            }
+            let from = offset.max(start) - start;
+            let n = end.min(stop) - start - from;
+            if n == 0 {
+                continue;
+            }
+            let addr = k.addr.wrapping_add(from); // a wrapped address fails the bounds check
+            let g = tpt.acquire(k.key, addr, n, need)?;
+            out.push(Extent {
+                addr: g.translation.dma_addr(addr),
+                len: n,
+            });
+            held.push(g);
+        }
+        if at < end {
+            return Err(Refusal::OutOfBounds);
+        }
+        Ok((held, out))
+    }
+
     /// One pass of the engine: inbound packets from the rings that have them, then the
     /// queue pairs with work outstanding.
     pub(crate) fn progress(&self, eng: &mut Engine) {

@@ -7,13 +7,14 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use super::{
-    completion, fault_extent, nanos, total_len, CoarseClock, Engine, OpKind, OpState, QueuePair,
-    SendOp, SEND_CMA_MIN,
+    completion, fault_extent, nanos, total_len, CoarseClock, Engine, Held, OpKind, OpState,
+    QueuePair, SendOp, SEND_CMA_MIN,
 };
 use crate::error::{Error, Result};
 use crate::nic::soft::ack::Nak;
 use crate::nic::soft::dma;
 use crate::nic::soft::ring::{Header, Kind, Slot, CMA_DESCRIPTOR, FIRST, HAS_IMM, LAST, MTU};
+use crate::nic::soft::tpt::claim_tag;
 use crate::nic::soft::{Inner, Peer};
 use crate::nic::{Access, DataPath, Opcode, SendWr, Sge, WcOpcode, WcStatus, PAGE_SIZE};
 use crate::sys::{self, CmaDirection, Extent};
@@ -245,7 +246,7 @@ impl Inner {
                         }
                         if now.saturating_sub(op.checked_alive) > LIVENESS_AFTER {
                             op.checked_alive = now;
-                            if !peer_alive(peer) {
+                            if !peer.is_alive() {
                                 op.state = OpState::Done(WcStatus::RetryExceeded);
                             }
                         }
@@ -257,7 +258,7 @@ impl Inner {
                         Some(Some(false)) => op.state = OpState::Done(WcStatus::RemoteAccessError),
                         Some(Some(true)) => op.state = OpState::Pending,
                         _ if clock.tick().is_some_and(|now| now >= retry_at) => {
-                            if peer_alive(peer) {
+                            if peer.is_alive() {
                                 op.state = OpState::Pending;
                             } else {
                                 op.state = OpState::Done(WcStatus::RetryExceeded);
@@ -307,7 +308,7 @@ impl Inner {
                             } else if let Some(now) = clock.tick() {
                                 if now.saturating_sub(op.checked_alive) > LIVENESS_AFTER {
                                     op.checked_alive = now;
-                                    if !peer_alive(peer) {
+                                    if !peer.is_alive() {
                                         op.state = OpState::Done(WcStatus::RetryExceeded);
                                     }
                                 }
@@ -358,13 +359,17 @@ impl Inner {
             Access::LOCAL_WRITE
         };
         let local = match inline {
-            Some(data) => Ok(smallvec::smallvec![Extent {
-                addr: data.as_ptr() as u64,
-                len: data.len() as u64,
-            }]),
+            Some(data) => Ok((
+                Held::new(),
+                smallvec::smallvec![Extent {
+                    addr: data.as_ptr() as u64,
+                    len: data.len() as u64,
+                }],
+            )),
             None => self.local_extents(sges, need_local),
         };
-        let local = match local {
+        // The local holds last until the copy is done.
+        let (_held, local) = match local {
             Ok(l) => l,
             Err(s) => {
                 op.state = OpState::Done(s);
@@ -384,7 +389,7 @@ impl Inner {
             // Zero-length RDMA: no key is checked and nothing moves (IB spec 9.4.x), but the
             // request still needs the peer's acknowledgement: to a dead peer it times out,
             // which is what liveness probes rely on.
-            if peer_alive(peer) {
+            if peer.is_alive() {
                 finish(op);
             } else {
                 op.state = OpState::Done(WcStatus::RetryExceeded);
@@ -396,8 +401,13 @@ impl Inner {
         } else {
             Access::REMOTE_READ
         };
-        let tpt = peer.mem.tpt();
-        let guard = match tpt.acquire(rkey, raddr, op.total, need) {
+        // Claimed in this rank's segment, so the target tells this hold from a dead one's.
+        let claim = (self.own.remote_claim(), claim_tag(peer.rank, rkey));
+        let guard = match peer
+            .mem
+            .tpt()
+            .acquire_claimed(rkey, raddr, op.total, need, claim)
+        {
             Ok(g) => g,
             Err(_) => {
                 op.state = OpState::Done(WcStatus::RemoteAccessError);
@@ -464,8 +474,10 @@ impl Inner {
         remote_qpn: u32,
         cma: bool,
     ) -> bool {
-        let local: SmallVec<[Extent; 2]> = if inline.is_some() || op.data_placed {
-            SmallVec::new()
+        // The local holds last until this call returns: every packet it sends is read under
+        // them.
+        let (_held, local) = if inline.is_some() || op.data_placed {
+            (Held::new(), SmallVec::new())
         } else {
             let need = if matches!(op.kind, OpKind::Read { .. }) {
                 Access::LOCAL_WRITE
@@ -622,14 +634,15 @@ impl Inner {
     }
 
     /// Checks a local scatter-gather list against this NIC's table and resolves requester
-    /// network page faults on its ODP parts in one batch. Returns the extents.
+    /// network page faults on its ODP parts in one batch. Returns the extents, and the holds
+    /// that keep their regions registered while the caller moves their bytes.
     pub(super) fn local_extents(
         &self,
         sgl: &[Sge],
         need: Access,
-    ) -> Result<SmallVec<[Extent; 2]>, WcStatus> {
+    ) -> Result<(Held<'_>, SmallVec<[Extent; 2]>), WcStatus> {
         let tpt = self.own.tpt();
-        let mut out = SmallVec::new();
+        let (mut held, mut out) = (Held::new(), SmallVec::new());
         for s in sgl {
             if s.len == 0 {
                 continue;
@@ -660,8 +673,9 @@ impl Inner {
                 }
             }
             out.push(e);
+            held.push(guard);
         }
-        Ok(out)
+        Ok((held, out))
     }
 
     /// The first and last page of `e` (in `owner`'s address space) that the NIC may not
@@ -745,8 +759,4 @@ impl Inner {
             }
         }
     }
-}
-
-pub(super) fn peer_alive(peer: &Peer) -> bool {
-    peer.process.as_ref().is_none_or(|p| p.is_alive())
 }

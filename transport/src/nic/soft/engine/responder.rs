@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use smallvec::SmallVec;
 
 use super::{
-    completion, fault_extent, total_len, Engine, Incoming, IncomingKind, OpState, QueuePair,
-    ReadOut, RecvOp,
+    completion, fault_extent, total_len, Engine, Incoming, IncomingKind, KeyedExtent, OpState,
+    QueuePair, ReadOut, RecvOp,
 };
 use crate::error::{Error, Result};
 use crate::nic::soft::ack::Nak;
@@ -216,12 +216,20 @@ impl Inner {
             if h.offset.checked_add(len).is_none_or(|end| end > rx.total) {
                 Err(WcStatus::RemoteOperationError)
             } else {
-                match dma::scatter(&rx.targets, h.offset, slot.payload_addr(), len) {
+                // Checked again for this packet: the region may have been deregistered
+                // since the first one (a WRITE's target: remote access error).
+                let placed = self
+                    .hold_own(&rx.targets, h.offset, len, rx.need)
+                    .map_err(|_| ())
+                    .and_then(|(_held, dst)| {
+                        dma::scatter(&dst, 0, slot.payload_addr(), len).map_err(|_| ())
+                    });
+                match placed {
                     Ok(()) => {
                         self.counters.add_bytes(DataPath::Staged, len);
                         Ok(())
                     }
-                    Err(_) => Err(WcStatus::LocalProtectionError),
+                    Err(()) => Err(WcStatus::LocalProtectionError),
                 }
             }
         } else {
@@ -366,7 +374,9 @@ impl Inner {
         if described != Some(rx.total) {
             return Err(WcStatus::RemoteOperationError);
         }
-        let dst = dma::slice(&rx.targets, 0, rx.total);
+        let (_held, dst) = self
+            .hold_own(&rx.targets, 0, rx.total, rx.need)
+            .map_err(|_| WcStatus::LocalProtectionError)?;
         match sys::cma_copy(self.peers[from].pid, CmaDirection::Read, &dst, &src) {
             Ok(n) => {
                 self.counters.add_bytes(DataPath::Cma, n);
@@ -393,7 +403,7 @@ impl Inner {
         let recv_cq = qp.recv_cq;
         let data_placed = kind == Kind::WriteImm && h.flags & CMA_DESCRIPTOR != 0;
         // Where the bytes go.
-        let mut targets: SmallVec<[Extent; 2]>;
+        let targets: SmallVec<[KeyedExtent; 2]>;
         // The parts of `targets` that lie in ODP regions (checked for faults below).
         let mut odp_targets: SmallVec<[Extent; 2]> = SmallVec::new();
         let mut take_recv = false;
@@ -464,11 +474,10 @@ impl Inner {
                         }
                         at += e.len;
                     }
-                    targets = dma::pieces(&extents, 0, h.total_len)
-                        .map(|(addr, len)| Extent { addr, len })
-                        .collect();
+                    targets = sgl.iter().map(KeyedExtent::from).collect();
                 } else {
-                    targets = smallvec::smallvec![Extent {
+                    targets = smallvec::smallvec![KeyedExtent {
+                        key: h.rkey,
                         addr: h.remote_addr,
                         len: h.total_len,
                     }];
@@ -476,7 +485,8 @@ impl Inner {
                 take_recv = true;
             }
             Kind::Write | Kind::ReadRequest => {
-                targets = smallvec::smallvec![Extent {
+                targets = smallvec::smallvec![KeyedExtent {
+                    key: h.rkey,
                     addr: h.remote_addr,
                     len: h.total_len,
                 }];
@@ -497,10 +507,12 @@ impl Inner {
             {
                 Ok(g) => {
                     if g.translation.on_demand() {
-                        odp_targets = targets.clone();
+                        odp_targets = smallvec::smallvec![Extent {
+                            addr: h.remote_addr,
+                            len: h.total_len,
+                        }];
                     }
                     if g.translation.detached() {
-                        targets[0].addr = g.translation.dma_addr(h.remote_addr);
                         self.counters.detached_bytes.fetch_add(h.total_len, Relaxed);
                     }
                 }
@@ -589,6 +601,7 @@ impl Inner {
                 kind: IncomingKind::Write,
                 imm: None,
                 targets,
+                need: Access::REMOTE_WRITE,
                 total: h.total_len,
                 recv: None,
             }),
@@ -605,6 +618,11 @@ impl Inner {
                     kind: k,
                     imm,
                     targets,
+                    need: if kind == Kind::Send {
+                        Access::LOCAL_WRITE
+                    } else {
+                        Access::REMOTE_WRITE
+                    },
                     total: h.total_len,
                     recv: Some((r, sges)),
                 })
@@ -662,9 +680,31 @@ impl Inner {
                     payload_len: chunk as u32,
                     ..Header::default()
                 };
-                let src = r.source.addr + r.sent;
-                let pushed =
-                    self.push_packet(peer, &h, |s| dma::copy(s.payload_addr(), src, chunk));
+                // Checked again for every packet: a region deregistered mid-READ ends the
+                // READ with a remote access error instead of sending what is mapped there now.
+                let src = self.hold_own(
+                    std::slice::from_ref(&r.source),
+                    r.sent,
+                    chunk,
+                    Access::REMOTE_READ,
+                );
+                let Ok((_held, src)) = src else {
+                    let refused = Header {
+                        flags: FIRST | LAST,
+                        code: WcStatus::RemoteAccessError.code(),
+                        payload_len: 0,
+                        ..h
+                    };
+                    if !self.push_packet(peer, &refused, |_| Ok(())) {
+                        self.peers[peer].mem.wake_driver_if_asleep();
+                        return;
+                    }
+                    break;
+                };
+                let pushed = self.push_packet(peer, &h, |s| match src.first() {
+                    Some(e) => dma::copy(s.payload_addr(), e.addr, chunk),
+                    None => Ok(()), // a zero-length READ
+                });
                 if !pushed {
                     // Ring full: the requester drains it when it polls, or its driver.
                     self.peers[peer].mem.wake_driver_if_asleep();
@@ -701,15 +741,18 @@ impl Inner {
             op.state = OpState::Done(WcStatus::RemoteOperationError);
             return;
         }
-        let dst: SmallVec<[Extent; 2]> = sq_sges
+        let dst: SmallVec<[KeyedExtent; 2]> = sq_sges
             [op.sges.0 as usize..(op.sges.0 + op.sges.1) as usize]
             .iter()
-            .map(|s| Extent {
-                addr: s.addr,
-                len: s.len as u64,
-            })
+            .map(KeyedExtent::from)
             .collect();
-        if dma::scatter(&dst, h.offset, slot.payload_addr(), len).is_err() {
+        let placed = self
+            .hold_own(&dst, h.offset, len, Access::LOCAL_WRITE)
+            .map_err(|_| ())
+            .and_then(|(_held, dst)| {
+                dma::scatter(&dst, 0, slot.payload_addr(), len).map_err(|_| ())
+            });
+        if placed.is_err() {
             op.state = OpState::Done(WcStatus::LocalProtectionError);
             return;
         }
