@@ -15,8 +15,7 @@
 //! an error from [`PointToPoint::wait`] or [`PointToPoint::test`] only for the request
 //! asked about, and only once it has finished.
 
-use super::rndv::NO_CHUNK;
-use super::wire::{self, Header, MsgKind};
+use super::rndv::takes_nothing_more;
 use super::{PointToPoint, RecvState, Req, RequestId, SendState};
 use crate::error::Error;
 use crate::nic::WcStatus;
@@ -93,17 +92,7 @@ impl PointToPoint {
                     }
                     if !lost {
                         // The sender may stop: this side takes nothing more.
-                        let mut h = Header::new(if rv.get {
-                            MsgKind::ChunkDone
-                        } else {
-                            MsgKind::Cts
-                        });
-                        h.flags = wire::ALL_DONE;
-                        h.chunk = if rv.get { NO_CHUNK } else { rv.next };
-                        h.size = 0;
-                        h.len = 0;
-                        h.sreq = rv.sreq;
-                        h.rreq = id.0;
+                        let h = takes_nothing_more(rv.get, rv.next, rv.sreq, id.0);
                         all_done = Some((rv.peer, h));
                     }
                 }

@@ -23,6 +23,23 @@ use crate::msg::RndvProtocol;
 /// The chunk number of a ChunkDone that names no chunk (the receiver introducing itself).
 pub(crate) const NO_CHUNK: u32 = u32::MAX;
 
+/// The receiver's last word in a rendezvous: it takes nothing more, so the send may end —
+/// `ChunkDone(ALL_DONE)` when the receiver reads (RGET), a CTS with ALL_DONE for chunk `next`
+/// when the sender writes (RPUT). Sent when the data is all in, and when a receive fails or
+/// has room for nothing.
+pub(super) fn takes_nothing_more(get: bool, next: u32, sreq: u64, rreq: u64) -> Header {
+    let mut m = Header::new(if get {
+        MsgKind::ChunkDone
+    } else {
+        MsgKind::Cts
+    });
+    m.flags = wire::ALL_DONE;
+    m.chunk = if get { NO_CHUNK } else { next };
+    m.sreq = sreq;
+    m.rreq = rreq;
+    m
+}
+
 /// A region the receiver made writable (RPUT), as the sender works through it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Cts {
@@ -255,16 +272,7 @@ impl PointToPoint {
             );
             if !started {
                 // The sender waits for an answer to its RTS: this side takes nothing.
-                let mut m = Header::new(if get {
-                    MsgKind::ChunkDone
-                } else {
-                    MsgKind::Cts
-                });
-                m.flags = wire::ALL_DONE;
-                m.chunk = if get { NO_CHUNK } else { 0 };
-                m.sreq = sreq;
-                m.rreq = rid.0;
-                let _ = self.send_control(peer, m);
+                let _ = self.send_control(peer, takes_nothing_more(get, 0, sreq, rid.0));
             }
             self.fail_request(rid, e, false);
         }
@@ -321,16 +329,7 @@ impl PointToPoint {
         }
         if eff == 0 {
             // Nothing to take (an empty receive buffer): tell the sender to stop.
-            let mut m = Header::new(if get {
-                MsgKind::ChunkDone
-            } else {
-                MsgKind::Cts
-            });
-            m.flags = wire::ALL_DONE;
-            m.chunk = if get { NO_CHUNK } else { 0 };
-            m.sreq = h.sreq;
-            m.rreq = rid.0;
-            self.send_control(peer, m)?;
+            self.send_control(peer, takes_nothing_more(get, 0, h.sreq, rid.0))?;
             self.finish_recv(rid);
             return Ok(());
         }

@@ -14,8 +14,8 @@
 
 use std::collections::VecDeque;
 
-use super::rndv::NO_CHUNK;
-use super::wire::{self, Header, MsgKind};
+use super::rndv::{takes_nothing_more, NO_CHUNK};
+use super::wire::{Header, MsgKind};
 use super::{ChunkDesc, PointToPoint, RecvState, Req, RequestId};
 use crate::buffer_mode::Direction;
 use crate::error::Result;
@@ -156,12 +156,7 @@ impl PointToPoint {
         self.mode.stage_in(&lease, &buf, off, len);
         self.mode.release(&*self.nic, lease);
         if finished {
-            let mut m = Header::new(MsgKind::ChunkDone);
-            m.chunk = NO_CHUNK;
-            m.flags = wire::ALL_DONE;
-            m.sreq = sreq;
-            m.rreq = rid.0;
-            self.send_control(peer, m)?;
+            self.send_control(peer, takes_nothing_more(true, NO_CHUNK, sreq, rid.0))?;
             self.finish_recv(rid);
         }
         Ok(())
