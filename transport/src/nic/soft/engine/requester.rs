@@ -510,11 +510,15 @@ impl Inner {
                 };
                 self.push_packet(peer, &h, |_| Ok(()))
             }
-            OpKind::Write { imm, .. } if op.data_placed => {
+            OpKind::Write { imm, addr, rkey } if op.data_placed => {
+                // The bytes are in place; the responder checks the key once more before it
+                // reports them (a peer cannot claim a WRITE it had no right to make).
                 let h = Header {
                     kind: Kind::WriteImm as u8,
                     flags: FIRST | LAST | HAS_IMM | CMA_DESCRIPTOR,
                     imm: imm.unwrap_or(0),
+                    remote_addr: addr,
+                    rkey,
                     ..base
                 };
                 self.push_packet(peer, &h, |_| Ok(()))

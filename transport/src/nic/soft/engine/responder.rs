@@ -493,8 +493,9 @@ impl Inner {
             }
             Kind::ReadResponse => unreachable!("not a request"),
         }
-        // Remote key checks for WRITE / READ / WRITE WITH IMM (not for zero length).
-        if kind != Kind::Send && h.total_len > 0 && !data_placed {
+        // Remote key checks for WRITE / READ / WRITE WITH IMM (not for zero length), also
+        // for a WRITE WITH IMM whose bytes the initiator placed already.
+        if kind != Kind::Send && h.total_len > 0 {
             let need = if kind == Kind::ReadRequest {
                 Access::REMOTE_READ
             } else {
