@@ -96,6 +96,9 @@ pub(crate) struct RndvRecv {
     pub leases: Vec<(u64, Lease)>,
     /// RGET: chunks the sender made readable and not yet read in full.
     pub announced: VecDeque<ChunkDesc>,
+    /// RGET: bytes of every chunk the sender announced (never more than `size`: a peer that
+    /// announces more breaks the protocol, and the receive would never end).
+    pub announced_bytes: u64,
     /// RGET: bytes of the front announced chunk already read.
     pub issued: u64,
     /// RGET: per announced chunk, pieces in flight and whether all were posted.
@@ -311,6 +314,7 @@ impl PointToPoint {
             next: 0,
             done: 0,
             leases: Vec::new(),
+            announced_bytes: chunks.iter().map(|c| c.len).sum(),
             announced: chunks.into_iter().collect(),
             issued: 0,
             pieces: Vec::new(),

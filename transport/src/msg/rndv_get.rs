@@ -226,6 +226,11 @@ impl PointToPoint {
                     self.protocol_violation(peer, "a chunk outside the message");
                     return Ok(());
                 }
+                rv.announced_bytes += h.len; // at most `size` (checked above) plus `size`
+                if rv.announced_bytes > rv.size as u64 {
+                    self.protocol_violation(peer, "chunks adding up to more than the message");
+                    return Ok(());
+                }
                 rv.announced.push_back(ChunkDesc {
                     chunk: h.chunk,
                     offset: h.size,

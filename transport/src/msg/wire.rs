@@ -66,7 +66,7 @@ pub const CHUNK_DESC_BYTES: usize = 32;
 ///
 /// Checked here: the length covers a header; the kind and flags are known; an eager
 /// payload is exactly `size` bytes; an RTS carries whole chunk descriptors, each inside the
-/// message; a control message has no payload, and the region a CTS or ChunkReady names does
+/// message and together no more than it; a control message has no payload, and the region a CTS or ChunkReady names does
 /// not wrap.
 pub fn decode_message(bytes: &[u8]) -> Result<(MsgKind, Header), &'static str> {
     if bytes.len() < HEADER_BYTES {
@@ -87,11 +87,16 @@ pub fn decode_message(bytes: &[u8]) -> Result<(MsgKind, Header), &'static str> {
             if payload.len() % CHUNK_DESC_BYTES != 0 {
                 return Err("an RTS with a partial chunk descriptor");
             }
+            let mut announced = 0u64;
             for d in payload.chunks_exact(CHUNK_DESC_BYTES) {
                 let len = u64::from_le_bytes(d[16..24].try_into().expect("8 bytes"));
                 let offset = u64::from_le_bytes(d[24..32].try_into().expect("8 bytes"));
                 if offset.checked_add(len).is_none_or(|end| end > h.size) {
                     return Err("an RTS chunk outside the message");
+                }
+                announced += len; // each at most `size`, so no wrap within a payload
+                if announced > h.size {
+                    return Err("RTS chunks adding up to more than the message");
                 }
             }
         }
@@ -253,5 +258,15 @@ mod tests {
         desc[24..32].copy_from_slice(&(1u64 << 20).to_le_bytes());
         assert!(decode_message(&message(rts, &desc)).is_err());
         assert!(decode_message(&message(rts, &desc[..31])).is_err());
+        // Each chunk inside the message, but together more than it: refused.
+        rts.size = 8192;
+        desc[24..32].copy_from_slice(&0u64.to_le_bytes());
+        desc[16..24].copy_from_slice(&8192u64.to_le_bytes());
+        assert!(decode_message(&message(rts, &desc)).is_ok());
+        let twice = [desc, desc].concat();
+        assert_eq!(
+            decode_message(&message(rts, &twice)),
+            Err("RTS chunks adding up to more than the message")
+        );
     }
 }
