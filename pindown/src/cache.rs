@@ -5,22 +5,20 @@
 //! # Lookup and the overlap rule
 //!
 //! Registrations are page-aligned: a request for `[addr, addr+len)` registers the whole
-//! pages it touches. The index holds the valid registrations, pairwise disjoint.
+//! pages it touches. The index holds the valid registrations; two may share pages, but none
+//! contains another.
 //!
 //! - **Hit**: one indexed registration covers all of `[addr, addr+len)`.
-//! - **Miss**: otherwise the cache registers the request's page span `S`, merged with every
-//!   indexed registration that overlaps `S` (shares at least one page) and is **unused**: the
-//!   new registration covers their hull, and they are deregistered — so a buffer first sent
-//!   in pieces and then whole ends up as one registration, not as nested copies.
-//!   Overlapping registrations **in use** are not merged (that would pin their pages twice for
-//!   every step of a pipeline); they leave the index ("superseded": never returned again,
-//!   deregistered when their last lease is released) and the new registration covers `S`
-//!   plus the unused ones only. If the merged hull does not fit the limits even after
-//!   evicting, or the registrar reports part of it unmapped (a stale entry the monitor has
-//!   not reported yet), the cache registers `S` alone and still drops the unused overlapping
-//!   entries.
-//! - **Adjacent** registrations (touching, no page in common) are never merged: a request
-//!   across two of them is a miss whose span overlaps both, and the rule above applies.
+//! - **Miss**: otherwise the cache registers the request's page span `S`. Indexed
+//!   registrations **inside** `S` leave the index, since the new one covers them: unused
+//!   ones are deregistered ("merged"), so a buffer first sent in pieces and then whole ends
+//!   up as one registration, not as nested copies; ones **in use** are "superseded" (never
+//!   returned again, deregistered when their last lease is released). Registrations that
+//!   only **share pages** with `S` stay: two buffers side by side on the heap, sharing a
+//!   page, get a registration each, as Open MPI's registration cache and an HCA allow. (The
+//!   earlier rule, one registration over the hull of everything overlapping, made a stream
+//!   of such buffers — IMB's `-off_cache` — grow one registration by a buffer at every miss
+//!   and re-pin all of it each time.)
 //!
 //! # Limits and fallback
 //!
@@ -387,29 +385,27 @@ impl<R: Registrar> PinDownCache<R> {
     /// Registers the page span `span` of a missed request under the overlap rule; `None`
     /// when it cannot be had (fall back).
     fn register_for(&mut self, span: Span) -> Result<Option<EntryId>> {
-        let overlaps = self.index.overlapping(span);
-        let unused = |c: &Self, id: &EntryId| c.entries[id].refs == 0;
-        let merged = overlaps
-            .iter()
-            .filter(|(_, id)| unused(self, id))
-            .fold(span, |u, (s, _)| u.hull(s));
-        let mut target = if self.fits_after_evicting(merged) {
-            merged
-        } else if self.fits_after_evicting(span) {
-            span
-        } else {
+        if !self.fits_after_evicting(span) {
             return Ok(None);
-        };
-        // The unused overlapping entries go whatever happens next: the new registration
-        // covers them (merged) or at least overlaps them (and the index stays disjoint).
-        for (s, id) in &overlaps {
-            if unused(self, id) {
+        }
+        // Registrations inside the span leave the index: the new one covers them. Unused
+        // ones are deregistered now; ones in use once the new registration exists (below).
+        // Registrations that only share pages with the span stay as they are.
+        let inside: Vec<(Span, EntryId)> = self
+            .index
+            .overlapping(span)
+            .into_iter()
+            .filter(|(s, _)| span.contains(s))
+            .collect();
+        for (s, id) in &inside {
+            if self.entries[id].refs == 0 {
                 self.index.remove(s.start);
                 self.order.remove_idle(*id);
                 self.c.merged += 1;
                 self.destroy(*id);
             }
         }
+        let target = span;
         while !self.fits_now(target) {
             let evicted = self.evict_one();
             debug_assert!(evicted, "fits_after_evicting promised room");
@@ -425,13 +421,8 @@ impl<R: Registrar> PinDownCache<R> {
                     if self.evict_one() {
                         continue;
                     }
-                    if target != span {
-                        target = span;
-                        continue;
-                    }
                     return Ok(None);
                 }
-                Err(RegisterError::NotMapped { .. }) if target != span => target = span,
                 Err(e) => return Err(e.into()),
             }
         };
@@ -439,8 +430,8 @@ impl<R: Registrar> PinDownCache<R> {
             reg.addr == target.start && reg.len == target.len(),
             "the registrar must register exactly what was asked"
         );
-        // Entries in use that overlap the new one leave the index (superseded).
-        for (s, id) in &overlaps {
+        // Entries in use inside the new one leave the index (superseded).
+        for (s, id) in &inside {
             if let Some(e) = self.entries.get_mut(id) {
                 self.index.remove(s.start);
                 e.state = State::Doomed;
@@ -500,7 +491,10 @@ impl<R: Registrar> PinDownCache<R> {
     pub(crate) fn check_invariants(&self) {
         let mut prev_end = 0;
         for (span, id) in self.index.iter() {
-            assert!(span.start >= prev_end, "index spans overlap at {span:?}");
+            assert!(
+                span.end > prev_end,
+                "an index span contains the next: {span:?}"
+            );
             prev_end = span.end;
             let e = &self.entries[&id];
             assert_eq!(e.state, State::Cached);

@@ -1,9 +1,11 @@
 //! Address ranges and the interval index of cached registrations.
 //!
-//! The index holds the valid registrations only, keyed by start address, and keeps them
-//! pairwise disjoint (the cache's merge rule guarantees it, see [`crate::cache`]). With
-//! disjoint entries the registration that could cover an address is the one with the
-//! greatest start at or below it, so a lookup is one `BTreeMap` range query.
+//! The index holds the valid registrations only, keyed by start address. Registrations may
+//! overlap (two buffers sharing a page each have their own, as an HCA allows), but none
+//! contains another (the cache's overlap rule guarantees it, see [`crate::cache`]). So in
+//! start order the ends increase too: the registration that could cover an address range is
+//! the one with the greatest start at or below it, one `BTreeMap` range query, and the ones
+//! overlapping a range are a run ending at the last start below its end.
 
 use std::collections::BTreeMap;
 
@@ -63,18 +65,20 @@ impl Span {
     }
 }
 
-/// Disjoint spans of valid registrations, by start address.
+/// Spans of valid registrations, by start address; none contains another.
 #[derive(Debug, Default)]
 pub(crate) struct IntervalIndex {
     by_start: BTreeMap<u64, (u64, EntryId)>,
 }
 
 impl IntervalIndex {
-    /// Adds `span` for `id`; it must not overlap any indexed span.
+    /// Adds `span` for `id`; it must neither contain nor lie inside an indexed span.
     pub(crate) fn insert(&mut self, span: Span, id: EntryId) {
         debug_assert!(
-            self.overlapping(span).is_empty(),
-            "index spans must stay disjoint"
+            self.overlapping(span)
+                .iter()
+                .all(|(s, _)| !s.contains(&span) && !span.contains(s)),
+            "no index span may contain another"
         );
         self.by_start.insert(span.start, (span.end, id));
     }
@@ -92,24 +96,22 @@ impl IntervalIndex {
 
     /// Every indexed span that shares a byte with `span`, in address order.
     pub(crate) fn overlapping(&self, span: Span) -> Vec<(Span, EntryId)> {
-        let mut out = Vec::new();
         if span.is_empty() {
-            return out;
+            return Vec::new();
         }
-        if let Some((&start, &(end, id))) = self.by_start.range(..span.start).next_back() {
-            if end > span.start {
-                out.push((Span { start, end }, id));
-            }
-        }
-        out.extend(
-            self.by_start
-                .range(span.start..span.end)
-                .map(|(&start, &(end, id))| (Span { start, end }, id)),
-        );
+        // Ends increase with starts: walk back from the last start below `span.end` while
+        // the ends still reach into `span`.
+        let mut out: Vec<(Span, EntryId)> = self
+            .by_start
+            .range(..span.end)
+            .rev()
+            .take_while(|(_, &(end, _))| end > span.start)
+            .map(|(&start, &(end, id))| (Span { start, end }, id))
+            .collect();
+        out.reverse();
         out
     }
 
-    /// Indexed spans.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.by_start.len()
