@@ -8,6 +8,7 @@
 
 pub mod boot;
 pub mod buffer_mode;
+mod env;
 pub mod error;
 pub mod memmon;
 pub mod msg;

@@ -6,8 +6,8 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use super::{BufferMode, Direction, Lease, ModeCounters, Pipeline, Transfer};
+use super::{UserBuf, UserBufMut};
 use crate::error::{Error, Result};
-use crate::msg::raw::{UserBuf, UserBufMut};
 use crate::nic::{Access, Nic};
 use crate::sys::AnonMapping;
 
@@ -46,13 +46,13 @@ impl CopyConfig {
     /// Reads `PAGEWIRE_COPY_CHUNK`, `PAGEWIRE_COPY_DEPTH` and `PAGEWIRE_COPY_SLOTS`.
     pub fn from_env() -> Result<CopyConfig> {
         let mut c = CopyConfig::default();
-        if let Some(v) = env_usize("PAGEWIRE_COPY_CHUNK")? {
+        if let Some(v) = crate::env::bytes("PAGEWIRE_COPY_CHUNK")? {
             c.chunk = v;
         }
-        if let Some(v) = env_usize("PAGEWIRE_COPY_DEPTH")? {
+        if let Some(v) = crate::env::bytes("PAGEWIRE_COPY_DEPTH")? {
             c.depth = v;
         }
-        if let Some(v) = env_usize("PAGEWIRE_COPY_SLOTS")? {
+        if let Some(v) = crate::env::bytes("PAGEWIRE_COPY_SLOTS")? {
             c.slots = v;
         }
         if c.chunk < 4096 || c.depth == 0 || c.slots < 2 {
@@ -62,19 +62,6 @@ impl CopyConfig {
             )));
         }
         Ok(c)
-    }
-}
-
-/// Reads a byte count (with K/M/G suffix) from the environment.
-pub(crate) fn env_usize(name: &str) -> Result<Option<usize>> {
-    match std::env::var(name) {
-        Err(_) => Ok(None),
-        Ok(v) => match crate::nic::soft::parse_bytes(&v) {
-            Some(Some(n)) => Ok(Some(n as usize)),
-            _ => Err(Error::InvalidArgument(format!(
-                "{name}={v}: expected a number of bytes like 65536 or 256K"
-            ))),
-        },
     }
 }
 

@@ -19,10 +19,12 @@
 //!   no-op.
 
 pub mod copy;
+#[allow(unsafe_code)]
+pub mod user_buf;
 
 use crate::error::Result;
-use crate::msg::raw::{UserBuf, UserBufMut};
 use crate::nic::Nic;
+pub use user_buf::{UserBuf, UserBufMut};
 
 /// Which way the NIC uses a lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -41,7 +41,7 @@ use super::{
     SubscriptionId,
 };
 use crate::error::{Error, Result};
-use crate::nic::PAGE_SIZE;
+use crate::sys::PAGE_SIZE;
 
 /// Events the queue between the two threads holds; beyond it, events are dropped and every
 /// subscription is invalidated ([`Cause::Lost`]).

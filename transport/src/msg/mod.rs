@@ -137,7 +137,7 @@ impl MsgConfig {
     /// Defaults overridden by `PAGEWIRE_EAGER_LIMIT`, `PAGEWIRE_RNDV`,
     /// `PAGEWIRE_EAGER_CREDITS` and `PAGEWIRE_UNEXPECTED_BUDGET`.
     pub fn from_env() -> Result<MsgConfig> {
-        use crate::buffer_mode::copy::env_usize;
+        use crate::env::bytes as env_usize;
         let mut c = MsgConfig::default();
         if let Some(v) = env_usize("PAGEWIRE_EAGER_LIMIT")? {
             c.eager_limit = v;

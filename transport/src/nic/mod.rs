@@ -20,8 +20,7 @@ pub use counters::{Counters, CountersSnapshot, DataPath};
 
 use crate::error::Result;
 
-/// Page size the NIC translates at (x86-64 and aarch64 base pages as Linux configures them).
-pub const PAGE_SIZE: u64 = 4096;
+pub use crate::sys::PAGE_SIZE;
 
 /// Access rights of a memory region (`ibv_access_flags`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

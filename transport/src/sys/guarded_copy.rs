@@ -230,7 +230,7 @@ mod tests {
 
     #[test]
     fn a_fault_on_either_side_is_an_error_not_a_crash() {
-        let page = crate::nic::PAGE_SIZE as usize;
+        let page = crate::sys::PAGE_SIZE as usize;
         let mut m = AnonMapping::new(3 * page).unwrap();
         m.as_mut_slice().fill(0x5a);
         let hole = m.unmap_range(page, page).unwrap();
@@ -256,7 +256,7 @@ mod tests {
 
     #[test]
     fn a_read_only_destination_is_an_error() {
-        let page = crate::nic::PAGE_SIZE as usize;
+        let page = crate::sys::PAGE_SIZE as usize;
         let m = AnonMapping::new(page).unwrap();
         // SAFETY: our own mapping, made read-only; nothing writes it.
         assert_eq!(

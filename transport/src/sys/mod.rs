@@ -17,7 +17,10 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
-use crate::nic::PAGE_SIZE;
+/// Page size the NIC translates at and the kernel pins and maps in (x86-64 and aarch64 base
+/// pages as Linux configures them). Defined at the lowest layer; `nic::PAGE_SIZE` re-exports
+/// it.
+pub const PAGE_SIZE: u64 = 4096;
 
 /// System calls made through this module (process-wide).
 static SYSCALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);

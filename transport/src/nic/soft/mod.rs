@@ -180,20 +180,7 @@ impl SoftConfig {
     }
 }
 
-/// Parses `65536`, `64K`, `8M`, `1G` or `unlimited` (outer `None` = invalid).
-pub fn parse_bytes(s: &str) -> Option<Option<u64>> {
-    let s = s.trim();
-    if s.eq_ignore_ascii_case("unlimited") {
-        return Some(None);
-    }
-    let (num, mult) = match s.char_indices().last()? {
-        (i, 'k' | 'K') => (&s[..i], 1u64 << 10),
-        (i, 'm' | 'M') => (&s[..i], 1 << 20),
-        (i, 'g' | 'G') => (&s[..i], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<u64>().ok()?.checked_mul(mult).map(Some)
-}
+pub use crate::env::parse_bytes;
 
 /// One rank's shared NIC memory: header, TPT, NPF slots, inbound rings, present bitmap.
 pub(crate) struct RankMemory {

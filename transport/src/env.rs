@@ -1,0 +1,32 @@
+//! Settings read from the environment, shared by the layers that read them (the lowest
+//! module but `sys`: it depends on nothing above the error type).
+
+use crate::error::{Error, Result};
+
+/// Reads a byte count (`65536`, `64K`, `8M`, `1G`) from variable `name`; `None` when unset.
+pub(crate) fn bytes(name: &str) -> Result<Option<usize>> {
+    match std::env::var(name) {
+        Err(_) => Ok(None),
+        Ok(v) => match parse_bytes(&v) {
+            Some(Some(n)) => Ok(Some(n as usize)),
+            _ => Err(Error::InvalidArgument(format!(
+                "{name}={v}: expected a number of bytes like 65536 or 256K"
+            ))),
+        },
+    }
+}
+
+/// Parses `65536`, `64K`, `8M`, `1G` or `unlimited` (outer `None` = invalid).
+pub fn parse_bytes(s: &str) -> Option<Option<u64>> {
+    let s = s.trim();
+    if s.eq_ignore_ascii_case("unlimited") {
+        return Some(None);
+    }
+    let (num, mult) = match s.char_indices().last()? {
+        (i, 'k' | 'K') => (&s[..i], 1u64 << 10),
+        (i, 'm' | 'M') => (&s[..i], 1 << 20),
+        (i, 'g' | 'G') => (&s[..i], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>().ok()?.checked_mul(mult).map(Some)
+}
