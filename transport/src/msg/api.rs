@@ -1,0 +1,258 @@
+//! The nonblocking point-to-point calls on byte buffers: isend, irecv, probe, matched
+//! probe and receive, test, wait, cancel (MPI-3.1 sections 3.7-3.8).
+
+use super::*;
+
+/// What a probe reports about an unexpected message.
+pub(super) fn unexpected_status(env: &Envelope, u: &Unexpected) -> Status {
+    Status {
+        source: env.source,
+        tag: env.tag,
+        count: match u {
+            Unexpected::Eager { size, .. } => *size,
+            Unexpected::Rts { header, .. } => header.size as usize,
+        },
+    }
+}
+
+impl PointToPoint {
+    pub(super) fn check_rank(&self, rank: usize) -> Result<()> {
+        if rank >= self.size {
+            return Err(Error::NoSuchRank {
+                rank,
+                size: self.size,
+            });
+        }
+        Ok(())
+    }
+
+    pub(super) fn check_tag(tag: i32) -> Result<()> {
+        if !(0..=TAG_UB).contains(&tag) {
+            return Err(Error::InvalidTag { tag, max: TAG_UB });
+        }
+        Ok(())
+    }
+
+    /// Starts sending `buf` to `dest` (`MPI_Isend`, or `MPI_Issend` when `sync`).
+    pub fn isend(
+        &mut self,
+        dest: usize,
+        tag: i32,
+        context: u32,
+        buf: UserBuf,
+        sync: bool,
+    ) -> Result<RequestId> {
+        self.check_rank(dest)?;
+        Self::check_tag(tag)?;
+        if let Some(status) = self.peers[dest].dead {
+            return Err(Error::Communication {
+                peer: dest,
+                status,
+                what: "starting a send",
+            });
+        }
+        let id = self.reqs.insert(Req::Send(SendReq {
+            peer: dest,
+            tag,
+            context,
+            buf,
+            sync,
+            state: SendState::Queued,
+        }));
+        self.peers[dest].queued.push_back(id);
+        if let Err(e) = self.drain_queued(dest) {
+            // The request has an id now: its wait reports the error, once it is safe to.
+            self.fail_request(id, e, false);
+        }
+        if !self.peers[dest].queued.is_empty() {
+            self.needs_service(dest);
+        }
+        Ok(id)
+    }
+
+    /// Starts receiving into `buf` (`MPI_Irecv`); `source`/`tag` `None` are wildcards.
+    pub fn irecv(
+        &mut self,
+        source: Option<usize>,
+        tag: Option<i32>,
+        context: u32,
+        buf: UserBufMut,
+    ) -> Result<RequestId> {
+        if let Some(s) = source {
+            self.check_rank(s)?;
+            if let Some(status) = self.peers[s].dead {
+                return Err(Error::Communication {
+                    peer: s,
+                    status,
+                    what: "posting a receive",
+                });
+            }
+        }
+        if let Some(t) = tag {
+            Self::check_tag(t)?;
+        }
+        let sel = Selector {
+            source,
+            tag,
+            context,
+        };
+        let id = self.reqs.insert(Req::Recv(RecvReq {
+            sel,
+            buf,
+            state: RecvState::Posted,
+        }));
+        if let Some((env, u)) = self.matcher.post(sel, id) {
+            if let Err(e) = self.deliver_unexpected(id, env, u) {
+                self.fail_request(id, e, false);
+            }
+        }
+        Ok(id)
+    }
+
+    /// Whether a matching message has arrived, without receiving it (`MPI_Iprobe`).
+    pub fn iprobe(
+        &mut self,
+        source: Option<usize>,
+        tag: Option<i32>,
+        context: u32,
+    ) -> Result<Option<Status>> {
+        self.progress()?;
+        let sel = Selector {
+            source,
+            tag,
+            context,
+        };
+        Ok(self
+            .matcher
+            .probe(&sel)
+            .map(|(env, u)| unexpected_status(env, u)))
+    }
+
+    /// Like [`PointToPoint::iprobe`], but the message found is taken out of matching
+    /// (`MPI_Improbe`): no other receive or probe can match it, and [`PointToPoint::imrecv`]
+    /// with the handle receives it.
+    pub fn improbe(
+        &mut self,
+        source: Option<usize>,
+        tag: Option<i32>,
+        context: u32,
+    ) -> Result<Option<(MessageHandle, Status)>> {
+        if let Some(s) = source {
+            self.check_rank(s)?;
+        }
+        if let Some(t) = tag {
+            Self::check_tag(t)?;
+        }
+        self.progress()?;
+        let sel = Selector {
+            source,
+            tag,
+            context,
+        };
+        Ok(self
+            .matcher
+            .take_matched(&sel)
+            .map(|(h, env, u)| (h, unexpected_status(&env, u))))
+    }
+
+    /// Starts receiving the message a matched probe returned into `buf` (`MPI_Imrecv`).
+    pub fn imrecv(&mut self, msg: MessageHandle, buf: UserBufMut) -> Result<RequestId> {
+        let (env, u) = self.matcher.claim(msg).ok_or_else(|| {
+            Error::InvalidArgument("unknown or already received matched message".into())
+        })?;
+        if let (Some(status), Unexpected::Rts { .. }) = (self.peers[env.source].dead, &u) {
+            // The payload is still at the sender, which is gone.
+            return Err(Error::Communication {
+                peer: env.source,
+                status,
+                what: "receiving a matched message",
+            });
+        }
+        let id = self.reqs.insert(Req::Recv(RecvReq {
+            sel: Selector {
+                source: Some(env.source),
+                tag: Some(env.tag),
+                context: env.context,
+            },
+            buf,
+            state: RecvState::Posted,
+        }));
+        if let Err(e) = self.deliver_unexpected(id, env, u) {
+            self.fail_request(id, e, false);
+        }
+        Ok(id)
+    }
+
+    /// Completes `id` if it is done: `Some(result)` (the request is then gone), else `None`.
+    ///
+    /// An error met while making progress that belongs to no other request fails `id`
+    /// itself; either way, an error is returned only once `id` has finished, so its buffer
+    /// is never touched after this reports (issue 15, item 1).
+    pub fn test(&mut self, id: RequestId) -> Result<Option<Result<Status>>> {
+        if let Err(e) = self.progress() {
+            if self.reqs.get(id).is_none() {
+                return Err(e);
+            }
+            self.fail_request(id, e, false);
+        }
+        match self.reqs.get(id) {
+            None => Err(Error::InvalidArgument(
+                "unknown or already completed request".into(),
+            )),
+            Some(Req::Done(_)) => match self.reqs.remove(id) {
+                Some(Req::Done(r)) => Ok(Some(r)),
+                _ => unreachable!(),
+            },
+            Some(_) => Ok(None),
+        }
+    }
+
+    /// Waits for `id` and returns its outcome (`MPI_Wait`). If the peer stops answering,
+    /// the NIC's error completion ends the wait with [`Error::Communication`].
+    pub fn wait(&mut self, id: RequestId) -> Result<Status> {
+        // A request that completed when it started (an eager send, a receive matched by an
+        // unexpected message) needs no pass of the engine.
+        if let Some(Req::Done(_)) = self.reqs.get(id) {
+            if let Some(Req::Done(r)) = self.reqs.remove(id) {
+                return r;
+            }
+        }
+        // The clock is read only after IDLE_POLLS_PER_CLOCK_READ empty polls in a row.
+        let mut idle_polls = 0u32;
+        let mut idle_since: Option<Instant> = None;
+        loop {
+            if let Some(r) = self.test(id)? {
+                return r;
+            }
+            if self.last_progress_made {
+                idle_polls = 0;
+                idle_since = None;
+                continue;
+            }
+            idle_polls += 1;
+            if idle_polls % IDLE_POLLS_PER_CLOCK_READ == 0 {
+                let since = *idle_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > LIVENESS_CHECK_AFTER {
+                    self.probe_peers_of(id)?;
+                    idle_since = Some(Instant::now());
+                }
+            }
+        }
+    }
+
+    /// Whether `id` has completed, without completing it.
+    pub fn is_done(&self, id: RequestId) -> bool {
+        matches!(self.reqs.get(id), Some(Req::Done(_)))
+    }
+
+    /// Cancels a receive that has not matched (`MPI_Cancel`); true if it was cancelled.
+    pub fn cancel(&mut self, id: RequestId) -> bool {
+        if self.matcher.cancel(|r| *r == id).is_some() {
+            if let Some(r) = self.reqs.get_mut(id) {
+                *r = Req::Done(Err(Error::Cancelled));
+            }
+            return true;
+        }
+        false
+    }
+}

@@ -1,0 +1,145 @@
+//! The message layer's settings: protocol choice, limits and how a wait waits, with their
+//! defaults and environment variables (README, "Configuration").
+
+use crate::error::{Error, Result};
+
+/// Default eager limit in bytes. Chosen by measurement (README, "Choosing the defaults"):
+/// at 16 KiB an eager message (two copies through slots) beats a rendezvous in copy mode;
+/// 32 KiB was faster still for 32 KiB messages but doubles the pinned slots per peer.
+pub const DEFAULT_EAGER_LIMIT: usize = 16 << 10;
+
+/// Default of [`MsgConfig::split_min`]: measured (README, "Choosing the defaults").
+pub const DEFAULT_SPLIT_MIN: usize = 64 << 10;
+
+/// Which rendezvous protocol large messages use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RndvProtocol {
+    /// The receiver RDMA-READs from the sender (RGET).
+    Get,
+    /// The receiver returns CTS and the sender RDMA-WRITEs (RPUT).
+    Put,
+    /// RGET for zero-copy modes, RPUT for copying ones (measured faster there).
+    Auto,
+}
+
+/// Settings of the message layer.
+#[derive(Clone, Debug)]
+pub struct MsgConfig {
+    /// Largest message sent eagerly (`PAGEWIRE_EAGER_LIMIT`).
+    pub eager_limit: usize,
+    /// Rendezvous protocol (`PAGEWIRE_RNDV=get|put|auto`).
+    pub rndv: RndvProtocol,
+    /// Zero-copy messages of at least this many bytes are moved by both sides at once
+    /// (`auto` only; [`rndv_split`]); `PAGEWIRE_RNDV_SPLIT_MIN`, `off` = never.
+    pub split_min: usize,
+    /// Data messages in flight per peer before the sender waits (`PAGEWIRE_EAGER_CREDITS`).
+    pub credits: u32,
+    /// Extra receive slots per peer for control messages.
+    pub control_slots: u32,
+    /// Eager send slots (shared by all peers).
+    pub send_slots: u32,
+    /// Bytes of unexpected eager data kept per peer before its slots are held
+    /// (`PAGEWIRE_UNEXPECTED_BUDGET`).
+    pub unexpected_budget: usize,
+    /// What a rank does while it waits with nothing to do (`PAGEWIRE_WAIT=auto|spin|yield`).
+    pub wait: WaitPolicy,
+}
+
+/// What a blocked rank does between polls that found nothing (`PAGEWIRE_WAIT`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WaitPolicy {
+    /// `yield` when the soft NIC's ranks outnumber this host's online CPUs, else `spin`.
+    #[default]
+    Auto,
+    /// Poll without pause: the lowest latency when every rank has a CPU of its own.
+    Spin,
+    /// `sched_yield` after every empty poll, so that with more ranks than CPUs the rank a
+    /// waiter waits for gets the CPU (as MPICH does when oversubscribed).
+    Yield,
+}
+
+impl Default for MsgConfig {
+    fn default() -> Self {
+        MsgConfig {
+            eager_limit: DEFAULT_EAGER_LIMIT,
+            rndv: RndvProtocol::Auto,
+            split_min: DEFAULT_SPLIT_MIN,
+            credits: 16,
+            control_slots: 8,
+            send_slots: 32,
+            unexpected_budget: 4 << 20,
+            wait: WaitPolicy::Auto,
+        }
+    }
+}
+
+impl MsgConfig {
+    /// Defaults overridden by `PAGEWIRE_EAGER_LIMIT`, `PAGEWIRE_RNDV`,
+    /// `PAGEWIRE_EAGER_CREDITS` and `PAGEWIRE_UNEXPECTED_BUDGET`.
+    pub fn from_env() -> Result<MsgConfig> {
+        use crate::env::bytes as env_usize;
+        let mut c = MsgConfig::default();
+        if let Some(v) = env_usize("PAGEWIRE_EAGER_LIMIT")? {
+            c.eager_limit = v;
+        }
+        if let Some(v) = env_usize("PAGEWIRE_EAGER_CREDITS")? {
+            c.credits = v as u32;
+        }
+        if let Some(v) = env_usize("PAGEWIRE_UNEXPECTED_BUDGET")? {
+            c.unexpected_budget = v;
+        }
+        match std::env::var("PAGEWIRE_RNDV_SPLIT_MIN").as_deref() {
+            Ok("off") => c.split_min = usize::MAX,
+            Ok(_) => {
+                if let Some(v) = env_usize("PAGEWIRE_RNDV_SPLIT_MIN")? {
+                    c.split_min = v.max(8192);
+                }
+            }
+            Err(_) => {}
+        }
+        c.wait = match std::env::var("PAGEWIRE_WAIT").as_deref() {
+            Err(_) | Ok("") | Ok("auto") => WaitPolicy::Auto,
+            Ok("spin") => WaitPolicy::Spin,
+            Ok("yield") => WaitPolicy::Yield,
+            Ok(other) => {
+                return Err(Error::InvalidArgument(format!(
+                    "PAGEWIRE_WAIT={other}: expected auto, spin or yield"
+                )))
+            }
+        };
+        c.rndv = match std::env::var("PAGEWIRE_RNDV").as_deref() {
+            Err(_) | Ok("") | Ok("auto") => RndvProtocol::Auto,
+            Ok("get") => RndvProtocol::Get,
+            Ok("put") => RndvProtocol::Put,
+            Ok(other) => {
+                return Err(Error::InvalidArgument(format!(
+                    "PAGEWIRE_RNDV={other}: expected get, put or auto"
+                )))
+            }
+        };
+        if c.credits < 2 || c.credits > 4096 {
+            return Err(Error::InvalidArgument(format!(
+                "PAGEWIRE_EAGER_CREDITS={}: expected 2..=4096",
+                c.credits
+            )));
+        }
+        if c.eager_limit > 1 << 20 {
+            return Err(Error::InvalidArgument(format!(
+                "PAGEWIRE_EAGER_LIMIT={}: at most 1 MiB (larger messages go by rendezvous)",
+                c.eager_limit
+            )));
+        }
+        Ok(c)
+    }
+}
+
+/// This host's online CPUs (all of them, whatever this process's affinity).
+pub(super) fn online_cpus() -> usize {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|s| crate::boot::binding::parse_cpulist(s.trim()))
+        .map(|cpus| cpus.len())
+        .filter(|&n| n > 0)
+        .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+        .unwrap_or(1)
+}

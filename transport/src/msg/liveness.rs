@@ -1,0 +1,75 @@
+//! Telling a dead peer from a slow one: zero-length RDMA probes to the peers a waiting
+//! request depends on, after [`super::LIVENESS_CHECK_AFTER`] without progress.
+
+use super::*;
+
+impl PointToPoint {
+    /// If a wait makes no progress for a while, sends a zero-length RDMA WRITE to the peers
+    /// it depends on: a dead peer turns into an error completion instead of a hang.
+    pub(super) fn probe_peers_of(&mut self, id: RequestId) -> Result<()> {
+        let peers: Vec<usize> = match self.reqs.get(id) {
+            Some(Req::Send(s)) => vec![s.peer],
+            Some(Req::Recv(r)) => match (&r.state, r.sel.source) {
+                (RecvState::Rndv(rv), _) => vec![rv.peer],
+                (RecvState::Posted, Some(s)) => vec![s],
+                (RecvState::Posted, None) => (0..self.size).collect(),
+            },
+            _ => vec![],
+        };
+        for p in peers {
+            self.send_liveness_probe(p);
+        }
+        Ok(())
+    }
+
+    /// Posts a zero-length RDMA WRITE to `peer`: its completion fails (and the peer is
+    /// marked dead) if the peer has gone. Nothing for oneself or a peer already dead.
+    pub(super) fn send_liveness_probe(&mut self, p: usize) {
+        if self.peers[p].dead.is_none() && p != self.rank {
+            let wr = SendWr {
+                wr_id: wr_id(WrKind::Probe, p, 0),
+                opcode: Opcode::RdmaWrite {
+                    remote_addr: 0,
+                    rkey: 0,
+                },
+                sgl: &[],
+                inline: false,
+                signaled: true,
+            };
+            if raw::post_send(&*self.nic, self.peers[p].qpn, &wr).is_ok() {
+                self.peers[p].in_flight += 1;
+            }
+        }
+    }
+
+    /// For a blocking probe that has found nothing for a while (`MPI_Probe` must not spin
+    /// forever on a dead sender): fails once none of `senders` (the ranks that could send
+    /// the message; this rank, blocked here, is skipped) is alive, and otherwise sends them
+    /// liveness probes, whose failures the next progress records.
+    pub fn check_probe_senders(&mut self, senders: &[usize]) -> Result<()> {
+        for &s in senders {
+            self.check_rank(s)?;
+        }
+        let others: Vec<usize> = senders
+            .iter()
+            .copied()
+            .filter(|&p| p != self.rank)
+            .collect();
+        if let Some(&first) = others.first() {
+            if let (Some(status), true) = (
+                self.peers[first].dead,
+                others.iter().all(|&p| self.peers[p].dead.is_some()),
+            ) {
+                return Err(Error::Communication {
+                    peer: first,
+                    status,
+                    what: "probe (no rank that could send the message is alive)",
+                });
+            }
+        }
+        for p in others {
+            self.send_liveness_probe(p);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,213 @@
+//! Posting to the NIC: receive slots, messages through send slots or inline, control
+//! messages queued per peer, and RDMA operations with their bookkeeping.
+
+use super::*;
+
+/// Registers a slot pool pinned; if that exceeds the locked-memory limit and the NIC has
+/// on-demand paging, registers it ODP and prefetches it instead (so small `ulimit -l`
+/// settings still run), and says so through `on_demand`.
+pub(crate) fn register_slots(
+    nic: &dyn Nic,
+    pool: &AnonMapping,
+    access: Access,
+    on_demand: &mut bool,
+) -> Result<u32> {
+    match nic.register(pool.addr(), pool.len() as u64, access) {
+        Ok(r) => Ok(r.lkey),
+        Err(Error::MemlockLimit { .. }) if nic.capabilities().odp_rc => {
+            let r = nic.register(pool.addr(), pool.len() as u64, access | Access::ON_DEMAND)?;
+            nic.advise(
+                r.lkey,
+                pool.addr(),
+                pool.len() as u64,
+                crate::nic::Advice::PrefetchWrite,
+            )?;
+            *on_demand = true;
+            Ok(r.lkey)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+pub(super) fn fill_payload(src: &Payload<'_>, dst: &mut [u8]) {
+    match src {
+        Payload::None => {}
+        Payload::User(ub, off, len) => ub.read(*off, &mut dst[..*len]),
+        Payload::Bytes(b) => dst[..b.len()].copy_from_slice(b),
+    }
+}
+
+impl PointToPoint {
+    /// Posts receive slot `slot` of `peer`'s region again.
+    pub(crate) fn post_slot(&mut self, peer: usize, slot: usize) -> Result<()> {
+        let per_peer = (self.cfg.credits + self.cfg.control_slots) as usize;
+        let addr = self.recv_pool.addr() + ((peer * per_peer + slot) * self.slot_bytes) as u64;
+        let sge = [Sge {
+            addr,
+            len: self.slot_bytes as u32,
+            lkey: self.recv_key,
+        }];
+        let wr = crate::nic::RecvWr {
+            wr_id: wr_id(WrKind::Recv, peer, slot),
+            sgl: &sge,
+        };
+        raw::post_recv(&*self.nic, self.peers[peer].qpn, &wr)
+    }
+
+    /// The bytes of receive slot `slot` of `peer`.
+    pub(crate) fn slot_bytes_of(&self, peer: usize, slot: usize) -> &[u8] {
+        let per_peer = (self.cfg.credits + self.cfg.control_slots) as usize;
+        let start = (peer * per_peer + slot) * self.slot_bytes;
+        &self.recv_pool.as_slice()[start..start + self.slot_bytes]
+    }
+
+    /// Sends a message: header plus `payload` bytes of `src` (from `offset`). Inline when it
+    /// fits, else through an eager send slot. False if the queue pair or the slots are full.
+    pub(crate) fn send_message(
+        &mut self,
+        peer: usize,
+        mut h: Header,
+        src: Payload<'_>,
+    ) -> Result<bool> {
+        let p = &mut self.peers[peer];
+        if p.in_flight + 2 >= self.max_send_wr {
+            return Ok(false);
+        }
+        let payload = match src {
+            Payload::None => 0,
+            Payload::User(_, _, len) => len,
+            Payload::Bytes(b) => b.len(),
+        };
+        let credits = p.to_return.min(u16::MAX as u32);
+        h.credits = credits as u16;
+        let total = HEADER_BYTES + payload;
+        if total <= self.max_inline {
+            // Inline: the NIC copies the header and the payload at post time.
+            let header = h.encode();
+            let (addr, len) = match src {
+                Payload::None => (0, 0),
+                Payload::User(ub, off, len) => (ub.addr() + off as u64, len),
+                Payload::Bytes(b) => (b.as_ptr() as u64, b.len()),
+            };
+            let sge = [
+                Sge {
+                    addr: header.as_ptr() as u64,
+                    len: HEADER_BYTES as u32,
+                    lkey: 0,
+                },
+                Sge {
+                    addr,
+                    len: len as u32,
+                    lkey: 0,
+                },
+            ];
+            let wr = SendWr {
+                wr_id: wr_id(WrKind::SendInline, peer, 0),
+                opcode: Opcode::Send,
+                sgl: if len == 0 { &sge[..1] } else { &sge },
+                inline: true,
+                signaled: true,
+            };
+            raw::post_send(&*self.nic, p.qpn, &wr)?;
+        } else {
+            let Some(slot) = self.send_free.pop() else {
+                return Ok(false);
+            };
+            let start = slot * self.slot_bytes;
+            let mem = &mut self.send_pool.as_mut_slice()[start..start + total];
+            mem[..HEADER_BYTES].copy_from_slice(&h.encode());
+            fill_payload(&src, &mut mem[HEADER_BYTES..]);
+            let sge = [Sge {
+                addr: self.send_pool.addr() + start as u64,
+                len: total as u32,
+                lkey: self.send_key,
+            }];
+            let wr = SendWr {
+                wr_id: wr_id(WrKind::SendSlot, peer, slot),
+                opcode: Opcode::Send,
+                sgl: &sge,
+                inline: false,
+                signaled: true,
+            };
+            raw::post_send(&*self.nic, p.qpn, &wr)?;
+        }
+        let p = &mut self.peers[peer];
+        p.to_return -= credits;
+        p.in_flight += 1;
+        Ok(true)
+    }
+
+    /// Sends a control message now, or queues it (in order) behind earlier ones.
+    pub(crate) fn send_control(&mut self, peer: usize, h: Header) -> Result<()> {
+        if self.peers[peer].dead.is_some() {
+            return Ok(());
+        }
+        if self.peers[peer].control.is_empty() && self.send_message(peer, h, Payload::None)? {
+            return Ok(());
+        }
+        self.peers[peer].control.push_back(h);
+        self.needs_service(peer);
+        Ok(())
+    }
+
+    pub(super) fn flush_control(&mut self, peer: usize) -> Result<()> {
+        while let Some(h) = self.peers[peer].control.front().copied() {
+            if !self.send_message(peer, h, Payload::None)? {
+                break;
+            }
+            self.peers[peer].control.pop_front();
+        }
+        Ok(())
+    }
+
+    /// Posts an RDMA operation for a rendezvous chunk.
+    pub(crate) fn post_rdma(
+        &mut self,
+        peer: usize,
+        op: RdmaOp,
+        lease: Lease,
+        opcode: Opcode,
+    ) -> Result<bool> {
+        if self.peers[peer].in_flight + 2 >= self.max_send_wr {
+            return Ok(false);
+        }
+        let index = match self.rdma_free.pop() {
+            Some(i) => {
+                self.rdma[i] = Some(op);
+                i
+            }
+            None => {
+                self.rdma.push(Some(op));
+                self.rdma.len() - 1
+            }
+        };
+        let sge = [Sge {
+            addr: lease.addr,
+            len: lease.len as u32,
+            lkey: lease.lkey,
+        }];
+        let wr = SendWr {
+            wr_id: wr_id(WrKind::Rdma, peer, index),
+            opcode,
+            sgl: if lease.len == 0 { &[] } else { &sge },
+            inline: false,
+            signaled: true,
+        };
+        raw::post_send(&*self.nic, self.peers[peer].qpn, &wr)?;
+        self.peers[peer].in_flight += 1;
+        Ok(true)
+    }
+
+    pub(super) fn take_rdma(&mut self, index: usize) -> Option<RdmaOp> {
+        let op = self.rdma.get_mut(index)?.take()?;
+        self.rdma_free.push(index);
+        Some(op)
+    }
+
+    pub(super) fn rdma_done(&mut self, index: usize) -> Result<()> {
+        let Some(op) = self.take_rdma(index) else {
+            return Ok(());
+        };
+        self.rndv_rdma_done(op)
+    }
+}
