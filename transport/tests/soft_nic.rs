@@ -509,8 +509,10 @@ fn a_write_filling_the_ring_to_a_dead_peer_completes_with_an_error_not_a_hang() 
 
 /// Issue 15, item 4: the target deregisters its 64 MiB region in the middle of a staged RDMA
 /// WRITE (or READ, with `PAGEWIRE_TEST_OP=read`) and hands the range back to its application:
-/// new pages, new bytes. With `PAGEWIRE_TEST_STOP_INITIATOR` set, it also stops the initiator
-/// (SIGSTOP) for 6 s around that, longer than deregistration used to wait. The transfer ends
+/// new pages, new bytes. To be sure the transfer is mid-way, the initiator posts it, makes
+/// one engine pass and stops itself (SIGSTOP); the target then takes what the ring between
+/// them holds (at most 1 MiB of 64), deregisters, and lets the initiator go on after
+/// `PAGEWIRE_TEST_STOP_SECS` (6: longer than deregistration used to wait). The transfer ends
 /// with a remote access error; not one of its bytes lands in the new mapping, and a READ
 /// brings back none of the new bytes.
 fn deregistered_mid_transfer_body(r: &Rank) {
@@ -518,7 +520,8 @@ fn deregistered_mid_transfer_body(r: &Rank) {
     const OLD: u8 = 0x5a;
     const NEW: u8 = 0xc5;
     let read = std::env::var("PAGEWIRE_TEST_OP").as_deref() == Ok("read");
-    let stop = std::env::var_os("PAGEWIRE_TEST_STOP_INITIATOR").is_some();
+    let stop_secs: u64 =
+        std::env::var("PAGEWIRE_TEST_STOP_SECS").map_or(0, |v| v.parse().expect("seconds"));
     let qps = r.connect_all(false);
     let me = r.rank();
     let mut buf = AnonMapping::new(LEN).unwrap();
@@ -543,6 +546,9 @@ fn deregistered_mid_transfer_body(r: &Rank) {
             opcode,
             &[sge(buf.addr(), LEN as u64, mr.lkey)],
         );
+        r.nic.poll_cq(r.cq, &mut Vec::new(), 1).unwrap();
+        // SAFETY (test): stops this process until rank 1 sends SIGCONT.
+        assert_eq!(unsafe { libc::raise(libc::SIGSTOP) }, 0);
         let c = r.wait();
         assert_eq!(c.status, WcStatus::RemoteAccessError, "{c:?}");
         if read {
@@ -552,21 +558,26 @@ fn deregistered_mid_transfer_body(r: &Rank) {
             );
         }
     } else {
-        // Take packets until a few MiB have moved, then deregister in the middle.
+        let initiator = u32::from_le_bytes(pids[0][..4].try_into().unwrap());
         let start = std::time::Instant::now();
-        let mut out = Vec::new();
-        while r.nic.counters().bytes_staged < 4 << 20 {
-            r.nic.poll_cq(r.cq, &mut out, 1).unwrap();
+        while !process_stopped(initiator) {
             assert!(start.elapsed() < std::time::Duration::from_secs(60));
+            std::thread::yield_now();
         }
-        let initiator = u32::from_le_bytes(pids[0][..4].try_into().unwrap()) as libc::pid_t;
-        let signal = |sig| {
-            // SAFETY (test): signals the job's other rank, a child of the same launcher.
-            assert_eq!(unsafe { libc::kill(initiator, sig) }, 0);
-        };
-        if stop {
-            signal(libc::SIGSTOP);
+        // Take what the ring holds: until nothing more moves for 50 ms.
+        let mut out = Vec::new();
+        let (mut moved, mut quiet_since) = (0, std::time::Instant::now());
+        while quiet_since.elapsed() < std::time::Duration::from_millis(50) {
+            r.nic.poll_cq(r.cq, &mut out, 1).unwrap();
+            let now = r.nic.counters().bytes_staged;
+            if now != moved {
+                (moved, quiet_since) = (now, std::time::Instant::now());
+            }
         }
+        assert!(
+            moved > 0 && moved < LEN as u64,
+            "the transfer is mid-way ({moved} bytes moved)"
+        );
         let t0 = std::time::Instant::now();
         r.nic.deregister(mr.lkey).unwrap();
         assert!(
@@ -575,10 +586,12 @@ fn deregistered_mid_transfer_body(r: &Rank) {
         );
         buf.discard(0, LEN).unwrap();
         buf.as_mut_slice().fill(NEW);
-        if stop {
-            std::thread::sleep(std::time::Duration::from_secs(6));
-            signal(libc::SIGCONT);
-        }
+        std::thread::sleep(std::time::Duration::from_secs(stop_secs));
+        // SAFETY (test): resumes the job's other rank, a child of the same launcher.
+        assert_eq!(
+            unsafe { libc::kill(initiator as libc::pid_t, libc::SIGCONT) },
+            0
+        );
     }
     // Rank 1's driver thread refuses the rest of the transfer while it waits here.
     r.boot.barrier().unwrap();
@@ -613,7 +626,7 @@ fn the_same_with_the_initiator_stopped_for_6_s() {
         &[
             ("PAGEWIRE_MEMLOCK_LIMIT", "1G"),
             ("PAGEWIRE_SOFT_DMA", "staged"),
-            ("PAGEWIRE_TEST_STOP_INITIATOR", "1"),
+            ("PAGEWIRE_TEST_STOP_SECS", "6"),
         ],
         deregistered_mid_transfer_body,
     );
@@ -631,6 +644,17 @@ fn a_read_of_a_region_deregistered_mid_transfer_fails_and_returns_none_of_the_ne
         ],
         deregistered_mid_transfer_body,
     );
+}
+
+/// Whether process `pid` is stopped (state `T` in `/proc/PID/stat`).
+fn process_stopped(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The state follows the command name, which is in parentheses.
+    stat.rsplit(')')
+        .next()
+        .unwrap()
+        .trim_start()
+        .starts_with('T')
 }
 
 fn memlock_body(r: &Rank) {

@@ -1,0 +1,70 @@
+//! The soft provider's settings: how payload bytes move, the memlock limit it enforces,
+//! how ODP pages are checked and how regions are pinned (README, "Configuration").
+
+use super::*;
+
+/// How payload bytes move between ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DmaMode {
+    /// CMA where the kernel permits it, staged otherwise (detected per peer at start-up).
+    Auto,
+    /// CMA, or fail at start-up.
+    Cma,
+    /// Always staged through the ring (the fallback, forced).
+    Staged,
+}
+
+/// Settings of the soft provider.
+#[derive(Clone, Debug)]
+pub struct SoftConfig {
+    /// Payload path (`PAGEWIRE_SOFT_DMA=auto|cma|staged`).
+    pub dma: DmaMode,
+    /// Locked-memory limit (`PAGEWIRE_MEMLOCK_LIMIT`, else RLIMIT_MEMLOCK).
+    pub memlock: MemlockLimit,
+    /// How ODP present bits learn of address-space changes (`PAGEWIRE_SOFT_ODP_CHECK`).
+    pub odp_check: OdpCheck,
+    /// How registrations pin (`PAGEWIRE_PIN=auto|longterm|mlock`).
+    pub pin: PinMethod,
+}
+
+impl SoftConfig {
+    /// Reads `PAGEWIRE_SOFT_DMA`, `PAGEWIRE_MEMLOCK_LIMIT` (bytes, with an optional
+    /// K/M/G suffix, or `unlimited`), `PAGEWIRE_SOFT_ODP_CHECK` (`monitor`, `pagemap`) and
+    /// `PAGEWIRE_PIN` (`auto`, `longterm`, `mlock`).
+    pub fn from_env() -> Result<SoftConfig> {
+        let dma = match std::env::var("PAGEWIRE_SOFT_DMA").as_deref() {
+            Err(_) | Ok("") | Ok("auto") => DmaMode::Auto,
+            Ok("cma") => DmaMode::Cma,
+            Ok("staged") => DmaMode::Staged,
+            Ok(other) => {
+                return Err(Error::InvalidArgument(format!(
+                    "PAGEWIRE_SOFT_DMA={other}: expected auto, cma or staged"
+                )))
+            }
+        };
+        let memlock = match std::env::var("PAGEWIRE_MEMLOCK_LIMIT") {
+            Ok(v) => MemlockLimit {
+                bytes: parse_bytes(&v).ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "PAGEWIRE_MEMLOCK_LIMIT={v}: expected bytes like 65536, 64K, 8M, 1G or `unlimited`"
+                    ))
+                })?,
+                source: "PAGEWIRE_MEMLOCK_LIMIT",
+            },
+            Err(_) => MemlockLimit {
+                bytes: sys::memlock_rlimit(),
+                source: "RLIMIT_MEMLOCK",
+            },
+        };
+        let odp_check = OdpCheck::parse(std::env::var("PAGEWIRE_SOFT_ODP_CHECK").ok().as_deref())?;
+        let pin = PinMethod::parse(std::env::var("PAGEWIRE_PIN").ok().as_deref())?;
+        Ok(SoftConfig {
+            dma,
+            memlock,
+            odp_check,
+            pin,
+        })
+    }
+}
+
+pub use crate::env::parse_bytes;

@@ -1,0 +1,99 @@
+//! The driver thread, the interrupt-handler analogue: it serves network page faults filed
+//! on this rank's memory and drives the engine while the application is not polling.
+
+use super::*;
+
+/// How long the driver thread sleeps between passes while it drives the engine for an
+/// application that is not polling and has work outstanding.
+pub(super) const DRIVER_BUSY_SLEEP: Duration = Duration::from_micros(100);
+/// How long the driver thread sleeps when nothing needs it (it is woken earlier by a peer
+/// that files a fault, finds a ring full, or waits too long for an acknowledgement).
+pub(super) const DRIVER_IDLE_SLEEP: Duration = Duration::from_millis(200);
+
+impl Inner {
+    /// The driver thread: the interrupt-handler analogue. It sleeps on the doorbell until a
+    /// peer (or a timeout) wakes it, serves the faults filed on this rank's memory, and
+    /// drives the engine while the application is not polling and work is outstanding
+    /// (acknowledging peers' requests, streaming staged READ responses). While the
+    /// application polls, it does all of this itself and the driver stays asleep.
+    pub(super) fn driver_loop(&self) {
+        sys::exclude_this_thread_from_count();
+        let bell = self.own.doorbell();
+        let asleep = self.own.asleep_word();
+        let mut polls_seen = self.own.app_polls();
+        loop {
+            let seen = bell.load(SeqCst);
+            if self.shutdown.load(Acquire) {
+                return;
+            }
+            self.serve_faults();
+            let polls = self.own.app_polls();
+            let app_polling = polls != polls_seen;
+            polls_seen = polls;
+            let mut work = false;
+            if !app_polling {
+                if let Some(mut eng) = self.engine.try_lock() {
+                    self.progress(&mut eng);
+                    work = eng.has_work();
+                }
+            }
+            asleep.store(1, SeqCst);
+            // A fault filed or a bell rung after the checks above: go round again.
+            let faults_waiting = self.own.faults_filed() != self.faults_served.load(SeqCst);
+            if faults_waiting || bell.load(SeqCst) != seen {
+                asleep.store(0, SeqCst);
+                continue;
+            }
+            let wait = if work && !app_polling {
+                DRIVER_BUSY_SLEEP
+            } else {
+                DRIVER_IDLE_SLEEP
+            };
+            sys::futex_wait(bell, seen, wait);
+            asleep.store(0, SeqCst);
+        }
+    }
+
+    /// The driver's fault handler: resolves every filed fault on this rank's memory. Cheap
+    /// when none is pending; one thread serves at a time.
+    pub(crate) fn serve_faults(&self) {
+        if self.faults_served.load(Acquire) == self.own.faults_filed() {
+            return;
+        }
+        let Some(_serving) = self.serving_faults.try_lock() else {
+            return;
+        };
+        let filed = self.own.faults_filed();
+        self.faults_served.store(filed, SeqCst);
+        for qpn in 0..MAX_QPS as u32 {
+            let slot = self.own.npf_slot(qpn);
+            let req = slot.w[NPF_REQ].load(Acquire);
+            if req == slot.w[NPF_DONE].load(Relaxed) {
+                continue;
+            }
+            let (addr, len) = (
+                slot.w[NPF_ADDR].load(Relaxed),
+                slot.w[NPF_LEN].load(Relaxed),
+            );
+            let write = slot.w[NPF_WRITE].load(Relaxed) != 0;
+            let ok = self.resolve_fault(addr, len, write);
+            let t0 = slot.w[NPF_TIME].load(Relaxed);
+            let pages = sys::page_span(addr, len).1 / PAGE_SIZE;
+            // Count before publishing, so whoever sees the fault resolved sees it counted.
+            self.counters
+                .record_npf(false, pages, sys::monotonic_ns().saturating_sub(t0));
+            slot.w[NPF_STATUS].store(!ok as u64, Relaxed);
+            slot.w[NPF_DONE].store(req, Release);
+        }
+    }
+
+    /// Maps `[addr, addr+len)` of this process and marks it present for the NIC.
+    pub(crate) fn resolve_fault(&self, addr: u64, len: u64, write: bool) -> bool {
+        if self.watch.make_present(addr, len, write).is_some() {
+            true
+        } else {
+            self.counters.npf_failed.fetch_add(1, Relaxed);
+            false
+        }
+    }
+}
