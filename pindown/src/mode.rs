@@ -35,7 +35,8 @@ use pagewire_transport::{Error as TransportError, Result};
 use pagewire_transport::memmon::{self, Cause, MemoryMonitor};
 
 use crate::{
-    Acquire, CacheConfig, LeaseHandle, MonitoredRegistrar, NicRegistrar, SharedPinDownCache,
+    Acquire, CacheConfig, LeaseHandle, MonitoredRegistrar, NicRegistrar, RegisterError,
+    SharedPinDownCache,
 };
 
 /// The cache as the mode keeps it: watched registrations through a shared handle on the NIC.
@@ -155,8 +156,27 @@ impl Default for PindownMode {
     }
 }
 
+/// The cache's error as the message layer reports it: an unmapped range and the NIC's own
+/// errors as themselves, anything else as this mode's typed error.
 fn cache_err(e: crate::Error) -> TransportError {
-    TransportError::InvalidArgument(format!("pin-down cache: {e}"))
+    match e {
+        crate::Error::Register(RegisterError::NotMapped { addr, len }) => {
+            TransportError::UnmappedRange { addr, len }
+        }
+        crate::Error::Register(RegisterError::Other(b) | RegisterError::NoResources(b)) => {
+            match b.downcast::<TransportError>() {
+                Ok(t) => *t,
+                Err(b) => TransportError::BufferMode {
+                    mode: "pindown",
+                    source: b,
+                },
+            }
+        }
+        other => TransportError::BufferMode {
+            mode: "pindown",
+            source: Box::new(other),
+        },
+    }
 }
 
 impl BufferMode for PindownMode {
@@ -381,5 +401,39 @@ impl BufferMode for PindownMode {
             c.lock().flush();
         }
         self.fallback.stop(nic);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_errors_stay_typed() {
+        let e = cache_err(crate::Error::Register(RegisterError::NotMapped {
+            addr: 0x1000,
+            len: 4096,
+        }));
+        assert!(matches!(
+            e,
+            TransportError::UnmappedRange {
+                addr: 0x1000,
+                len: 4096
+            }
+        ));
+        // The NIC's own error, boxed by the registrar, comes back as itself.
+        let nic = TransportError::UnknownKey { key: 7 };
+        let e = cache_err(crate::Error::Register(RegisterError::Other(Box::new(nic))));
+        assert!(matches!(e, TransportError::UnknownKey { key: 7 }));
+        // The cache's own error is the typed source of a BufferMode error.
+        let e = cache_err(crate::Error::UnknownLease { token: 3 });
+        let TransportError::BufferMode { mode, source } = e else {
+            panic!("expected a BufferMode error");
+        };
+        assert_eq!(mode, "pindown");
+        assert!(matches!(
+            source.downcast_ref::<crate::Error>(),
+            Some(crate::Error::UnknownLease { token: 3 })
+        ));
     }
 }

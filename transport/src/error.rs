@@ -65,6 +65,17 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
+    /// A buffer mode failed for a reason of its own (its error, kept typed as the source:
+    /// for the pin-down cache a `pagewire_pindown::Error`).
+    #[error("{mode} buffer mode: {source}")]
+    BufferMode {
+        /// The mode's name (`pindown`, `odp`).
+        mode: &'static str,
+        /// The mode's own error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
     /// The verbs provider found no RDMA device it can use: libibverbs lists none, the
     /// kernel has no RDMA support, no device has an active port, or the device named by
     /// `PAGEWIRE_DEVICE` is missing. The message is one line and names the soft provider.
