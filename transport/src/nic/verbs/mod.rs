@@ -49,14 +49,18 @@
 #![deny(unsafe_code)]
 
 mod caps;
+mod completions;
 mod config;
+mod connect;
 mod cq;
 mod endpoint;
 mod events;
 mod ffi;
 mod fork;
+mod open;
 mod qp_state;
 mod rdma_core_version;
+mod regions;
 mod wr;
 
 pub use config::{LinkLayer, VerbsConfig};
@@ -198,97 +202,11 @@ impl std::fmt::Debug for VerbsNic {
     }
 }
 
-/// What probing one device found usable.
-struct Chosen {
-    ctx: Arc<ffi::Context>,
-    pd: Arc<ffi::ProtectionDomain>,
-    attr: rdma_sys::ibv_device_attr_ex,
-    port: PortInfo,
-    max_inline: u32,
-}
-
 fn os(call: String, e: io::Error) -> Error {
     Error::Os { call, source: e }
 }
 
 impl VerbsNic {
-    /// Opens the device `config` names, or the first with an active port; chooses the port
-    /// and GID; allocates the protection domain. Not collective: endpoints are exchanged
-    /// later, per queue pair.
-    ///
-    /// With no usable device (none present, as on machines without RDMA hardware; the kernel
-    /// without RDMA support; no active port; `PAGEWIRE_DEVICE` not found) it returns
-    /// [`Error::NoRdmaDevice`], whose one-line message names the soft provider.
-    pub fn open(boot: &dyn Bootstrap, config: VerbsConfig) -> Result<VerbsNic> {
-        if config.fork_safe {
-            enable_fork_safety()?;
-        }
-        if !ffi::has_query_gid_ex() {
-            return Err(Error::Unsupported {
-                device: "the libibverbs in this process".into(),
-                what: format!(
-                    "ibv_query_gid_ex (_ibv_query_gid_ex, IBVERBS_1.11), which the verbs provider \
-                     needs: it is older than rdma-core {}",
-                    rdma_core_version::MIN_RDMA_CORE
-                ),
-                hint: "install a newer rdma-core, or use the soft provider \
-                       (PAGEWIRE_TRANSPORT=soft)",
-            });
-        }
-        let list = ffi::DeviceList::get().map_err(|e| Error::NoRdmaDevice {
-            detail: match e.raw_os_error() {
-                Some(libc::ENOSYS) => "no RDMA device found: the kernel has no RDMA support \
-                     (ibv_get_device_list: ENOSYS)"
-                    .to_string(),
-                _ => format!("no RDMA device found: ibv_get_device_list failed: {e}"),
-            },
-        })?;
-        let names = list.names();
-        let candidates = config::candidates(&names, config.device.as_deref())
-            .map_err(|detail| Error::NoRdmaDevice { detail })?;
-        let mut reasons = Vec::new();
-        let mut chosen = None;
-        for i in candidates {
-            match probe(&list, i, &names[i], &config) {
-                Ok(c) => {
-                    chosen = Some(c);
-                    break;
-                }
-                Err(why) => reasons.push(format!("{} {why}", names[i])),
-            }
-        }
-        drop(list);
-        let Some(c) = chosen else {
-            return Err(Error::NoRdmaDevice {
-                detail: format!("no usable RDMA device: {}", reasons.join("; ")),
-            });
-        };
-        // Asynchronous events are read from the poll path, which must not block.
-        c.ctx
-            .set_async_nonblocking()
-            .map_err(|e| os("fcntl(async_fd, F_SETFL, O_NONBLOCK)".into(), e))?;
-        let device = format!("{} port {}", c.port.device, c.port.port);
-        let caps = caps::capabilities(&c.attr, &device, c.max_inline);
-        Ok(VerbsNic {
-            rank: boot.rank(),
-            responder_may_fault: caps.odp_rc_recv || caps.odp_rc_write || caps.odp_rc_read,
-            caps,
-            limits: caps::limits(&c.attr),
-            port: c.port,
-            counters: Counters::default(),
-            qps: RwLock::new(HashMap::new()),
-            cqs: RwLock::new(Vec::new()),
-            regions: Mutex::new(HashMap::new()),
-            recent_errors: Mutex::new(VecDeque::new()),
-            recent_events: Mutex::new(VecDeque::new()),
-            device_failed: AtomicBool::new(false),
-            async_check: events::CheckGate::default(),
-            opened: Instant::now(),
-            pd: c.pd,
-            ctx: c.ctx,
-        })
-    }
-
     /// The port in use.
     pub fn port(&self) -> &PortInfo {
         &self.port
@@ -321,112 +239,6 @@ impl VerbsNic {
             .get(id as usize)
             .cloned()
             .ok_or_else(|| Error::InvalidArgument(format!("no completion queue {id} on this NIC")))
-    }
-
-    fn register_raw(
-        &self,
-        addr: u64,
-        len: u64,
-        access: Access,
-        implicit: bool,
-    ) -> Result<RegionInfo> {
-        let odp = access.contains(Access::ON_DEMAND);
-        let what = if implicit {
-            "implicit ODP registration".to_string()
-        } else {
-            format!("ibv_reg_mr(addr={addr:#x}, len={len}, access={access:?})")
-        };
-        let pd_len = if implicit {
-            usize::MAX
-        } else {
-            usize::try_from(len).map_err(|_| Error::InvalidArgument(format!("{what}: too long")))?
-        };
-        let t0 = crate::sys::monotonic_ns();
-        let mut mr = match self.pd.reg_mr(addr, pd_len, wr::access_bits(access)) {
-            Ok(mr) => mr,
-            Err(e) => return Err(self.registration_error(what, addr, len, odp, e)),
-        };
-        let pinned = if odp {
-            0
-        } else {
-            crate::sys::page_span(addr, len).1
-        };
-        let info = RegionInfo {
-            addr,
-            len,
-            lkey: mr.lkey(),
-            rkey: mr.rkey(),
-            access,
-        };
-        let mut regions = self.regions.lock();
-        if regions.contains_key(&info.lkey) {
-            // Cannot happen (the kernel hands out unique keys); refuse rather than lose a handle.
-            let _ = mr.dereg();
-            return Err(Error::InvalidArgument(format!(
-                "the device returned key {:#010x}, which is already registered",
-                info.lkey
-            )));
-        }
-        regions.insert(info.lkey, Region { mr, info, pinned });
-        self.counters
-            .record_registration(true, crate::sys::monotonic_ns().saturating_sub(t0));
-        self.counters.add_pinned(pinned);
-        Ok(info)
-    }
-
-    fn registration_error(
-        &self,
-        call: String,
-        addr: u64,
-        len: u64,
-        odp: bool,
-        e: io::Error,
-    ) -> Error {
-        match e.raw_os_error() {
-            Some(libc::EFAULT) => Error::UnmappedRange { addr, len },
-            Some(libc::ENOMEM) if !odp => {
-                let requested = crate::sys::page_span(addr, len).1;
-                let pinned = self.counters.pinned_now.load(Relaxed);
-                match crate::sys::memlock_rlimit() {
-                    Some(limit) if pinned.saturating_add(requested) > limit => {
-                        Error::MemlockLimit {
-                            requested,
-                            pinned,
-                            limit,
-                            source_of_limit: "RLIMIT_MEMLOCK",
-                        }
-                    }
-                    _ => os(call, e),
-                }
-            }
-            Some(libc::EOPNOTSUPP) if odp => Error::Unsupported {
-                device: self.caps.device.clone(),
-                what: format!("this on-demand-paging registration ({call}: {e})"),
-                hint:
-                    "check the device's ODP capabilities (ibv_devinfo -v), or use a pinned region",
-            },
-            _ => os(call, e),
-        }
-    }
-
-    /// `Ok` when the device pages on demand for every RC operation a region with `access`
-    /// may take part in ([`caps::missing_odp_operations`]).
-    fn require_odp_for(&self, access: Access) -> Result<()> {
-        let missing = caps::missing_odp_operations(&self.caps, access);
-        if missing.is_empty() {
-            return Ok(());
-        }
-        Err(Error::Unsupported {
-            device: self.caps.device.clone(),
-            what: format!(
-                "on-demand paging on RC queue pairs for {}, which an ODP region with {} may be \
-                 used for",
-                missing.join(", "),
-                caps::access_names(access)
-            ),
-            hint: "register without ON_DEMAND (or with fewer rights), or use the soft provider \
-                   (PAGEWIRE_TRANSPORT=soft)",
-        })
     }
 
     /// `Err` once the device or completion queue `id` failed (an asynchronous event said so).
@@ -537,127 +349,6 @@ impl VerbsNic {
         self.qps.write().insert(qpn, Arc::new(entry));
         Ok(qpn)
     }
-
-    /// Reads every waiting asynchronous event and applies it (`events::effect`).
-    fn read_async_events(&self) {
-        loop {
-            match self.ctx.next_async_event() {
-                Ok(Some(ev)) => self.apply_async_event(ev),
-                Ok(None) => break,
-                Err(e) => {
-                    self.keep_event(AsyncEventRecord {
-                        event: "ibv_get_async_event failed",
-                        subject: e.to_string(),
-                    });
-                    break;
-                }
-            }
-        }
-    }
-
-    fn apply_async_event(&self, ev: ffi::AsyncEvent) {
-        let event = events::name(ev.event_type);
-        let cq_id = |addr: usize| self.cqs.read().iter().position(|e| e.cq.address() == addr);
-        let subject = match ev.element {
-            ffi::AsyncElement::QueuePair(n) => format!("queue pair {n:#x}"),
-            ffi::AsyncElement::CompletionQueue(addr) => match cq_id(addr) {
-                Some(id) => format!("completion queue {id}"),
-                None => "a completion queue not made by this NIC".into(),
-            },
-            ffi::AsyncElement::Port(p) => format!("port {p}"),
-            ffi::AsyncElement::Other => "the device".into(),
-        };
-        match (events::effect(ev.event_type), ev.element) {
-            (events::Effect::QueuePairFailed, ffi::AsyncElement::QueuePair(n)) => {
-                if let Some(q) = self.qps.read().get(&n) {
-                    q.status
-                        .lock()
-                        .failed(|| format!("{event} (asynchronous event)"));
-                }
-            }
-            (events::Effect::CompletionQueueFailed, ffi::AsyncElement::CompletionQueue(addr)) => {
-                if let Some(id) = cq_id(addr) {
-                    if let Some(e) = self.cqs.read().get(id) {
-                        e.failed.store(true, Relaxed);
-                    }
-                }
-            }
-            (events::Effect::DeviceFailed, _) => self.device_failed.store(true, Relaxed),
-            _ => {}
-        }
-        self.keep_event(AsyncEventRecord { event, subject });
-    }
-
-    fn keep_event(&self, record: AsyncEventRecord) {
-        let mut recent = self.recent_events.lock();
-        if recent.len() == RECENT_ERRORS {
-            recent.pop_front();
-        }
-        recent.push_back(record);
-    }
-
-    fn record_error(&self, wc: &ibv_wc, wr_id: u64) {
-        self.counters.error_completions.fetch_add(1, Relaxed);
-        let mut recent = self.recent_errors.lock();
-        if recent.len() == RECENT_ERRORS {
-            recent.pop_front();
-        }
-        recent.push_back(RawCompletionError {
-            wr_id,
-            qp_num: wc.qp_num,
-            status: wc.status,
-            status_str: ffi::wc_status_str(wc.status),
-            vendor_err: wc.vendor_err,
-        });
-    }
-
-    /// One `ibv_wc` as the trait's completion.
-    fn completion(&self, wc: &ibv_wc, qps: &HashMap<u32, Arc<QueuePairEntry>>) -> Completion {
-        let status = wr::status(wc.status);
-        let recv = wc.wr_id & RECV_BIT != 0;
-        let seq = wc.wr_id & !RECV_BIT;
-        let looked_up = qps.get(&wc.qp_num).and_then(|q| {
-            if recv {
-                q.rq.lock().complete(seq)
-            } else {
-                q.sq.lock().complete(seq)
-            }
-        });
-        let (wr_id, posted_as) =
-            looked_up.unwrap_or((u64::MAX, if recv { WcOpcode::Recv } else { WcOpcode::Send }));
-        if status != WcStatus::Success {
-            self.record_error(wc, wr_id);
-            if let Some(q) = qps.get(&wc.qp_num) {
-                q.status.lock().failed(|| {
-                    format!(
-                        "work request {wr_id} ended with {} (ibv_wc_status {}, vendor syndrome {:#x})",
-                        ffi::wc_status_str(wc.status),
-                        wc.status,
-                        wc.vendor_err
-                    )
-                });
-            }
-            return Completion {
-                wr_id,
-                status,
-                opcode: posted_as,
-                byte_len: 0,
-                imm: None,
-                qp_num: wc.qp_num,
-            };
-        }
-        // Only the fields the verbs contract defines for this opcode: `wcs` is reused across
-        // polls, and a provider leaves the others as an earlier completion wrote them.
-        let fields = wr::success_fields(wc, posted_as);
-        Completion {
-            wr_id,
-            status,
-            opcode: fields.opcode,
-            byte_len: fields.byte_len,
-            imm: fields.imm,
-            qp_num: wc.qp_num,
-        }
-    }
 }
 
 /// Gives back what [`VerbsNic::reserve_cq_entries`] promised.
@@ -665,119 +356,6 @@ fn release_cq_entries(reserved: Vec<(Arc<CqEntry>, u64)>) {
     for (entry, demand) in reserved {
         entry.budget.lock().release(demand);
     }
-}
-
-/// `PAGEWIRE_FORK_SAFE=1`: fork support in libibverbs, unless it is on already or the kernel
-/// makes it unnecessary (see `fork`).
-fn enable_fork_safety() -> Result<()> {
-    let status = ffi::fork_status().map(fork::ForkStatus::from_raw);
-    match fork::plan(status) {
-        fork::ForkPlan::AlreadySafe => Ok(()),
-        fork::ForkPlan::CallForkInit => ffi::fork_init()
-            .map_err(|e| Error::InvalidArgument(fork::failure(e.raw_os_error(), status))),
-    }
-}
-
-/// Opens device `i` and checks it can serve: device and port queries, a port (active, or
-/// `PAGEWIRE_PORT`), a GID where one is needed, a protection domain, an RC queue pair.
-/// `Err` says why not, for the no-device message.
-fn probe(
-    list: &ffi::DeviceList,
-    i: usize,
-    name: &str,
-    config: &VerbsConfig,
-) -> std::result::Result<Chosen, String> {
-    let ctx = list
-        .open(i)
-        .map_err(|e| format!("cannot be opened (ibv_open_device: {e})"))?;
-    let attr = ctx
-        .query_device_ex()
-        .map_err(|e| format!("cannot be queried (ibv_query_device_ex: {e})"))?;
-    let mut ports = Vec::new();
-    let mut attrs = HashMap::new();
-    for p in 1..=attr.orig_attr.phys_port_cnt {
-        let a = ctx
-            .query_port(p)
-            .map_err(|e| format!("port {p} cannot be queried (ibv_query_port: {e})"))?;
-        ports.push(PortProbe {
-            num: p,
-            state: a.state,
-        });
-        attrs.insert(p, a);
-    }
-    let port = config::pick_port(&ports, config.port)?;
-    let pa = attrs[&port];
-    let link = LinkLayer::from_raw(pa.link_layer)
-        .ok_or_else(|| format!("port {port} has an unknown link layer {}", pa.link_layer))?;
-    let grh_required = pa.flags & PORT_FLAG_GRH_REQUIRED != 0;
-    let mut table = Vec::new();
-    if config::needs_gid(link, grh_required, config.gid_index) {
-        let len = u32::try_from(pa.gid_tbl_len).unwrap_or(0);
-        for index in 0..len {
-            match ctx.query_gid_ex(port, index) {
-                Ok(Some(e)) => table.push(GidProbe {
-                    index,
-                    kind: GidKind::from_raw(e.gid_type),
-                    gid: ffi::gid_bytes(&e.gid),
-                }),
-                Ok(None) => {}
-                Err(e) => return Err(format!("port {port}: ibv_query_gid_ex({index}): {e}")),
-            }
-        }
-    }
-    let gid_index = config::pick_gid(link, grh_required, config.gid_index, &table)
-        .map_err(|why| format!("port {port} {why}"))?;
-    let gid = gid_index.and_then(|i| table.iter().find(|g| g.index == i).map(|g| g.gid));
-    let pd = ctx
-        .alloc_pd()
-        .map_err(|e| format!("gives no protection domain (ibv_alloc_pd: {e})"))?;
-    let max_inline = probe_inline(&ctx, &pd)?;
-    Ok(Chosen {
-        port: PortInfo {
-            device: name.to_string(),
-            port,
-            link,
-            lid: pa.lid,
-            gid_index,
-            gid,
-            active_mtu: qp_state::mtu_bytes(pa.active_mtu),
-            active_mtu_code: pa.active_mtu,
-        },
-        ctx,
-        pd,
-        attr,
-        max_inline,
-    })
-}
-
-/// The inline size the device grants an RC queue pair: the first size of
-/// [`caps::INLINE_PROBES`] for which `ibv_create_qp` succeeds, as `cap.max_inline_data`
-/// reads after the call. The probe's CQ and queue pairs are destroyed at once.
-fn probe_inline(
-    ctx: &Arc<ffi::Context>,
-    pd: &Arc<ffi::ProtectionDomain>,
-) -> std::result::Result<u32, String> {
-    let cq = ctx
-        .create_cq(1)
-        .map_err(|e| format!("gives no completion queue (ibv_create_cq: {e})"))?;
-    let mut last = None;
-    for want in caps::INLINE_PROBES {
-        let cap = ibv_qp_cap {
-            max_send_wr: 1,
-            max_recv_wr: 1,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: want,
-        };
-        match pd.create_rc_qp(&cq, &cq, cap) {
-            Ok((_qp, got)) => return Ok(got.max_inline_data),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(format!(
-        "cannot create an RC queue pair (ibv_create_qp: {})",
-        last.map_or_else(|| "no attempt".into(), |e| e.to_string())
-    ))
 }
 
 impl Nic for VerbsNic {
@@ -999,52 +577,7 @@ impl Nic for VerbsNic {
     }
 
     fn connect(&self, qpn: u32, remote: &Endpoint) -> Result<()> {
-        let q = self.qp(qpn)?;
-        let r = QpAddress::decode(remote)?;
-        if r.rank as usize != q.peer {
-            return Err(Error::InvalidArgument(format!(
-                "queue pair {qpn} was created towards rank {}, but the endpoint is rank {}'s",
-                q.peer, r.rank
-            )));
-        }
-        if r.link != self.port.link {
-            return Err(Error::InvalidArgument(format!(
-                "rank {}'s port is {:?}, this one is {:?}: they cannot be connected",
-                r.rank, r.link, self.port.link
-            )));
-        }
-        let mut status = q.status.lock();
-        if !status.state.may_go_to(QpState::Rtr) {
-            return Err(Error::InvalidArgument(format!(
-                "queue pair {qpn} is {:?}; only a new queue pair can be connected",
-                status.state
-            )));
-        }
-        let fail = |why: String| Error::QueuePairError {
-            qpn,
-            peer: q.peer,
-            why,
-        };
-        let params = RtrParams {
-            port: self.port.port,
-            local_mtu: self.port.active_mtu_code,
-            local_gid_index: self.port.gid_index,
-            max_dest_rd_atomic: self.limits.max_qp_rd_atom.min(qp_state::MAX_RD_ATOMIC),
-            rnr_timer_us: qp_state::rnr_timer_us_for(q.caps.rnr_timer_us, self.responder_may_fault),
-        };
-        let (mut rtr, mask) = qp_state::rtr_attr(&params, &r).map_err(fail)?;
-        q.qp.modify(&mut rtr, mask)
-            .map_err(|e| fail(format!("ibv_modify_qp INIT->RTR: {e}")))?;
-        status.moved_to(QpState::Rtr);
-        let (mut rts, mask) = qp_state::rts_attr(
-            q.psn,
-            qp_state::rnr_retry_for(q.caps.rnr_retry, r.responder_may_fault),
-            self.limits.max_qp_init_rd_atom.min(qp_state::MAX_RD_ATOMIC),
-        );
-        q.qp.modify(&mut rts, mask)
-            .map_err(|e| fail(format!("ibv_modify_qp RTR->RTS: {e}")))?;
-        status.moved_to(QpState::Rts);
-        Ok(())
+        self.connect_rc(qpn, remote)
     }
 
     #[allow(unsafe_code)]
