@@ -165,7 +165,7 @@ impl PointToPoint {
         &mut self,
         peer: usize,
         op: RdmaOp,
-        lease: Lease,
+        lease: &Lease,
         opcode: Opcode,
     ) -> Result<bool> {
         if self.peers[peer].in_flight + 2 >= self.max_send_wr {

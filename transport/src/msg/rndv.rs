@@ -178,7 +178,6 @@ impl PointToPoint {
                     break;
                 };
                 self.mode.stage_out(&lease, &buf, off);
-                leases.push((k as u64, lease));
                 descs.push(ChunkDesc {
                     chunk: k,
                     offset: off as u64,
@@ -186,6 +185,7 @@ impl PointToPoint {
                     rkey: lease.rkey,
                     len: lease.len,
                 });
+                leases.push((k as u64, lease));
             }
         }
         let mut h = Header::new(MsgKind::Rts);

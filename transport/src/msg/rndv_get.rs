@@ -46,12 +46,6 @@ impl PointToPoint {
                 return Ok(events);
             };
             self.mode.stage_out(&lease, &buf, off);
-            if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
-                if let SendState::Rndv(rs) = &mut s.state {
-                    rs.leases.push((k as u64, lease));
-                    rs.next += 1;
-                }
-            }
             let mut h = Header::new(MsgKind::ChunkReady);
             h.chunk = k;
             h.size = off as u64; // the chunk's offset in the message
@@ -60,6 +54,12 @@ impl PointToPoint {
             h.len = lease.len;
             h.sreq = id.0;
             h.rreq = rreq;
+            if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
+                if let SendState::Rndv(rs) = &mut s.state {
+                    rs.leases.push((k as u64, lease));
+                    rs.next += 1;
+                }
+            }
             self.send_control(peer, h)?;
             events += 1;
         }
@@ -120,7 +120,7 @@ impl PointToPoint {
                 offset: piece_off as usize,
                 len: piece_len as usize,
             };
-            if !self.post_rdma(peer, op, lease, read)? {
+            if !self.post_rdma(peer, op, &lease, read)? {
                 self.mode.release(&*self.nic, lease);
                 return Ok(events);
             }

@@ -42,12 +42,6 @@ impl PointToPoint {
             else {
                 return Ok(events);
             };
-            if let Some(Req::Recv(r)) = self.reqs.get_mut(rid) {
-                if let RecvState::Rndv(rv) = &mut r.state {
-                    rv.leases.push((k as u64, lease));
-                    rv.next += 1;
-                }
-            }
             let mut h = Header::new(MsgKind::Cts);
             h.chunk = k;
             h.size = off as u64; // the region's offset in the message
@@ -58,6 +52,12 @@ impl PointToPoint {
             h.rreq = rid.0;
             if last {
                 h.flags |= wire::ALL_DONE;
+            }
+            if let Some(Req::Recv(r)) = self.reqs.get_mut(rid) {
+                if let RecvState::Rndv(rv) = &mut r.state {
+                    rv.leases.push((k as u64, lease));
+                    rv.next += 1;
+                }
             }
             self.send_control(peer, h)?;
             events += 1;
@@ -201,7 +201,7 @@ impl PointToPoint {
                     offset: piece_off as usize,
                     len: piece_len as usize,
                 };
-                if !self.post_rdma(peer, op, lease, write)? {
+                if !self.post_rdma(peer, op, &lease, write)? {
                     self.mode.release(&*self.nic, lease);
                     break;
                 }

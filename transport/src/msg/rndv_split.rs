@@ -62,14 +62,6 @@ impl PointToPoint {
         else {
             return Ok(()); // no lease now: plain RGET
         };
-        if let Some(Req::Recv(r)) = self.reqs.get_mut(rid) {
-            if let RecvState::Rndv(rv) = &mut r.state {
-                rv.read_end = half;
-                rv.split_tail = Some((half, eff - half));
-                rv.tail_lease = Some(lease);
-            }
-        }
-        self.counters.rndv_split += 1;
         let mut h = Header::new(MsgKind::Cts);
         h.chunk = SPLIT_CHUNK;
         h.size = half as u64;
@@ -78,6 +70,14 @@ impl PointToPoint {
         h.len = (eff - half) as u64;
         h.sreq = sreq;
         h.rreq = rid.0;
+        if let Some(Req::Recv(r)) = self.reqs.get_mut(rid) {
+            if let RecvState::Rndv(rv) = &mut r.state {
+                rv.read_end = half;
+                rv.split_tail = Some((half, eff - half));
+                rv.tail_lease = Some(lease);
+            }
+        }
+        self.counters.rndv_split += 1;
         self.send_control(peer, h)
     }
 
@@ -120,7 +120,7 @@ impl PointToPoint {
             remote_addr: h.addr,
             rkey: h.rkey,
         };
-        if !self.post_rdma(peer, op, lease, write)? {
+        if !self.post_rdma(peer, op, &lease, write)? {
             self.mode.release(&*self.nic, lease);
             return Ok(false);
         }
