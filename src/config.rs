@@ -62,9 +62,11 @@ impl UniverseConfig {
             Ok("odp") => ModeKind::Odp,
             Ok("pindown") => ModeKind::Pindown,
             Ok(other) => {
-                return Err(Error::InvalidArgument(format!(
-                    "PAGEWIRE_MODE={other}: expected copy, pindown or odp"
-                )))
+                return Err(Error::invalid_setting(
+                    "PAGEWIRE_MODE",
+                    other,
+                    "expected copy, pindown or odp",
+                ))
             }
         };
         Ok(UniverseConfig {

@@ -72,9 +72,11 @@ impl OdpConfig {
             Err(_) | Ok("") | Ok("implicit") => Regions::Implicit,
             Ok("explicit") => Regions::Explicit,
             Ok(o) => {
-                return Err(Error::InvalidArgument(format!(
-                    "PAGEWIRE_ODP={o}: expected implicit or explicit"
-                )))
+                return Err(Error::invalid_setting(
+                    "PAGEWIRE_ODP",
+                    o,
+                    "expected implicit or explicit",
+                ))
             }
         };
         let prefetch = match std::env::var("PAGEWIRE_ODP_PREFETCH").as_deref() {
@@ -82,9 +84,11 @@ impl OdpConfig {
             Ok("off") => Prefetch::Off,
             Ok("always") => Prefetch::Always,
             Ok(o) => {
-                return Err(Error::InvalidArgument(format!(
-                    "PAGEWIRE_ODP_PREFETCH={o}: expected off, rendezvous or always"
-                )))
+                return Err(Error::invalid_setting(
+                    "PAGEWIRE_ODP_PREFETCH",
+                    o,
+                    "expected off, rendezvous or always",
+                ))
             }
         };
         Ok(OdpConfig { regions, prefetch })

@@ -9,9 +9,11 @@ pub(crate) fn bytes(name: &str) -> Result<Option<usize>> {
         Err(_) => Ok(None),
         Ok(v) => match parse_bytes(&v) {
             Some(Some(n)) => Ok(Some(n as usize)),
-            _ => Err(Error::InvalidArgument(format!(
-                "{name}={v}: expected a number of bytes like 65536 or 256K"
-            ))),
+            _ => Err(Error::invalid_setting(
+                name,
+                v,
+                "expected a number of bytes like 65536 or 256K",
+            )),
         },
     }
 }
@@ -29,4 +31,32 @@ pub fn parse_bytes(s: &str) -> Option<Option<u64>> {
         _ => (s, 1),
     };
     num.parse::<u64>().ok()?.checked_mul(mult).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_byte_count_names_the_variable_and_what_it_accepts() {
+        std::env::set_var("PAGEWIRE_TEST_ENV_BYTES", "12 parsecs");
+        let e = bytes("PAGEWIRE_TEST_ENV_BYTES").unwrap_err();
+        let Error::InvalidSetting {
+            variable, value, ..
+        } = &e
+        else {
+            panic!("expected InvalidSetting, got {e:?}");
+        };
+        assert_eq!(
+            (variable.as_str(), value.as_str()),
+            ("PAGEWIRE_TEST_ENV_BYTES", "12 parsecs")
+        );
+        assert!(e
+            .to_string()
+            .starts_with("PAGEWIRE_TEST_ENV_BYTES=12 parsecs: expected"));
+        std::env::set_var("PAGEWIRE_TEST_ENV_BYTES", "64K");
+        assert_eq!(bytes("PAGEWIRE_TEST_ENV_BYTES").unwrap(), Some(64 << 10));
+        std::env::remove_var("PAGEWIRE_TEST_ENV_BYTES");
+        assert_eq!(bytes("PAGEWIRE_TEST_ENV_BYTES").unwrap(), None);
+    }
 }

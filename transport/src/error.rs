@@ -65,6 +65,18 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
+    /// An environment variable (`PAGEWIRE_...`) has a value pagewire does not accept; the
+    /// message names the variable, the value and what it accepts.
+    #[error("{variable}={value}: {accepted}")]
+    InvalidSetting {
+        /// The variable.
+        variable: String,
+        /// Its value.
+        value: String,
+        /// What it accepts ("expected auto, cma or staged").
+        accepted: String,
+    },
+
     /// A buffer mode failed for a reason of its own (its error, kept typed as the source:
     /// for the pin-down cache a `pagewire_pindown::Error`).
     #[error("{mode} buffer mode: {source}")]
@@ -256,6 +268,19 @@ fn mib(bytes: u64) -> String {
 }
 
 impl Error {
+    /// [`Error::InvalidSetting`] for `variable=value`.
+    pub fn invalid_setting(
+        variable: impl Into<String>,
+        value: impl std::fmt::Display,
+        accepted: impl Into<String>,
+    ) -> Self {
+        Error::InvalidSetting {
+            variable: variable.into(),
+            value: value.to_string(),
+            accepted: accepted.into(),
+        }
+    }
+
     /// Wraps the current `errno` as an [`Error::Os`] for `call`.
     pub fn last_os(call: impl Into<String>) -> Self {
         Error::Os {

@@ -315,9 +315,11 @@ impl MonitorChoice {
             None | Some("") | Some("auto") => Ok(MonitorChoice::Auto),
             Some("uffd") => Ok(MonitorChoice::Uffd),
             Some("none") => Ok(MonitorChoice::None),
-            Some(other) => Err(Error::InvalidArgument(format!(
-                "PAGEWIRE_MEMMON={other}: expected uffd, none or auto"
-            ))),
+            Some(other) => Err(Error::invalid_setting(
+                "PAGEWIRE_MEMMON",
+                other,
+                "expected uffd, none or auto",
+            )),
         }
     }
 }

@@ -102,9 +102,11 @@ impl MsgConfig {
             Ok("spin") => WaitPolicy::Spin,
             Ok("yield") => WaitPolicy::Yield,
             Ok(other) => {
-                return Err(Error::InvalidArgument(format!(
-                    "PAGEWIRE_WAIT={other}: expected auto, spin or yield"
-                )))
+                return Err(Error::invalid_setting(
+                    "PAGEWIRE_WAIT",
+                    other,
+                    "expected auto, spin or yield",
+                ))
             }
         };
         c.rndv = match std::env::var("PAGEWIRE_RNDV").as_deref() {
@@ -112,22 +114,26 @@ impl MsgConfig {
             Ok("get") => RndvProtocol::Get,
             Ok("put") => RndvProtocol::Put,
             Ok(other) => {
-                return Err(Error::InvalidArgument(format!(
-                    "PAGEWIRE_RNDV={other}: expected get, put or auto"
-                )))
+                return Err(Error::invalid_setting(
+                    "PAGEWIRE_RNDV",
+                    other,
+                    "expected get, put or auto",
+                ))
             }
         };
         if c.credits < 2 || c.credits > 4096 {
-            return Err(Error::InvalidArgument(format!(
-                "PAGEWIRE_EAGER_CREDITS={}: expected 2..=4096",
-                c.credits
-            )));
+            return Err(Error::invalid_setting(
+                "PAGEWIRE_EAGER_CREDITS",
+                c.credits,
+                "expected 2..=4096",
+            ));
         }
         if c.eager_limit > 1 << 20 {
-            return Err(Error::InvalidArgument(format!(
-                "PAGEWIRE_EAGER_LIMIT={}: at most 1 MiB (larger messages go by rendezvous)",
-                c.eager_limit
-            )));
+            return Err(Error::invalid_setting(
+                "PAGEWIRE_EAGER_LIMIT",
+                c.eager_limit,
+                "at most 1 MiB (larger messages go by rendezvous)",
+            ));
         }
         Ok(c)
     }

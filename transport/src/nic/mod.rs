@@ -473,9 +473,11 @@ impl ProviderKind {
         match std::env::var("PAGEWIRE_TRANSPORT").as_deref() {
             Err(_) | Ok("") | Ok("soft") => Ok(ProviderKind::Soft),
             Ok("verbs") => Ok(ProviderKind::Verbs),
-            Ok(other) => Err(crate::Error::InvalidArgument(format!(
-                "PAGEWIRE_TRANSPORT={other}: expected soft or verbs"
-            ))),
+            Ok(other) => Err(crate::Error::invalid_setting(
+                "PAGEWIRE_TRANSPORT",
+                other,
+                "expected soft or verbs",
+            )),
         }
     }
 }

@@ -37,17 +37,21 @@ impl SoftConfig {
             Ok("cma") => DmaMode::Cma,
             Ok("staged") => DmaMode::Staged,
             Ok(other) => {
-                return Err(Error::InvalidArgument(format!(
-                    "PAGEWIRE_SOFT_DMA={other}: expected auto, cma or staged"
-                )))
+                return Err(Error::invalid_setting(
+                    "PAGEWIRE_SOFT_DMA",
+                    other,
+                    "expected auto, cma or staged",
+                ))
             }
         };
         let memlock = match std::env::var("PAGEWIRE_MEMLOCK_LIMIT") {
             Ok(v) => MemlockLimit {
                 bytes: parse_bytes(&v).ok_or_else(|| {
-                    Error::InvalidArgument(format!(
-                        "PAGEWIRE_MEMLOCK_LIMIT={v}: expected bytes like 65536, 64K, 8M, 1G or `unlimited`"
-                    ))
+                    Error::invalid_setting(
+                        "PAGEWIRE_MEMLOCK_LIMIT",
+                        v,
+                        "expected bytes like 65536, 64K, 8M, 1G or `unlimited`",
+                    )
                 })?,
                 source: "PAGEWIRE_MEMLOCK_LIMIT",
             },

@@ -63,9 +63,11 @@ impl OdpCheck {
         match value.map(str::trim) {
             None | Some("") | Some("monitor") => Ok(OdpCheck::Monitor),
             Some("pagemap") => Ok(OdpCheck::Pagemap),
-            Some(other) => Err(Error::InvalidArgument(format!(
-                "PAGEWIRE_SOFT_ODP_CHECK={other}: expected monitor or pagemap"
-            ))),
+            Some(other) => Err(Error::invalid_setting(
+                "PAGEWIRE_SOFT_ODP_CHECK",
+                other,
+                "expected monitor or pagemap",
+            )),
         }
     }
 }

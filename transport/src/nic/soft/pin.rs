@@ -41,9 +41,11 @@ impl PinMethod {
             None | Some("") | Some("auto") => Ok(PinMethod::Auto),
             Some("longterm") => Ok(PinMethod::LongTerm),
             Some("mlock") => Ok(PinMethod::Mlock),
-            Some(other) => Err(Error::InvalidArgument(format!(
-                "PAGEWIRE_PIN={other}: expected auto, longterm or mlock"
-            ))),
+            Some(other) => Err(Error::invalid_setting(
+                "PAGEWIRE_PIN",
+                other,
+                "expected auto, longterm or mlock",
+            )),
         }
     }
 }

@@ -40,27 +40,33 @@ impl VerbsConfig {
                 None => None,
                 Some(v) => Some(v.trim().parse::<u8>().ok().filter(|p| *p >= 1).ok_or_else(
                     || {
-                        Error::InvalidArgument(format!(
-                            "PAGEWIRE_PORT={v}: expected a port number from 1 to 255"
-                        ))
+                        Error::invalid_setting(
+                            "PAGEWIRE_PORT",
+                            v,
+                            "expected a port number from 1 to 255",
+                        )
                     },
                 )?),
             };
         let gid_index = match get("PAGEWIRE_GID_INDEX") {
             None => None,
             Some(v) => Some(v.trim().parse::<u32>().map_err(|_| {
-                Error::InvalidArgument(format!(
-                    "PAGEWIRE_GID_INDEX={v}: expected a GID table index (0, 1, ...)"
-                ))
+                Error::invalid_setting(
+                    "PAGEWIRE_GID_INDEX",
+                    v,
+                    "expected a GID table index (0, 1, ...)",
+                )
             })?),
         };
         let fork_safe = match get("PAGEWIRE_FORK_SAFE").as_deref().map(str::trim) {
             None | Some("0") => false,
             Some("1") => true,
             Some(other) => {
-                return Err(Error::InvalidArgument(format!(
-                    "PAGEWIRE_FORK_SAFE={other}: expected 1 or 0"
-                )))
+                return Err(Error::invalid_setting(
+                    "PAGEWIRE_FORK_SAFE",
+                    other,
+                    "expected 1 or 0",
+                ))
             }
         };
         Ok(VerbsConfig {
