@@ -1161,3 +1161,34 @@ fn a_rank_panicking_with_a_send_in_flight_ends_the_job() {
         );
     }
 }
+
+/// A message over 4 GiB: zero-copy modes lease the whole message, and one RDMA operation's
+/// scatter-gather length is 32 bits, so the rendezvous reads it in pieces of at most 1 GiB
+/// (`rndv::chunking`). 64-bit elements (MPI counts are 31 bits); every one is checked.
+/// About 8.5 GiB of memory for both ranks, 15-20 s.
+fn over_4_gib(u: &pagewire::Universe) {
+    const N: usize = (4 << 30) / 8 + 1543;
+    let value = |i: usize| (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let world = u.world();
+    let peer = world.process_at_rank(1 - world.rank());
+    if world.rank() == 0 {
+        let data: Vec<u64> = (0..N).map(value).collect();
+        peer.send(&data[..]);
+    } else {
+        let mut got = vec![0u64; N];
+        let s = peer.receive_into(&mut got[..]);
+        assert_eq!(s.count_bytes(), N * 8);
+        let bad = got.iter().enumerate().position(|(i, &v)| v != value(i));
+        assert_eq!(bad, None, "the first wrong element of {N}");
+    }
+}
+
+#[test]
+fn a_message_over_4_gib_arrives_intact_in_odp_mode() {
+    util::ranks_alone(
+        "a_message_over_4_gib_arrives_intact_in_odp_mode",
+        2,
+        &[("PAGEWIRE_MODE", "odp")],
+        over_4_gib,
+    );
+}

@@ -41,6 +41,10 @@ use crate::sys::Extent;
 /// as long as the system call and its copy (README, "Choosing the defaults").
 pub(crate) const SEND_CMA_MIN: u64 = 64 << 10;
 
+/// The most bytes one work request carries (`max_msg_sz`; 2 GiB, as rxe reports): a
+/// completion's byte count is 32 bits.
+pub(crate) const MAX_MSG_BYTES: u64 = 1 << 31;
+
 /// Packets taken from one inbound ring per pass (fairness between peers).
 const RX_BUDGET: usize = 64;
 

@@ -8,7 +8,7 @@ use smallvec::SmallVec;
 
 use super::{
     completion, fault_extent, nanos, total_len, CoarseClock, Engine, Held, OpKind, OpState,
-    QueuePair, SendOp, SEND_CMA_MIN,
+    QueuePair, SendOp, MAX_MSG_BYTES, SEND_CMA_MIN,
 };
 use crate::error::{Error, Result};
 use crate::nic::soft::ack::Nak;
@@ -47,6 +47,12 @@ impl Inner {
         }
         qp.check_sges(wr.sgl.len())?;
         let total = total_len(wr.sgl);
+        if total > MAX_MSG_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "a work request of {total} bytes: the soft NIC carries at most {MAX_MSG_BYTES} \
+                 bytes per work request (its max_msg_sz, as rxe's); split it"
+            )));
+        }
         let kind = match wr.opcode {
             Opcode::Send => OpKind::Send { imm: None },
             Opcode::SendWithImm(imm) => OpKind::Send { imm: Some(imm) },
