@@ -4,9 +4,11 @@
 #   - tests/mpirun.rs on 2, 3 and 4 ranks: the host-MPI backend (src/backend/host_mpi/) against
 #     sequential references, pagewire's facade on the soft NIC bootstrapped by MPI, and a
 #     rank failing inside a collective (the job must end with an error on both transports);
-#   - tests/mpirun_suites.rs on 2, 3 and 4 ranks: the facade's collective suite and its
-#     point-to-point and communicator tests, on the mpi transport (PAGEWIRE_TRANSPORT=mpi)
-#     and on pagewire's transport bootstrapped by MPI in the copy, pindown and odp modes;
+#   - the `under_mpirun::` tests of tests/collectives.rs, point_to_point.rs and
+#     communicators.rs on 2, 3 and 4 ranks: the facade's collective suite and its
+#     point-to-point and communicator tests, each binary started by mpirun as ranks of its
+#     own tests, on the mpi transport (PAGEWIRE_TRANSPORT=mpi) and on pagewire's transport
+#     bootstrapped by MPI in the copy, pindown and odp modes;
 #   - tests/mpirun_examples.rs: ring, parallel_sum and jacobi under mpirun -np 2 and 4 on
 #     both transports, the Jacobi line identical to pwrun's;
 #   - rsmpi 0.8.2's 58 examples, unchanged, on 2 and 3 ranks, on the mpi transport and on
@@ -37,6 +39,10 @@ if [ "${#need[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
 
+# The tests under mpirun fail, not skip, without a launcher (PAGEWIRE_REQUIRE, README "Two
+# commands").
+export PAGEWIRE_REQUIRE="${PAGEWIRE_REQUIRE:+$PAGEWIRE_REQUIRE,}mpirun"
+
 # Hydra starts local ranks itself; without ssh, tell it not to look for a remote shell.
 # (MPICH's hydra runs as root without complaint; Open MPI would need --allow-run-as-root.)
 mpirun=(mpirun)
@@ -54,12 +60,13 @@ cargo test -p pagewire-transport --features mpi --lib boot:: "${T[@]}"
 cargo test -p pagewire --features mpi --lib host_mpi "${T[@]}"
 
 # The test programs: each test starts itself under mpirun on these rank counts. One test at a
-# time (busy-polling ranks on a small machine). mpirun_suites compiles the facade's suites in
-# as modules; their own tests run in their own binaries, so they are skipped here.
+# time (busy-polling ranks on a small machine). Of the facade's suites only the tests that
+# start their binary under mpirun (`under_mpirun::`) run here; the others run under pwrun in
+# .ci/run.
 export PAGEWIRE_MPI_NP=2,3,4
 timeout 900 cargo test --release -p pagewire --features mpi --test mpirun "${T[@]}" -- --test-threads=1
-timeout 1800 cargo test --release -p pagewire --features mpi --test mpirun_suites "${T[@]}" -- \
-  --test-threads=1 --skip collectives:: --skip point_to_point:: --skip communicators::
+timeout 1800 cargo test --release -p pagewire --features mpi --test collectives \
+  --test point_to_point --test communicators "${T[@]}" -- --test-threads=1 under_mpirun::
 timeout 900 cargo test --release -p pagewire --features mpi --test mpirun_examples "${T[@]}" -- \
   --test-threads=1
 

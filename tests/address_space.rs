@@ -11,10 +11,9 @@
 //! (`PAGEWIRE_PINDOWN_INVALIDATE=off`, issue 13): the stale registration stays bound to the
 //! old pages, as on hardware, and rank 1 must see wrong bytes — so these tests can fail.
 
-mod util;
-
 use pagewire::traits::*;
-use util::{launch, pattern, ROLE};
+use pagewire_test_support::facade::launch;
+use pagewire_test_support::{pattern, ROLE};
 
 const P: usize = 4096;
 /// The buffer of most scenarios: above the eager limit, so it moves zero-copy.

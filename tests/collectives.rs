@@ -9,8 +9,6 @@
 //! slow enough). Sizes reach several MiB at 2 to 4 ranks in release builds; debug builds
 //! and larger rank counts use smaller ones.
 
-mod util;
-
 use std::ops::Range;
 use std::time::Instant;
 
@@ -19,7 +17,8 @@ use pagewire::datatype::{Partition, PartitionMut};
 use pagewire::traits::*;
 use pagewire::{Error, SimpleCommunicator, SystemOperation, UserOperation};
 use pagewire_collectives::Op;
-use util::jobs;
+use pagewire_test_support::facade::{jobs, launch};
+use pagewire_test_support::ROLE;
 
 /// Which sizes a job runs (`COLLTEST_SIZES`): `full` reaches several MiB, `small` stays in
 /// the tens of KiB (for lowered thresholds and forced algorithms).
@@ -1023,19 +1022,48 @@ fn dies_inside_allreduce(u: &pagewire::Universe) {
 #[test]
 fn a_rank_failing_inside_a_collective_takes_the_job_down() {
     let name = "a_rank_failing_inside_a_collective_takes_the_job_down";
-    if std::env::var(util::ROLE).as_deref() == Ok(name) {
+    if std::env::var(ROLE).as_deref() == Ok(name) {
         let universe = pagewire::initialize().expect("first initialisation");
         dies_inside_allreduce(&universe);
         return;
     }
     for mode in ["copy", "odp"] {
         let t0 = Instant::now();
-        let o = util::launch(name, 3, &[("PAGEWIRE_MODE", mode)]);
+        let o = launch(name, 3, &[("PAGEWIRE_MODE", mode)]);
         assert_eq!((o.exit_code, o.failed_rank), (3, Some(1)), "{mode}: {o:?}");
         assert!(
             t0.elapsed().as_secs() < 60,
             "{mode}: took {:?}",
             t0.elapsed()
         );
+    }
+}
+
+/// The collective suite under a real `mpirun` (feature `mpi`; `.ci/mpi.sh` runs the
+/// `under_mpirun::` tests of this binary): the default-threshold job, at full sizes with
+/// every operation on every type and user operations, on the mpi transport and on
+/// pagewire's transport bootstrapped by MPI in each buffer mode, on the rank counts of
+/// `PAGEWIRE_MPI_NP`. mpirun starts this binary filtered to the job's test with
+/// `PAGEWIRE_TEST_ROLE` naming it, so the test function plays a rank as under `pwrun`.
+#[cfg(feature = "mpi")]
+mod under_mpirun {
+    use pagewire_test_support::mpirun;
+
+    /// The suite's job: every collective against sequential references.
+    const SUITE: mpirun::SuiteTests = &[(
+        "collectives_match_sequential_references_on_1_to_8_ranks",
+        None,
+    )];
+    /// Full sizes, every operation on every type, user operations.
+    const FULL: &[(&str, &str)] = &[("COLLTEST_SIZES", "full"), ("COLLTEST_OPERATIONS", "1")];
+
+    #[test]
+    fn collective_suite_on_the_mpi_transport() {
+        mpirun::on_the_mpi_transport(SUITE, FULL);
+    }
+
+    #[test]
+    fn collective_suite_on_pagewire_bootstrapped_by_mpi() {
+        mpirun::on_pagewire_bootstrapped_by_mpi(SUITE, FULL);
     }
 }

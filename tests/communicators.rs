@@ -7,14 +7,13 @@
 //!
 //! The jobs of this file run one at a time (busy-polling ranks on a small machine).
 
-mod util;
-
 use std::collections::BTreeSet;
 
 use pagewire::request;
 use pagewire::traits::*;
 use pagewire::{Color, Error, Key, SimpleCommunicator, SystemOperation};
-use util::{jobs, pattern};
+use pagewire_test_support::facade::jobs;
+use pagewire_test_support::{pattern, ROLE};
 
 // ---------------------------------------------------------------------------------------
 // Sequential references.
@@ -446,7 +445,7 @@ fn a_duplicate_never_matches_its_parents_messages_on_1_to_5_ranks() {
 #[test]
 fn pindown_and_odp_modes_duplicate() {
     let name = "pindown_and_odp_modes_duplicate";
-    if std::env::var(util::ROLE).as_deref() == Ok(name) {
+    if std::env::var(ROLE).as_deref() == Ok(name) {
         return jobs(name, &[], &[], duplicate);
     }
     for mode in ["pindown", "odp"] {
@@ -602,7 +601,7 @@ fn matched_probe_takes_the_message_out_of_matching_on_3_and_4_ranks() {
 #[test]
 fn pindown_and_odp_modes_matched_probe() {
     let name = "pindown_and_odp_modes_matched_probe";
-    if std::env::var(util::ROLE).as_deref() == Ok(name) {
+    if std::env::var(ROLE).as_deref() == Ok(name) {
         return jobs(name, &[], &[], matched_probe);
     }
     for mode in ["pindown", "odp"] {
@@ -751,4 +750,47 @@ fn spawn_is_refused_with_one_line_on_2_ranks() {
         &[],
         spawn_refused,
     );
+}
+
+/// Tests of this file under a real `mpirun` (feature `mpi`; `.ci/mpi.sh` runs the
+/// `under_mpirun::` tests of this binary), on the rank counts of `PAGEWIRE_MPI_NP`: those
+/// whose checks hold on any MPI-like transport on the mpi transport and on pagewire's
+/// transport bootstrapped by MPI in each buffer mode; the truncation test (`Error::Truncated`:
+/// MPI does not report a truncated message's length) on pagewire's only. mpirun starts this
+/// binary filtered to one test with `PAGEWIRE_TEST_ROLE` naming it, so the test function
+/// plays a rank as under `pwrun`.
+#[cfg(feature = "mpi")]
+mod under_mpirun {
+    use pagewire_test_support::mpirun;
+
+    /// Checks that hold on any MPI-like transport: (test, rank counts; `None`: all).
+    const NEUTRAL: mpirun::SuiteTests = &[
+        ("split_even_odd_on_1_to_6_ranks", None),
+        ("split_by_key_orders_ranks_on_1_to_6_ranks", None),
+        ("undefined_color_gives_none_on_1_to_5_ranks", None),
+        (
+            "a_duplicate_never_matches_its_parents_messages_on_1_to_5_ranks",
+            None,
+        ),
+        (
+            "matched_probe_takes_the_message_out_of_matching_on_3_and_4_ranks",
+            Some(&[3, 4]),
+        ),
+    ];
+    /// Checks of pagewire's own behaviour.
+    const PAGEWIRE_ONLY: mpirun::SuiteTests = &[(
+        "a_matched_receive_into_a_short_buffer_is_truncated_without_overrun",
+        Some(&[2, 3]),
+    )];
+
+    #[test]
+    fn communicators_on_the_mpi_transport() {
+        mpirun::on_the_mpi_transport(NEUTRAL, &[]);
+    }
+
+    #[test]
+    fn communicators_on_pagewire_bootstrapped_by_mpi() {
+        mpirun::on_pagewire_bootstrapped_by_mpi(NEUTRAL, &[]);
+        mpirun::on_pagewire_bootstrapped_by_mpi(PAGEWIRE_ONLY, &[]);
+    }
 }

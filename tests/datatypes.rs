@@ -5,14 +5,12 @@
 //! modes; nonblocking collectives progress while the caller computes and exchanges
 //! point-to-point messages.
 
-mod util;
-
 use pagewire::datatype::{
     MutView, PartitionMut, UncommittedDatatype, UncommittedUserDatatype, UserDatatype, View,
 };
 use pagewire::traits::*;
 use pagewire::{request, Address, Count, SystemOperation};
-use util::ranks;
+use pagewire_test_support::facade::ranks;
 
 const MODES: [&str; 3] = ["copy", "pindown", "odp"];
 

@@ -7,9 +7,9 @@
 //! test binary's profile and target directory (`cargo test --test examples` alone does
 //! not build examples).
 
-mod util;
-
 use std::process::Command;
+
+use pagewire_test_support::{build_examples, profile_dir};
 
 /// The buffer modes every example runs in.
 const MODES: [&str; 3] = ["copy", "pindown", "odp"];
@@ -19,10 +19,10 @@ const RANKS: std::ops::RangeInclusive<usize> = 1..=4;
 /// Runs `example ARGS` under `pwrun -n RANKS` with `PAGEWIRE_MODE=mode`; returns stdout,
 /// after checking that the job succeeded.
 fn run(example: &str, ranks: usize, mode: &str, args: &[&str]) -> String {
-    util::build_examples(&[]);
-    let out = Command::new(util::profile_dir().join("pwrun"))
+    build_examples(&[]);
+    let out = Command::new(profile_dir().join("pwrun"))
         .args(["-n", &ranks.to_string(), "--timeout", "300", "--"])
-        .arg(util::profile_dir().join("examples").join(example))
+        .arg(profile_dir().join("examples").join(example))
         .args(args)
         .env("PAGEWIRE_MODE", mode)
         .env("RUST_BACKTRACE", "0")

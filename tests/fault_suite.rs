@@ -11,8 +11,6 @@
 //! victim rank writes a `fault` file and sends itself SIGKILL right there. Mid-transfer
 //! points are found by watching the copy mode's byte counter between `test` calls.
 
-mod util;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -20,9 +18,8 @@ use std::time::{Duration, Instant};
 use pagewire::request;
 use pagewire::traits::*;
 use pagewire::SystemOperation;
+use pagewire_test_support::{build_examples, profile_dir, OUT, ROLE};
 
-/// The directory a test's ranks write their files to (set by the parent).
-const OUT: &str = "PAGEWIRE_TEST_OUT";
 /// How soon after a fault the job must be over and cleaned up.
 const BOUND: Duration = Duration::from_secs(10);
 /// How long a job may take to reach its fault (start-up on a busy machine).
@@ -38,7 +35,7 @@ const BIG: usize = 32 << 20;
 /// victim fails once the victim is gone; that must not wait in the universe's teardown).
 /// Returns false in the parent.
 fn as_rank(name: &str, body: fn(&pagewire::Universe)) -> bool {
-    if std::env::var(util::ROLE).as_deref() != Ok(name) {
+    if std::env::var(ROLE).as_deref() != Ok(name) {
         return false;
     }
     let universe = pagewire::initialize().expect("first initialisation");
@@ -108,7 +105,7 @@ struct Job {
 impl Job {
     /// Starts `pwrun -n RANKS` on test `name`'s rank part with `env`.
     fn start(name: &'static str, ranks: usize, env: &[(&str, &str)]) -> Job {
-        util::build_examples(&[]);
+        build_examples(&[]);
         let dir =
             std::env::temp_dir().join(format!("pagewire-fault-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -116,7 +113,7 @@ impl Job {
         let log = |what: &str| {
             Stdio::from(std::fs::File::create(dir.join(what)).expect("create a log file"))
         };
-        let pwrun = Command::new(util::profile_dir().join("pwrun"))
+        let pwrun = Command::new(profile_dir().join("pwrun"))
             .args([
                 "-n",
                 &ranks.to_string(),
@@ -136,7 +133,7 @@ impl Job {
                 "--test-threads=1",
             ])
             .arg("-q")
-            .env(util::ROLE, name)
+            .env(ROLE, name)
             .env(OUT, &dir)
             .env("PAGEWIRE_MODE", "copy")
             .envs(env.iter().copied())
@@ -521,7 +518,7 @@ fn panic_body(u: &pagewire::Universe) {
 #[test]
 fn rank_panicking_with_requests_outstanding_ends_the_job() {
     const NAME: &str = "rank_panicking_with_requests_outstanding_ends_the_job";
-    if std::env::var(util::ROLE).as_deref() == Ok(NAME) {
+    if std::env::var(ROLE).as_deref() == Ok(NAME) {
         let universe = pagewire::initialize().expect("first initialisation");
         let rank = universe.world().rank();
         write_file(

@@ -9,11 +9,11 @@
 //! (1), so that `cargo test` stays short on two cores. The seed and the memory figures are
 //! printed (`cargo test --release --test load -- --nocapture` shows them).
 
-mod util;
-
 use std::process::Command;
 use std::sync::Mutex;
 use std::time::Instant;
+
+use pagewire_test_support::{build_examples, profile_dir};
 
 /// Ranks of the job: 16 on the 2 cores of the development machines.
 const RANKS: usize = 16;
@@ -32,10 +32,10 @@ fn env_or(name: &str, default: u64) -> u64 {
 
 /// Runs `load ARGS` under `pwrun -n ranks` in `mode`.
 fn run(ranks: usize, mode: &str, args: &[&str]) -> std::process::Output {
-    util::build_examples(&[]);
-    Command::new(util::profile_dir().join("pwrun"))
+    build_examples(&[]);
+    Command::new(profile_dir().join("pwrun"))
         .args(["-n", &ranks.to_string(), "--timeout", "300", "--"])
-        .arg(util::profile_dir().join("examples").join("load"))
+        .arg(profile_dir().join("examples").join("load"))
         .args(args)
         .env("PAGEWIRE_MODE", mode)
         .env("RUST_BACKTRACE", "0")

@@ -12,14 +12,14 @@
 //!   pagewire's, a rank that panics inside an allreduce makes mpirun end the job with an
 //!   error, not hang.
 //!
-//! The facade's own suites run under mpirun in `tests/mpirun_suites.rs`, the examples in
-//! `tests/mpirun_examples.rs`.
+//! The facade's own suites run under mpirun from their own binaries (the `under_mpirun`
+//! modules of `tests/collectives.rs`, `tests/point_to_point.rs` and
+//! `tests/communicators.rs`), the examples in `tests/mpirun_examples.rs`.
 //!
 //! `PAGEWIRE_MPIRUN` names the launcher command (default `mpirun`; e.g.
-//! `mpirun -launcher fork`). Without one on the PATH the tests say so and pass.
+//! `mpirun -launcher fork`). Without one on the PATH the tests say so and pass, or fail
+//! under `PAGEWIRE_REQUIRE=mpirun` (pagewire-test-support's `mpirun` and `require`).
 #![cfg(feature = "mpi")]
-
-mod mpirun_harness;
 
 use std::time::Duration;
 
@@ -29,6 +29,7 @@ use pagewire::msg::raw::{UserBuf, UserBufMut};
 use pagewire::traits::*;
 use pagewire::Error;
 use pagewire_collectives::{Element, Op, Operation};
+use pagewire_test_support::mpirun;
 
 fn under_mpi() -> bool {
     matches!(Launcher::detect(), Launcher::Mpi(_))
@@ -36,7 +37,7 @@ fn under_mpi() -> bool {
 
 /// Runs test `name` of this binary under the launcher on each rank count.
 fn under_mpirun(name: &str) {
-    mpirun_harness::expect_pass(name, name, &[], None);
+    mpirun::expect_pass(name, name, &[], None);
 }
 
 #[test]
@@ -69,8 +70,7 @@ fn a_rank_failing_inside_a_collective_takes_the_job_down() {
         ("pagewire bootstrapped by MPI", &[]),
     ];
     for (label, env) in transports {
-        let Some(job) = mpirun_harness::run(NAME, 3, env, Duration::from_secs(120)) else {
-            eprintln!("{NAME}: skipped, no MPI launcher");
+        let Some(job) = mpirun::run(NAME, 3, env, Duration::from_secs(120)) else {
             return;
         };
         assert!(

@@ -8,10 +8,9 @@
 //! directory and the `mpi` feature.
 #![cfg(feature = "mpi")]
 
-mod mpirun_harness;
-mod util;
-
 use std::process::Command;
+
+use pagewire_test_support::{build_examples, mpirun, profile_dir};
 
 /// The transports: (label, environment).
 const TRANSPORTS: [(&str, &[(&str, &str)]); 2] = [
@@ -28,10 +27,10 @@ const RANKS: [usize; 2] = [2, 4];
 /// Runs `example ARGS` under `launcher` (a command line ending before the program); returns
 /// stdout after checking that the job succeeded.
 fn run(launcher: &[String], example: &str, env: &[(&str, &str)], args: &[&str]) -> String {
-    util::build_examples(&["pagewire/mpi"]);
+    build_examples(&["pagewire/mpi"]);
     let out = Command::new(&launcher[0])
         .args(&launcher[1..])
-        .arg(util::profile_dir().join("examples").join(example))
+        .arg(profile_dir().join("examples").join(example))
         .args(args)
         .envs(env.iter().copied())
         .env("RUST_BACKTRACE", "0")
@@ -47,18 +46,16 @@ fn run(launcher: &[String], example: &str, env: &[(&str, &str)], args: &[&str]) 
     stdout
 }
 
-fn mpirun(np: usize) -> Option<Vec<String>> {
-    let mut cmd = mpirun_harness::mpirun()?;
+/// `mpirun -np NP`; the test has checked that a launcher runs here.
+fn mpirun_np(np: usize) -> Vec<String> {
+    let mut cmd = mpirun::launcher().expect("an MPI launcher");
     cmd.extend(["-np".to_string(), np.to_string()]);
-    Some(cmd)
+    cmd
 }
 
 fn pwrun(np: usize) -> Vec<String> {
     vec![
-        util::profile_dir()
-            .join("pwrun")
-            .to_string_lossy()
-            .into_owned(),
+        profile_dir().join("pwrun").to_string_lossy().into_owned(),
         "-n".into(),
         np.to_string(),
         "--timeout".into(),
@@ -88,8 +85,7 @@ fn jacobi_result(out: &str) -> String {
 
 #[test]
 fn examples_under_mpirun_in_both_transports() {
-    if mpirun(2).is_none() {
-        eprintln!("skipped: no MPI launcher (set PAGEWIRE_MPIRUN or install mpich)");
+    if mpirun::required_launcher().is_none() {
         return;
     }
     let n: u64 = 1_000_003;
@@ -98,7 +94,7 @@ fn examples_under_mpirun_in_both_transports() {
     let reference = jacobi_result(&run(&pwrun(2), "jacobi", &[], &jacobi_args));
     for (label, env) in TRANSPORTS {
         for ranks in RANKS {
-            let launcher = mpirun(ranks).expect("checked above");
+            let launcher = mpirun_np(ranks);
             let expected = ranks * (ranks - 1) / 2;
             assert_eq!(
                 line(&run(&launcher, "ring", env, &[]), "ring:"),

@@ -1,12 +1,11 @@
 //! Multi-process tests of point-to-point messaging through the public, rsmpi-shaped API:
 //! real ranks under the built-in launcher, the soft NIC, the copy buffer mode.
 
-mod util;
-
 use pagewire::request;
 use pagewire::traits::*;
 use pagewire::Error;
-use util::{pattern, ranks};
+use pagewire_test_support::facade::{launch, launch_wrapped, ranks, ranks_alone};
+use pagewire_test_support::{pattern, ROLE};
 
 /// Sizes on both sides of the eager limit (16 KiB) and of a copy-mode chunk (256 KiB), up
 /// to 64 MiB.
@@ -656,12 +655,12 @@ fn tiny_memlock(u: &pagewire::Universe) {
 #[test]
 fn a_64_mib_transfer_completes_under_a_64_kib_memlock_limit_in_every_mode() {
     let name = "a_64_mib_transfer_completes_under_a_64_kib_memlock_limit_in_every_mode";
-    if std::env::var(util::ROLE).is_ok() {
+    if std::env::var(ROLE).is_ok() {
         ranks(name, 2, &[], tiny_memlock);
         return;
     }
     for mode in ["copy", "pindown", "odp"] {
-        let o = util::launch_wrapped(
+        let o = launch_wrapped(
             name,
             2,
             &[("PAGEWIRE_MODE", mode)],
@@ -857,13 +856,13 @@ fn odp_cold_prefetch(u: &pagewire::Universe) {
 #[test]
 fn odp_rendezvous_prefetch_removes_the_faults_of_cold_buffers() {
     let name = "odp_rendezvous_prefetch_removes_the_faults_of_cold_buffers";
-    if std::env::var(util::ROLE).is_ok() {
+    if std::env::var(ROLE).is_ok() {
         ranks(name, 2, &[], odp_cold_prefetch);
         return;
     }
     for rndv in ["get", "put"] {
         for prefetch in ["rendezvous", "off"] {
-            let o = util::launch(
+            let o = launch(
                 name,
                 2,
                 &[
@@ -1042,7 +1041,7 @@ fn no_syscalls_per_message(u: &pagewire::Universe) {
 #[test]
 fn small_messages_make_no_system_calls_in_every_mode() {
     for mode in ["copy", "pindown", "odp"] {
-        util::ranks_alone(
+        ranks_alone(
             "small_messages_make_no_system_calls_in_every_mode",
             2,
             &[("PAGEWIRE_MODE", mode)],
@@ -1132,7 +1131,7 @@ fn sends_that_cannot_get_a_memory_region_fail_alone() {
 #[test]
 fn a_rank_panicking_with_a_send_in_flight_ends_the_job() {
     let name = "a_rank_panicking_with_a_send_in_flight_ends_the_job";
-    if std::env::var(util::ROLE).as_deref() == Ok(name) {
+    if std::env::var(ROLE).as_deref() == Ok(name) {
         let universe = pagewire::initialize().expect("first initialisation");
         let world = universe.world();
         if world.rank() == 0 {
@@ -1148,7 +1147,7 @@ fn a_rank_panicking_with_a_send_in_flight_ends_the_job() {
     }
     for mode in ["copy", "pindown", "odp"] {
         let t0 = std::time::Instant::now();
-        let o = util::launch(name, 2, &[("PAGEWIRE_MODE", mode)]);
+        let o = launch(name, 2, &[("PAGEWIRE_MODE", mode)]);
         assert_eq!(
             (o.exit_code, o.failed_rank),
             (101, Some(0)),
@@ -1185,10 +1184,49 @@ fn over_4_gib(u: &pagewire::Universe) {
 
 #[test]
 fn a_message_over_4_gib_arrives_intact_in_odp_mode() {
-    util::ranks_alone(
+    ranks_alone(
         "a_message_over_4_gib_arrives_intact_in_odp_mode",
         2,
         &[("PAGEWIRE_MODE", "odp")],
         over_4_gib,
     );
+}
+
+/// Tests of this file under a real `mpirun` (feature `mpi`; `.ci/mpi.sh` runs the
+/// `under_mpirun::` tests of this binary), on the rank counts of `PAGEWIRE_MPI_NP`: those
+/// whose checks hold on any MPI-like transport on the mpi transport and on pagewire's
+/// transport bootstrapped by MPI in each buffer mode; those that check pagewire's own
+/// behaviour (its counters, `Error::Truncated`: MPI does not report a truncated message's
+/// length) on pagewire's only. mpirun starts this binary filtered to one test with
+/// `PAGEWIRE_TEST_ROLE` naming it, so the test function plays a rank as under `pwrun`.
+#[cfg(feature = "mpi")]
+mod under_mpirun {
+    use pagewire_test_support::mpirun;
+
+    /// Checks that hold on any MPI-like transport: (test, rank counts; `None`: all).
+    const NEUTRAL: mpirun::SuiteTests = &[
+        ("all_pairs_on_3_ranks", None),
+        ("wildcard_receives_keep_each_senders_order", None),
+        ("messages_to_oneself", None),
+        (
+            "dropping_an_unfinished_request_cancels_or_completes_it",
+            Some(&[2]),
+        ),
+    ];
+    /// Checks of pagewire's own behaviour.
+    const PAGEWIRE_ONLY: mpirun::SuiteTests = &[
+        ("synchronous_send_completes_only_once_matched", Some(&[2])),
+        ("probe_reports_and_truncation_never_overruns", Some(&[2])),
+    ];
+
+    #[test]
+    fn point_to_point_on_the_mpi_transport() {
+        mpirun::on_the_mpi_transport(NEUTRAL, &[]);
+    }
+
+    #[test]
+    fn point_to_point_on_pagewire_bootstrapped_by_mpi() {
+        mpirun::on_pagewire_bootstrapped_by_mpi(NEUTRAL, &[]);
+        mpirun::on_pagewire_bootstrapped_by_mpi(PAGEWIRE_ONLY, &[]);
+    }
 }

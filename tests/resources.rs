@@ -4,11 +4,10 @@
 //! `/dev/shm` too small: the job runs in a private mount namespace (`unshare -m`) with a
 //! 2 MiB tmpfs on `/dev/shm`, which the soft NIC's segments of a 4-rank job do not fit in.
 
-mod util;
-
 use std::process::{Command, Stdio};
 
 use pagewire::traits::*;
+use pagewire_test_support::{build_examples, profile_dir, require, Prerequisite, ROLE};
 
 /// Whether this process may make a private mount namespace and mount a tmpfs in it (root,
 /// or a user namespace that allows it); the reason if not.
@@ -30,7 +29,7 @@ fn private_mounts_permitted() -> Result<(), String> {
 #[test]
 fn dev_shm_too_small_is_one_clear_line_not_sigbus() {
     const NAME: &str = "dev_shm_too_small_is_one_clear_line_not_sigbus";
-    if std::env::var(util::ROLE).as_deref() == Ok(NAME) {
+    if std::env::var(ROLE).as_deref() == Ok(NAME) {
         // Enough traffic to touch every slot of every ring: what a sparse, unreserved
         // segment pays for with SIGBUS once /dev/shm is full.
         let universe = pagewire::initialize().expect("first initialisation");
@@ -49,12 +48,11 @@ fn dev_shm_too_small_is_one_clear_line_not_sigbus() {
         world.barrier();
         return;
     }
-    if let Err(why) = private_mounts_permitted() {
-        eprintln!("{NAME}: skipped: {why}");
+    if require(Prerequisite::PrivateMounts, private_mounts_permitted()).is_none() {
         return;
     }
-    util::build_examples(&[]);
-    let pwrun = util::profile_dir().join("pwrun");
+    build_examples(&[]);
+    let pwrun = profile_dir().join("pwrun");
     let exe = std::env::current_exe().expect("current_exe");
     let out = Command::new("unshare")
         .args(["-m", "sh", "-c"])
@@ -64,7 +62,7 @@ fn dev_shm_too_small_is_one_clear_line_not_sigbus() {
         .args(["-n", "4", "--bind-to", "none", "--timeout", "60", "--"])
         .arg(&exe)
         .args([NAME, "--exact", "--nocapture", "--test-threads=1", "-q"])
-        .env(util::ROLE, NAME)
+        .env(ROLE, NAME)
         .env("PAGEWIRE_MODE", "copy")
         .stdin(Stdio::null())
         .output()

@@ -3,11 +3,11 @@
 //! message checked (`--verify`); and `--mode all` with its side-by-side table, JSON and plot.
 //!
 //! `pwrun` is built first with the cargo that runs the tests, in this test binary's profile
-//! and target directory (as `tests/examples.rs` of the facade does).
+//! and target directory (pagewire-test-support's `build_pwrun`).
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+
+use pagewire_test_support::build_pwrun;
 
 const MODES: [&str; 3] = ["copy", "pindown", "odp"];
 const SHORT: [&str; 6] = [
@@ -18,37 +18,6 @@ const SHORT: [&str; 6] = [
     "8",
     "--seed",
 ];
-
-/// `target/<profile>`, where this test binary and `pwrun` live.
-fn profile_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let exe = std::env::current_exe().expect("current_exe");
-        exe.parent()
-            .and_then(Path::parent)
-            .expect("target/<profile>/deps")
-            .to_path_buf()
-    })
-}
-
-/// `pwrun`, built once per test process.
-fn pwrun() -> PathBuf {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let profile = profile_dir();
-        let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
-        cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
-            .args(["build", "--quiet", "-p", "pagewire-tools", "--bin", "pwrun"])
-            .arg("--target-dir")
-            .arg(profile.parent().expect("target dir"));
-        if profile.file_name().is_some_and(|p| p == "release") {
-            cmd.arg("--release");
-        }
-        let status = cmd.status().expect("run cargo build");
-        assert!(status.success(), "building pwrun failed: {status}");
-    });
-    profile_dir().join("pwrun")
-}
 
 /// Runs `command`, asserts it succeeded, returns its stdout.
 fn run(mut command: Command, what: &str) -> String {
@@ -83,7 +52,7 @@ fn length_rows(out: &str) -> Vec<(usize, f64)> {
 
 #[test]
 fn every_method_delivers_exact_bytes_on_1_to_4_ranks_in_every_mode() {
-    let pwrun = pwrun();
+    let pwrun = build_pwrun();
     for ranks in 1..=4 {
         for mode in MODES {
             let mut cmd = Command::new(&pwrun);

@@ -7,23 +7,14 @@
 //! sysfs.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::time::Duration;
 
+use pagewire_test_support::{as_rank, Scratch, ROLE, SCRATCH};
 use pagewire_transport::boot::binding::{
     self, BindTo, MemoryPlacement, Topology, ENV_BIND, ENV_BIND_CPUS, ENV_BIND_NODE,
 };
 use pagewire_transport::boot::{self, LaunchConfig};
 use pagewire_transport::sys::AnonMapping;
-
-/// Names the test whose rank part this process plays.
-const ROLE: &str = "PAGEWIRE_TEST_ROLE";
-/// A scratch directory shared by the parent and its ranks.
-const SCRATCH: &str = "PAGEWIRE_TEST_SCRATCH";
-
-fn as_rank(name: &str) -> bool {
-    std::env::var(ROLE).as_deref() == Ok(name)
-}
 
 /// A job of `ranks` copies of this test binary playing test `name`'s ranks.
 fn job(name: &str, ranks: usize, bind: BindTo, scratch: &Scratch) -> LaunchConfig {
@@ -34,31 +25,10 @@ fn job(name: &str, ranks: usize, bind: BindTo, scratch: &Scratch) -> LaunchConfi
         timeout: Some(Duration::from_secs(60)),
         env: vec![
             (ROLE.into(), name.into()),
-            (SCRATCH.into(), scratch.0.clone().into()),
+            (SCRATCH.into(), scratch.path().into()),
         ],
         bind,
         ..LaunchConfig::new(ranks, std::env::current_exe().expect("current_exe"))
-    }
-}
-
-/// A fresh scratch directory, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!(
-            "pagewire-binding-test-{name}-{}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create scratch dir");
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -84,7 +54,7 @@ struct Seen {
 /// The rank part shared by the tests: record what the kernel and the launcher say.
 fn record_rank() {
     let rank = std::env::var("PAGEWIRE_RANK").expect("rank");
-    let dir = PathBuf::from(std::env::var_os(SCRATCH).expect("scratch"));
+    let dir = Scratch::of_rank();
     let text = format!(
         "{}\n{}\n{}\n{}\n",
         binding::format_cpulist(&kernel_cpus_allowed()),
@@ -97,12 +67,12 @@ fn record_rank() {
 
 /// Runs `ranks` ranks of test `name` with `bind` and returns what each saw.
 fn run_and_collect(name: &str, ranks: usize, bind: BindTo) -> Vec<Seen> {
-    let scratch = Scratch::new(name);
+    let scratch = Scratch::new("binding", name);
     let outcome = boot::launch(&job(name, ranks, bind, &scratch)).expect("launch");
     assert!(outcome.success(), "{outcome:?}");
     (0..ranks)
         .map(|r| {
-            let text = std::fs::read_to_string(scratch.0.join(format!("rank{r}")))
+            let text = std::fs::read_to_string(scratch.path().join(format!("rank{r}")))
                 .unwrap_or_else(|e| panic!("rank {r} wrote nothing: {e}"));
             let mut lines = text.lines();
             let mut next = || lines.next().expect("line").to_string();
@@ -265,7 +235,7 @@ fn pools_are_placed_on_the_ranks_node() {
         assert!(report.contains("1.00 MiB"), "{report}");
         return;
     }
-    let scratch = Scratch::new(NAME);
+    let scratch = Scratch::new("binding", NAME);
     let outcome = boot::launch(&job(NAME, 1, BindTo::Core, &scratch)).expect("launch");
     assert!(outcome.success(), "{outcome:?}");
 }

@@ -8,10 +8,10 @@
 //! ends the victim's communication with the hostile rank.
 #![allow(unsafe_code)]
 
-mod util;
-
 use std::time::{Duration, Instant};
 
+use pagewire_test_support::nic::launch;
+use pagewire_test_support::ROLE;
 use pagewire_transport::boot::{self, Bootstrap};
 use pagewire_transport::buffer_mode::copy::{CopyConfig, CopyMode};
 use pagewire_transport::msg::raw::{UserBuf, UserBufMut};
@@ -349,7 +349,7 @@ fn cases() -> Vec<(Attack, Expect)> {
 
 #[test]
 fn hostile_peer_gets_error_completions_never_a_panic_a_hang_or_a_stray_byte() {
-    if std::env::var(util::ROLE).as_deref() == Ok(NAME) {
+    if std::env::var(ROLE).as_deref() == Ok(NAME) {
         let boot = boot::from_env().expect("bootstrap");
         // PAGEWIRE_TEST_HOSTILE_CASES=3,26: only those cases (to see one fail alone).
         let only: Option<Vec<usize>> = std::env::var("PAGEWIRE_TEST_HOSTILE_CASES")
@@ -370,7 +370,7 @@ fn hostile_peer_gets_error_completions_never_a_panic_a_hang_or_a_stray_byte() {
         return;
     }
     let cases = std::env::var("PAGEWIRE_TEST_HOSTILE_CASES").unwrap_or_default();
-    let outcome = util::launch(NAME, 2, &[("PAGEWIRE_TEST_HOSTILE_CASES", &cases)], None);
+    let outcome = launch(NAME, 2, &[("PAGEWIRE_TEST_HOSTILE_CASES", &cases)], None);
     assert!(
         outcome.success(),
         "the hostile-peer job failed: {outcome:?}"

@@ -7,26 +7,18 @@
 use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use pagewire_test_support::{as_rank, Scratch, ROLE, SCRATCH};
 use pagewire_transport::boot::{
     self, Bootstrap, JobOutcome, LaunchConfig, PwrunBootstrap, SingletonBootstrap,
 };
 use pagewire_transport::Error;
 
-/// Names the test whose rank part this process plays.
-const ROLE: &str = "PAGEWIRE_TEST_ROLE";
-/// A scratch directory shared by the parent and its ranks.
-const SCRATCH: &str = "PAGEWIRE_TEST_SCRATCH";
 /// What a child of `bad_environment_is_reported` expects in its error.
 const EXPECT: &str = "PAGEWIRE_TEST_EXPECT";
-
-/// True when this process is a rank (or helper child) of test `name`.
-fn as_rank(name: &str) -> bool {
-    std::env::var(ROLE).as_deref() == Ok(name)
-}
 
 /// Arguments that make this test binary run only test `name`.
 fn self_args(name: &str) -> Vec<OsString> {
@@ -57,29 +49,8 @@ fn run(cfg: &LaunchConfig) -> (JobOutcome, Duration) {
 }
 
 /// A fresh scratch directory for test `name`, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!(
-            "pagewire-launcher-test-{name}-{}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create scratch dir");
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// The scratch directory, as seen by a rank.
-fn rank_scratch() -> PathBuf {
-    PathBuf::from(std::env::var_os(SCRATCH).expect("scratch dir in the environment"))
+fn scratch(name: &str) -> Scratch {
+    Scratch::new("launcher", name)
 }
 
 fn bootstrap_text(e: &Error) -> String {
@@ -186,7 +157,7 @@ fn killed_rank_gives_137_and_shared_memory_is_removed() {
         let name = format!("{}test-{}", boot::shm_prefix(b.job_id()), b.rank());
         std::fs::write(Path::new("/dev/shm").join(name), b"x").expect("create shm object");
         if b.rank() == 0 {
-            std::fs::write(rank_scratch().join("job"), b.job_id()).expect("write job id");
+            std::fs::write(Scratch::of_rank().join("job"), b.job_id()).expect("write job id");
         }
         b.barrier().expect("barrier");
         if b.rank() == 2 {
@@ -200,9 +171,9 @@ fn killed_rank_gives_137_and_shared_memory_is_removed() {
         let _ = b.barrier();
         sleep_until_killed()
     }
-    let scratch = Scratch::new(NAME);
+    let scratch = scratch(NAME);
     let mut cfg = self_job(NAME, 3);
-    cfg.env.push((SCRATCH.into(), scratch.0.clone().into()));
+    cfg.env.push((SCRATCH.into(), scratch.path().into()));
     let (outcome, elapsed) = run(&cfg);
     assert_eq!(outcome.exit_code, 137, "{outcome:?}");
     assert_eq!(outcome.failed_rank, Some(2));
@@ -212,7 +183,7 @@ fn killed_rank_gives_137_and_shared_memory_is_removed() {
     );
     assert!(elapsed < Duration::from_secs(15), "took {elapsed:?}");
 
-    let job = std::fs::read_to_string(scratch.0.join("job")).expect("job id from rank 0");
+    let job = std::fs::read_to_string(scratch.path().join("job")).expect("job id from rank 0");
     let prefix = boot::shm_prefix(&job);
     let left: Vec<_> = std::fs::read_dir("/dev/shm")
         .unwrap()
@@ -228,7 +199,7 @@ fn killed_rank_gives_137_and_shared_memory_is_removed() {
 #[test]
 fn sigterm_is_followed_by_sigkill() {
     const NAME: &str = "sigterm_is_followed_by_sigkill";
-    let scratch = Scratch::new(NAME);
+    let scratch = scratch(NAME);
     // Rank 1 ignores SIGTERM (the disposition survives exec); rank 0 fails once rank 1
     // is ready, so the launcher has to escalate to SIGKILL.
     let script = r#"
@@ -243,7 +214,7 @@ fn sigterm_is_followed_by_sigkill() {
     let cfg = LaunchConfig {
         args: vec!["-c".into(), script.into()],
         timeout: Some(Duration::from_secs(60)),
-        env: vec![(SCRATCH.into(), scratch.0.clone().into())],
+        env: vec![(SCRATCH.into(), scratch.path().into())],
         ..LaunchConfig::new(2, "/bin/sh")
     };
     let (outcome, elapsed) = run(&cfg);
@@ -459,8 +430,8 @@ fn launcher_going_away_is_an_error_not_a_hang() {
     }
     // A fake launcher speaking the documented protocol: accept the hello, take the
     // gather, and hang up.
-    let scratch = Scratch::new(NAME);
-    let path = scratch.0.join("fake.sock");
+    let scratch = scratch(NAME);
+    let path = scratch.path().join("fake.sock");
     let listener = UnixListener::bind(&path).unwrap();
     let server = std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
@@ -538,7 +509,7 @@ fn hello_from_a_process_outside_the_job_is_refused() {
     const NAME: &str = "hello_from_a_process_outside_the_job_is_refused";
     if as_rank(NAME) {
         // Tell the test where the socket is, and connect only once it has tried.
-        let dir = rank_scratch();
+        let dir = Scratch::of_rank();
         let rank = std::env::var("PAGEWIRE_RANK").expect("PAGEWIRE_RANK");
         let text = format!(
             "{}\n{}",
@@ -558,11 +529,11 @@ fn hello_from_a_process_outside_the_job_is_refused() {
             .expect("barrier");
         return;
     }
-    let scratch = Scratch::new(NAME);
+    let scratch = scratch(NAME);
     let mut cfg = self_job(NAME, 2);
-    cfg.env.push((SCRATCH.into(), scratch.0.clone().into()));
+    cfg.env.push((SCRATCH.into(), scratch.path().into()));
     let launcher = std::thread::spawn(move || run(&cfg).0);
-    let info = scratch.0.join("boot-0");
+    let info = scratch.path().join("boot-0");
     let start = Instant::now();
     while !info.exists() {
         assert!(
@@ -588,7 +559,7 @@ fn hello_from_a_process_outside_the_job_is_refused() {
     s.write_all(&frame).unwrap();
     let reply = read_raw_frame(&mut s);
     drop(s);
-    std::fs::write(scratch.0.join("go"), b"").unwrap();
+    std::fs::write(scratch.path().join("go"), b"").unwrap();
     let outcome = launcher.join().expect("launcher thread");
     let text = String::from_utf8_lossy(&reply[1..]);
     assert_eq!(

@@ -10,6 +10,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use pagewire_test_support::{require, Prerequisite};
 use pagewire_transport::memmon::{
     monitor_for, Cause, ForkPolicy, InvalidationSink, MemoryMonitor, MonitorChoice, MonitorOptions,
     NullMonitor, UffdMonitor,
@@ -508,14 +509,17 @@ fn hugetlb_memory_is_watched_in_whole_huge_pages() {
             0,
         )
     };
-    if a == libc::MAP_FAILED {
-        println!(
-            "skipped: no huge pages for MAP_HUGETLB ({}); vm.nr_hugepages=4 runs it",
+    let mapped = if a == libc::MAP_FAILED {
+        Err(format!(
+            "no huge pages for MAP_HUGETLB ({})",
             std::io::Error::last_os_error()
-        );
+        ))
+    } else {
+        Ok(a as u64)
+    };
+    let Some(a) = require(Prerequisite::HugePages, mapped) else {
         return;
-    }
-    let a = a as u64;
+    };
     touch(a, PG);
     // A buffer inside the huge page: registered as the whole huge page.
     let id = m.subscribe(a + PG, 2 * PG).unwrap();
@@ -539,13 +543,17 @@ fn system_v_hugetlb_shared_memory_is_refused() {
             LEN as usize,
             libc::IPC_CREAT | libc::SHM_HUGETLB | 0o600,
         );
-        if id < 0 {
-            println!(
-                "skipped: no huge pages for SHM_HUGETLB ({}); vm.nr_hugepages=4 runs it",
+        let segment = if id < 0 {
+            Err(format!(
+                "no huge pages for SHM_HUGETLB ({})",
                 std::io::Error::last_os_error()
-            );
+            ))
+        } else {
+            Ok(id)
+        };
+        let Some(id) = require(Prerequisite::HugePages, segment) else {
             return;
-        }
+        };
         let a = libc::shmat(id, std::ptr::null(), 0);
         libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut());
         assert_ne!(a as isize, -1, "shmat");

@@ -1,14 +1,13 @@
 //! Multi-process tests of the soft NIC: real ranks under the built-in launcher checking
 //! bytes, counters and error completions.
 
-mod util;
-
+use pagewire_test_support::nic::{launch, ranks, Rank};
+use pagewire_test_support::{pattern, OUT, ROLE};
 use pagewire_transport::nic::{
     Access, Advice, Nic, Opcode, RecvWr, SendWr, Sge, WcOpcode, WcStatus, PAGE_SIZE,
 };
 use pagewire_transport::sys::{vm_locked_and_resident, AnonMapping};
 use pagewire_transport::Error;
-use util::{pattern, ranks, Rank};
 
 fn rw() -> Access {
     Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ
@@ -697,11 +696,11 @@ fn memlock_body(r: &Rank) {
 #[test]
 fn rlimit_memlock_is_enforced_with_a_clear_error() {
     let name = "rlimit_memlock_is_enforced_with_a_clear_error";
-    if std::env::var(util::ROLE).is_ok() {
+    if std::env::var(ROLE).is_ok() {
         ranks(name, 1, &[], memlock_body);
         return;
     }
-    let outcome = util::launch(name, 1, &[], Some(&["prlimit", "--memlock=65536:65536"]));
+    let outcome = launch(name, 1, &[], Some(&["prlimit", "--memlock=65536:65536"]));
     assert!(outcome.success(), "{outcome:?}");
 }
 
@@ -1150,7 +1149,7 @@ fn killed_body(r: &Rank) {
     let qps = r.connect_all(false);
     if r.rank() == 0 {
         std::fs::write(
-            std::path::Path::new(&std::env::var(util::OUT).unwrap()).join("job"),
+            std::path::Path::new(&std::env::var(OUT).unwrap()).join("job"),
             r.boot.job_id(),
         )
         .unwrap();
@@ -1173,14 +1172,14 @@ fn killed_body(r: &Rank) {
 #[test]
 fn a_rank_killed_mid_job_takes_the_job_down_and_leaves_no_shared_memory() {
     let name = "a_rank_killed_mid_job_takes_the_job_down_and_leaves_no_shared_memory";
-    if std::env::var(util::ROLE).is_ok() {
+    if std::env::var(ROLE).is_ok() {
         ranks(name, 3, &[], killed_body);
         return;
     }
     let out = std::env::temp_dir().join(format!("pagewire-test-{}", std::process::id()));
     std::fs::create_dir_all(&out).unwrap();
     let start = std::time::Instant::now();
-    let outcome = util::launch(name, 3, &[(util::OUT, out.to_str().unwrap())], None);
+    let outcome = launch(name, 3, &[(OUT, out.to_str().unwrap())], None);
     assert_eq!(outcome.exit_code, 137, "{outcome:?}");
     assert_eq!(outcome.failed_rank, Some(1));
     assert!(

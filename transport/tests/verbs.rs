@@ -16,6 +16,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use pagewire_test_support::{require, Prerequisite};
 use pagewire_transport::boot::SingletonBootstrap;
 use pagewire_transport::nic::verbs::{VerbsConfig, VerbsNic};
 use pagewire_transport::nic::{
@@ -40,12 +41,15 @@ fn assert_one_line_naming_the_soft_provider(msg: &str) {
 
 #[test]
 fn with_no_device_open_fails_naming_the_soft_provider() {
-    match VerbsNic::open(&SingletonBootstrap::new(), VerbsConfig::default()) {
-        Ok(nic) => eprintln!(
+    let no_device = match VerbsNic::open(&SingletonBootstrap::new(), VerbsConfig::default()) {
+        Ok(nic) => Err(format!(
             "an RDMA device is present ({:?}): the no-device path is not exercised here",
             nic.port()
-        ),
-        Err(e) => assert_one_line_naming_the_soft_provider(&e.to_string()),
+        )),
+        Err(e) => Ok(e),
+    };
+    if let Some(e) = require(Prerequisite::NoRdmaDevice, no_device) {
+        assert_one_line_naming_the_soft_provider(&e.to_string());
     }
 }
 
@@ -84,8 +88,12 @@ fn transport_verbs_stops_at_start_up_with_one_line() {
         .env("PAGEWIRE_TRANSPORT", "verbs")
         .output()
         .expect("running the test binary as a child");
-    if out.status.success() {
-        eprintln!("an RDMA device is present: the no-device path is not exercised here");
+    let no_device = if out.status.success() {
+        Err("an RDMA device is present: the no-device path is not exercised here")
+    } else {
+        Ok(())
+    };
+    if require(Prerequisite::NoRdmaDevice, no_device).is_none() {
         return;
     }
     assert_eq!(out.status.code(), Some(1), "{out:?}");
@@ -220,8 +228,7 @@ fn pinned_write_then_read_back() {
 #[ignore = "requires an RDMA device"]
 fn send_with_immediate_into_an_odp_receive() {
     let nic = device();
-    if let Err(e) = nic.capabilities().require_rc_odp() {
-        eprintln!("skipped: {e}");
+    if require(Prerequisite::RdmaOdp, nic.capabilities().require_rc_odp()).is_none() {
         return;
     }
     let (cq, a, b) = loopback(&nic);
@@ -267,8 +274,12 @@ fn send_with_immediate_into_an_odp_receive() {
 #[ignore = "requires an RDMA device"]
 fn implicit_odp_write_after_prefetch() {
     let nic = device();
-    if let Err(e) = nic.capabilities().require_implicit_odp() {
-        eprintln!("skipped: {e}");
+    if require(
+        Prerequisite::RdmaOdp,
+        nic.capabilities().require_implicit_odp(),
+    )
+    .is_none()
+    {
         return;
     }
     let (cq, a, _b) = loopback(&nic);

@@ -1,27 +1,41 @@
-//! Running a test of the current test binary under a real `mpirun` (feature `mpi`): the
-//! helpers of `tests/mpirun*.rs`.
+//! Running a test of the current test binary under a real `mpirun`: the `mpi` feature's
+//! tests (`tests/mpirun*.rs` of the facade, and the facade's suites under mpirun).
 //!
 //! `PAGEWIRE_MPIRUN` names the launcher command (default `mpirun`; e.g.
 //! `mpirun -launcher fork`), `PAGEWIRE_MPI_NP` the rank counts (default `2,3`). Without a
-//! launcher on the PATH the tests say so and pass.
-#![allow(dead_code)]
+//! launcher the tests say so and pass, or fail when `PAGEWIRE_REQUIRE` names `mpirun`
+//! ([`crate::require`]).
 
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The launcher command, if one runs here.
-pub fn mpirun() -> Option<Vec<String>> {
+use crate::Prerequisite;
+
+/// The buffer modes of pagewire's transport, each run bootstrapped by MPI.
+pub const MODES: [&str; 3] = ["copy", "pindown", "odp"];
+
+/// The launcher command, or why none runs here.
+pub fn launcher() -> Result<Vec<String>, String> {
     let cmd: Vec<String> = std::env::var("PAGEWIRE_MPIRUN")
         .unwrap_or_else(|_| "mpirun".into())
         .split_whitespace()
         .map(String::from)
         .collect();
-    let ok = Command::new(&cmd[0])
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    ok.then_some(cmd)
+    let Some(program) = cmd.first() else {
+        return Err("PAGEWIRE_MPIRUN is empty".into());
+    };
+    match Command::new(program).arg("--version").output() {
+        Ok(o) if o.status.success() => Ok(cmd),
+        Ok(o) => Err(format!("`{program} --version` failed ({})", o.status)),
+        Err(e) => Err(format!("no MPI launcher `{program}`: {e}")),
+    }
+}
+
+/// The launcher command, if one runs here; else `None` after [`crate::require`] said the
+/// test is skipped (or failed it, when `mpirun` is required).
+pub fn required_launcher() -> Option<Vec<String>> {
+    crate::require(Prerequisite::Mpirun, launcher())
 }
 
 /// The rank counts to run (`PAGEWIRE_MPI_NP`).
@@ -42,12 +56,16 @@ pub fn rank_counts() -> Vec<usize> {
 pub struct MpiJob {
     /// The exit status, `None` if it was killed at the time limit.
     pub code: Option<i32>,
+    /// What the ranks printed on stdout.
     pub stdout: String,
+    /// What the ranks and the launcher printed on stderr.
     pub stderr: String,
+    /// How long it ran.
     pub seconds: f64,
 }
 
 impl MpiJob {
+    /// Whether it exited with status 0.
     pub fn success(&self) -> bool {
         self.code == Some(0)
     }
@@ -55,9 +73,9 @@ impl MpiJob {
 
 /// Runs test `test` of this binary (its full path, e.g. `suite::name`) under
 /// `mpirun -np np` with `env`, killing the launcher after `limit`. `None` without a
-/// launcher.
+/// launcher, after [`required_launcher`] said the test is skipped.
 pub fn run(test: &str, np: usize, env: &[(&str, &str)], limit: Duration) -> Option<MpiJob> {
-    let cmd = mpirun()?;
+    let cmd = required_launcher()?;
     let exe = std::env::current_exe().expect("current_exe");
     let t = Instant::now();
     let mut child = Command::new(&cmd[0])
@@ -113,7 +131,6 @@ pub fn expect_pass(label: &str, test: &str, env: &[(&str, &str)], only: Option<&
             continue;
         }
         let Some(job) = run(test, np, env, Duration::from_secs(600)) else {
-            eprintln!("{label}: skipped, no MPI launcher (set PAGEWIRE_MPIRUN or install mpich)");
             return;
         };
         assert!(
@@ -136,5 +153,42 @@ pub fn expect_pass(label: &str, test: &str, env: &[(&str, &str)], only: Option<&
             "{label}: {test} on {np} ranks passed in {:.1} s",
             job.seconds
         );
+    }
+}
+
+/// Runs test `test` of this binary as ranks under `mpirun`: [`expect_pass`] with
+/// [`ROLE`](crate::ROLE)`=test`, so that the test function plays a rank's part (as under
+/// the built-in launcher) and `pagewire::initialize` bootstraps through MPI.
+pub fn expect_pass_as_ranks(label: &str, test: &str, env: &[(&str, &str)], only: Option<&[usize]>) {
+    let mut env = env.to_vec();
+    env.push((crate::ROLE, test));
+    expect_pass(label, test, &env, only);
+}
+
+/// Tests of a suite to run as ranks under `mpirun`: (test, the rank counts it runs on of
+/// [`rank_counts`]; `None`: all).
+pub type SuiteTests<'a> = &'a [(&'a str, Option<&'a [usize]>)];
+
+/// Runs each of `tests` as ranks under `mpirun` ([`expect_pass_as_ranks`]) on the mpi
+/// transport (`PAGEWIRE_TRANSPORT=mpi`: every call goes to the host MPI library), with
+/// `env` added.
+pub fn on_the_mpi_transport(tests: SuiteTests, env: &[(&str, &str)]) {
+    let mut env = env.to_vec();
+    env.push(("PAGEWIRE_TRANSPORT", "mpi"));
+    for &(test, only) in tests {
+        expect_pass_as_ranks("mpi transport", test, &env, only);
+    }
+}
+
+/// Runs each of `tests` as ranks under `mpirun` ([`expect_pass_as_ranks`]) on pagewire's
+/// transport bootstrapped by MPI, in each of [`MODES`], with `env` added.
+pub fn on_pagewire_bootstrapped_by_mpi(tests: SuiteTests, env: &[(&str, &str)]) {
+    for mode in MODES {
+        let label = format!("pagewire, {mode}");
+        let mut env = env.to_vec();
+        env.push(("PAGEWIRE_MODE", mode));
+        for &(test, only) in tests {
+            expect_pass_as_ranks(&label, test, &env, only);
+        }
     }
 }

@@ -1,17 +1,13 @@
-//! Shared helpers of the facade's multi-process tests: a test runs its ranks by launching
-//! this test binary under the built-in launcher, filtered to the one test, with
-//! `PAGEWIRE_TEST_ROLE=NAME` set; in those processes the test function plays a rank.
-#![allow(dead_code)]
+//! Ranks of the facade (feature `facade`), for pagewire's own multi-process tests: [`ranks`],
+//! [`ranks_alone`] and [`jobs`] run a test's body on copies of the test binary, each with
+//! a `pagewire::Universe`.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::{Mutex, OnceLock, RwLock};
+use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use pagewire::boot::{self, JobOutcome, LaunchConfig};
 
-/// Names the test whose rank part this process plays.
-pub const ROLE: &str = "PAGEWIRE_TEST_ROLE";
+use crate::ROLE;
 
 /// Runs `body` on `n` ranks of test `name` with extra environment; in the parent, asserts
 /// the job succeeded.
@@ -87,59 +83,4 @@ pub fn launch_wrapped(
     let cfg = LaunchConfig::current_test(name, n, ROLE, env, wrapper, Duration::from_secs(180))
         .expect("current_exe");
     boot::launch(&cfg).expect("launch")
-}
-
-/// Deterministic bytes: stream `seed`.
-pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-/// `target/<profile>`, where this test binary, the examples and `pwrun` live.
-pub fn profile_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let exe = std::env::current_exe().expect("current_exe");
-        // target/<profile>/deps/NAME-HASH
-        exe.parent()
-            .and_then(Path::parent)
-            .expect("target/<profile>/deps")
-            .to_path_buf()
-    })
-}
-
-/// Builds the examples and `pwrun` once per test process, with the cargo that runs the tests,
-/// this test binary's profile and target directory, and `features` (e.g. `pagewire/mpi`;
-/// `pagewire/hwloc` follows this binary's own feature). `cargo test --test NAME` alone does
-/// not build examples.
-pub fn build_examples(features: &[&str]) {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let profile = profile_dir();
-        let target = profile.parent().expect("target dir");
-        let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
-        cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
-            .args(["build", "--quiet", "-p", "pagewire", "--examples"])
-            .args(["-p", "pagewire-tools", "--bin", "pwrun"])
-            .arg("--target-dir")
-            .arg(target);
-        for f in features {
-            cmd.args(["--features", f]);
-        }
-        if profile.file_name().is_some_and(|p| p == "release") {
-            cmd.arg("--release");
-        }
-        if cfg!(feature = "hwloc") {
-            cmd.args(["--features", "pagewire/hwloc"]);
-        }
-        let status = cmd.status().expect("run cargo build");
-        assert!(status.success(), "building the examples failed: {status}");
-    });
 }

@@ -1,9 +1,6 @@
-//! Shared helpers of the multi-process NIC tests.
-//!
-//! A test runs its ranks by launching this very test binary under the built-in launcher,
-//! filtered to the one test (`NAME --exact`), with `PAGEWIRE_TEST_ROLE=NAME` set; in those
-//! processes the test function plays a rank's part ([`ranks`]).
-#![allow(dead_code)]
+//! Ranks on the soft NIC, for pagewire-transport's multi-process tests: [`ranks`] runs a
+//! test's body on `n` copies of the test binary, each with a bootstrap, a [`SoftNic`] and a
+//! completion queue ([`Rank`]).
 
 use std::time::{Duration, Instant};
 
@@ -11,23 +8,25 @@ use pagewire_transport::boot::{self, Bootstrap, JobOutcome, LaunchConfig};
 use pagewire_transport::nic::soft::{SoftConfig, SoftNic};
 use pagewire_transport::nic::{Completion, Endpoint, Nic, QpCaps, RegionInfo};
 
-/// Names the test whose rank part this process plays.
-pub const ROLE: &str = "PAGEWIRE_TEST_ROLE";
-/// A directory the parent gives its ranks for files it checks afterwards.
-pub const OUT: &str = "PAGEWIRE_TEST_OUT";
+use crate::ROLE;
 
 /// What a rank body gets.
 pub struct Rank {
+    /// The job's bootstrap (rank, size, allgather, barrier).
     pub boot: Box<dyn Bootstrap>,
+    /// This rank's soft NIC.
     pub nic: SoftNic,
+    /// A completion queue deep enough for every queue pair a test creates.
     pub cq: u32,
 }
 
 impl Rank {
+    /// This rank's number.
     pub fn rank(&self) -> usize {
         self.boot.rank()
     }
 
+    /// The number of ranks.
     pub fn size(&self) -> usize {
         self.boot.size()
     }
@@ -132,24 +131,10 @@ pub fn ranks(name: &str, n: usize, env: &[(&str, &str)], body: fn(&Rank)) -> Opt
     Some(outcome)
 }
 
-/// Launches `n` ranks of test `name` (optionally wrapped by a program such as `prlimit`)
 /// Launches `n` ranks of test `name` (optionally each through a `wrapper` such as
 /// `prlimit`) and returns the outcome, without judging it.
 pub fn launch(name: &str, n: usize, env: &[(&str, &str)], wrapper: Option<&[&str]>) -> JobOutcome {
     let cfg = LaunchConfig::current_test(name, n, ROLE, env, wrapper, Duration::from_secs(120))
         .expect("current_exe");
     boot::launch(&cfg).expect("launch")
-}
-
-/// Deterministic test bytes: byte `i` of stream `seed`.
-pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
