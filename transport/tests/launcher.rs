@@ -516,8 +516,11 @@ fn hello_from_a_process_outside_the_job_is_refused() {
             std::env::var("PAGEWIRE_BOOT").expect("PAGEWIRE_BOOT"),
             std::env::var("PAGEWIRE_JOB").expect("PAGEWIRE_JOB")
         );
-        std::fs::write(dir.join("boot.tmp"), text).expect("write");
-        std::fs::rename(dir.join("boot.tmp"), dir.join(format!("boot-{rank}"))).ok();
+        // A temporary file per rank: with one shared name, the other rank's rename could
+        // take this rank's file, and `boot-{rank}` would never appear.
+        let tmp = dir.join(format!("boot-{rank}.tmp"));
+        std::fs::write(&tmp, text).expect("write");
+        std::fs::rename(&tmp, dir.join(format!("boot-{rank}"))).expect("rename");
         let start = Instant::now();
         while !dir.join("go").exists() {
             assert!(start.elapsed() < Duration::from_secs(30), "no go");

@@ -376,6 +376,51 @@ fn bad_keys_bounds_and_rights_fail_without_touching_memory() {
     );
 }
 
+/// A work request over the NIC's `max_msg_sz` (2 GiB: a completion's byte count is 32
+/// bits) is refused when posted, naming the limit, before any byte moves.
+fn oversized_body(r: &Rank) {
+    let qps = r.connect_all(true);
+    let qp = qps[0].expect("loopback");
+    let buf = AnonMapping::new(4096).unwrap();
+    let mr = r.nic.register(buf.addr(), 4096, rw()).unwrap();
+    // Three entries of 1 GiB: each fits its 32-bit length, together they do not fit.
+    let big = sge(buf.addr(), 1 << 30, mr.lkey);
+    let wr = SendWr {
+        wr_id: 1,
+        opcode: Opcode::RdmaWrite {
+            remote_addr: buf.addr(),
+            rkey: mr.rkey,
+        },
+        sgl: &[big, big, big],
+        inline: false,
+        signaled: true,
+    };
+    // SAFETY (test): refused at posting; nothing is read.
+    let e = unsafe { r.nic.post_send(qp, &wr) }.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("at most 2147483648 bytes per work request"),
+        "{e}"
+    );
+    let mut out = Vec::new();
+    assert_eq!(
+        r.nic.poll_cq(r.cq, &mut out, 1).unwrap(),
+        0,
+        "nothing was posted"
+    );
+    r.nic.deregister(mr.lkey).unwrap();
+}
+
+#[test]
+fn a_work_request_over_2_gib_is_refused_when_posted() {
+    ranks(
+        "a_work_request_over_2_gib_is_refused_when_posted",
+        1,
+        &[],
+        oversized_body,
+    );
+}
+
 fn zero_length_body(r: &Rank) {
     let qps = r.connect_all(true);
     let me = r.rank();
