@@ -153,6 +153,18 @@ pub const FILE_SETS: &[Entry] = &[
     },
     Entry {
         also_used_by: &[Row::OdpNic],
+        ..file(Row::Pindown, "transport/src/memmon/uffd/ring.rs")
+    },
+    Entry {
+        also_used_by: &[Row::OdpNic],
+        ..file(Row::Pindown, "transport/src/memmon/uffd/threads.rs")
+    },
+    Entry {
+        also_used_by: &[Row::OdpNic],
+        ..file(Row::Pindown, "transport/src/memmon/uffd/subs.rs")
+    },
+    Entry {
+        also_used_by: &[Row::OdpNic],
         ..file(Row::Pindown, "transport/src/memmon/uffd_sys.rs")
     },
     test_file(Row::Pindown, "transport/tests/memmon.rs"),
@@ -162,18 +174,18 @@ pub const FILE_SETS: &[Entry] = &[
     file(Row::OdpNic, "transport/src/nic/soft/present.rs"),
     file(Row::OdpNic, "transport/src/nic/soft/odp_watch.rs"),
     Entry {
-        functions: Some(&[
-            "npf_slot",
-            "odp_monitored",
-            "faults_filed",
-            "file",
-            "outcome",
-            "serve_faults",
-            "resolve_fault",
-            "register_implicit_odp",
-            "advise",
-        ]),
-        note: "the responder-fault slots, the driver's fault handler, implicit ODP, prefetch",
+        functions: Some(&["npf_slot", "odp_monitored", "faults_filed", "file", "outcome"]),
+        note: "the responder-fault slots",
+        ..file(Row::OdpNic, "transport/src/nic/soft/layout.rs")
+    },
+    Entry {
+        functions: Some(&["serve_faults", "resolve_fault"]),
+        note: "the driver's fault handler",
+        ..file(Row::OdpNic, "transport/src/nic/soft/driver.rs")
+    },
+    Entry {
+        functions: Some(&["register_implicit_odp", "advise"]),
+        note: "implicit ODP, prefetch",
         ..file(Row::OdpNic, "transport/src/nic/soft/mod.rs")
     },
     Entry {
