@@ -160,15 +160,7 @@ impl BufferMode for CopyMode {
                     }
                 }
                 Err(Error::MemlockLimit { .. }) if nic.capabilities().odp_rc => {
-                    let r =
-                        nic.register(pool.addr(), pool.len() as u64, access | Access::ON_DEMAND)?;
-                    nic.advise(
-                        r.lkey,
-                        pool.addr(),
-                        pool.len() as u64,
-                        crate::nic::Advice::PrefetchWrite,
-                    )?;
-                    self.key = r.lkey;
+                    self.key = super::register_prefetched(nic, &pool, access)?;
                     self.pool = Some(pool);
                     self.on_demand = true;
                     break;

@@ -22,8 +22,46 @@ pub mod copy;
 #[allow(unsafe_code)]
 pub mod user_buf;
 
-use crate::error::Result;
-use crate::nic::Nic;
+use crate::error::{Error, Result};
+use crate::nic::{Access, Advice, Nic};
+use crate::sys::AnonMapping;
+
+/// Registers a pool of NIC-owned memory (bounce or eager slots) pinned; if that exceeds the
+/// locked-memory limit and the NIC has on-demand paging, registers it ODP and prefetches it
+/// instead (so small `ulimit -l` settings still run), and says so through `on_demand`.
+pub(crate) fn register_pool(
+    nic: &dyn Nic,
+    pool: &AnonMapping,
+    access: Access,
+    on_demand: &mut bool,
+) -> Result<u32> {
+    match nic.register(pool.addr(), pool.len() as u64, access) {
+        Ok(r) => Ok(r.lkey),
+        Err(Error::MemlockLimit { .. }) if nic.capabilities().odp_rc => {
+            let key = register_prefetched(nic, pool, access)?;
+            *on_demand = true;
+            Ok(key)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Registers `pool` on demand and prefetches all of it: [`register_pool`]'s fallback, and
+/// the copy mode's once its pool cannot shrink any further.
+pub(crate) fn register_prefetched(
+    nic: &dyn Nic,
+    pool: &AnonMapping,
+    access: Access,
+) -> Result<u32> {
+    let r = nic.register(pool.addr(), pool.len() as u64, access | Access::ON_DEMAND)?;
+    nic.advise(
+        r.lkey,
+        pool.addr(),
+        pool.len() as u64,
+        Advice::PrefetchWrite,
+    )?;
+    Ok(r.lkey)
+}
 pub use user_buf::{UserBuf, UserBufMut};
 
 /// Which way the NIC uses a lease.

@@ -44,7 +44,6 @@ pub use matching::{Envelope, MessageHandle, Selector, ANY_SOURCE, ANY_TAG};
 pub use request::{RequestId, Status};
 
 use config::online_cpus;
-pub(crate) use posting::register_slots;
 use state::wr_parts;
 pub(crate) use state::{
     wr_id, ChunkDesc, EagerData, Payload, Peer, RdmaOp, RecvReq, RecvState, Req, SendReq,
@@ -205,10 +204,12 @@ impl PointToPoint {
         let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
         let recv_pool = eager::map_slot_pool(size * per_peer * slot_bytes, "eager receive slots")?;
         let mut slots_on_demand = false;
-        let recv_key = register_slots(&*nic, &recv_pool, access, &mut slots_on_demand)?;
+        let recv_key =
+            crate::buffer_mode::register_pool(&*nic, &recv_pool, access, &mut slots_on_demand)?;
         let send_pool =
             eager::map_slot_pool(cfg.send_slots as usize * slot_bytes, "eager send slots")?;
-        let send_key = register_slots(&*nic, &send_pool, access, &mut slots_on_demand)?;
+        let send_key =
+            crate::buffer_mode::register_pool(&*nic, &send_pool, access, &mut slots_on_demand)?;
         if slots_on_demand && rank == 0 {
             eprintln!(
                 "pagewire: the eager slots do not fit the locked-memory limit; they are registered \

@@ -3,32 +3,6 @@
 
 use super::*;
 
-/// Registers a slot pool pinned; if that exceeds the locked-memory limit and the NIC has
-/// on-demand paging, registers it ODP and prefetches it instead (so small `ulimit -l`
-/// settings still run), and says so through `on_demand`.
-pub(crate) fn register_slots(
-    nic: &dyn Nic,
-    pool: &AnonMapping,
-    access: Access,
-    on_demand: &mut bool,
-) -> Result<u32> {
-    match nic.register(pool.addr(), pool.len() as u64, access) {
-        Ok(r) => Ok(r.lkey),
-        Err(Error::MemlockLimit { .. }) if nic.capabilities().odp_rc => {
-            let r = nic.register(pool.addr(), pool.len() as u64, access | Access::ON_DEMAND)?;
-            nic.advise(
-                r.lkey,
-                pool.addr(),
-                pool.len() as u64,
-                crate::nic::Advice::PrefetchWrite,
-            )?;
-            *on_demand = true;
-            Ok(r.lkey)
-        }
-        Err(e) => Err(e),
-    }
-}
-
 pub(super) fn fill_payload(src: &Payload<'_>, dst: &mut [u8]) {
     match src {
         Payload::None => {}
