@@ -517,12 +517,21 @@ fn dead_peer_full_ring_body(r: &Rank) {
     let buf = AnonMapping::new(LEN).unwrap();
     let mr = r.nic.register(buf.addr(), LEN as u64, rw()).unwrap();
     let remote = r.exchange(&mr);
+    let pids = r.boot.allgather(&std::process::id().to_le_bytes()).unwrap();
     if r.rank() == 1 {
         // Gone at once, its region never deregistered (as if killed): the WRITE is valid,
-        // and only liveness can end it. `_exit`, not `exit`: no exit handler runs while the
-        // driver thread could still take (and acknowledge) the WRITE.
+        // and only liveness can end it. `_exit`, not `exit`: no exit handler runs.
         // SAFETY (test): ends the process at once; nothing after it runs.
         unsafe { libc::_exit(0) };
+    }
+    // Post only once the peer is gone: while it lives, its driver thread may take the whole
+    // WRITE and acknowledge it (one-sided, as an HCA would), which ended this test with
+    // success under load.
+    let peer = u32::from_le_bytes(pids[1][..4].try_into().unwrap());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !process_gone(peer) {
+        assert!(std::time::Instant::now() < deadline, "rank 1 did not exit");
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
     let (addr, rkey, _) = remote[1];
     let start = std::time::Instant::now();
@@ -699,6 +708,17 @@ fn process_stopped(pid: u32) -> bool {
         .unwrap()
         .trim_start()
         .starts_with('T')
+}
+
+/// Whether process `pid` has exited (gone, or a zombie its parent has not reaped yet).
+fn process_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => {
+            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+            state.starts_with('Z') || state.starts_with('X')
+        }
+    }
 }
 
 fn memlock_body(r: &Rank) {
