@@ -5,7 +5,7 @@
 use pagewire_pindown::{Acquire, Limits, NicRegistrar, PinDownCache, Policy};
 use pagewire_transport::boot::SingletonBootstrap;
 use pagewire_transport::nic::soft::{
-    DmaMode, MemlockLimit, OdpCheck, PinMethod, SoftConfig, SoftNic,
+    DmaMode, MemlockLimit, OdpCheck, PinMethod, SoftConfig, SoftNic, SoftProfile,
 };
 use pagewire_transport::nic::PAGE_SIZE;
 use pagewire_transport::sys::AnonMapping;
@@ -24,6 +24,7 @@ fn nic(memlock: u64) -> SoftNic {
             odp_check: OdpCheck::Monitor,
             // These tests read VmLck, which only mlock moves.
             pin: PinMethod::Mlock,
+            profile: SoftProfile::Real,
         },
     )
     .expect("soft NIC")

@@ -7,7 +7,7 @@
 use pagewire_pindown::{Acquire, Limits, NicRegistrar, PinDownCache, Policy};
 use pagewire_transport::boot::SingletonBootstrap;
 use pagewire_transport::nic::soft::{
-    DmaMode, MemlockLimit, OdpCheck, PinMethod, SoftConfig, SoftNic,
+    DmaMode, MemlockLimit, OdpCheck, PinMethod, SoftConfig, SoftNic, SoftProfile,
 };
 use pagewire_transport::nic::Nic;
 use pagewire_transport::sys::{vm_locked_and_resident, AnonMapping};
@@ -31,6 +31,7 @@ fn vmlck_stays_within_max_bytes_and_returns_after_drop() {
             odp_check: OdpCheck::Monitor,
             // These tests read VmLck, which only mlock moves.
             pin: PinMethod::Mlock,
+            profile: SoftProfile::Real,
         },
     )
     .expect("soft NIC");

@@ -16,8 +16,16 @@
 //! `pinned` the target's buffer is registered once (pinning it per iteration would need a
 //! key exchange per message). The `memcpy` reference copies the same sizes in the same run,
 //! into a fresh destination per iteration under `--cold`.
+//!
+//! `--resident` (with `--cold`): the fresh buffers and spans are written by the CPU before
+//! they are registered, so the NIC's faults find the pages in memory and only map them —
+//! seed 000's minor network page faults (Table 4). Without it, a fault on a fresh page also
+//! allocates and zeroes it. Both print a per-size table of the faults: where their time went
+//! and their 50/95/99 %/max, next to seed 000's figures (issue 16, study 2; the
+//! `PAGEWIRE_SOFT_PROFILE=npf-model` profile adds the NIC firmware's part).
 
 mod measure;
+mod npf;
 mod setup;
 
 use std::time::{Duration, Instant};
@@ -109,6 +117,9 @@ pub struct PerftestConfig {
     pub mr: MrMode,
     /// Fresh memory every iteration.
     pub cold: bool,
+    /// Fresh memory written by the CPU before the NIC sees it (pages resident, unknown to
+    /// the NIC): faults only map them.
+    pub resident: bool,
     /// Outstanding work requests in bandwidth tests (perftest's `tx_depth`).
     pub tx_depth: usize,
 }
@@ -165,6 +176,10 @@ pub struct PerftestReport {
     pub cold: bool,
     /// Provider and data path.
     pub provider: String,
+    /// The soft NIC's cost profile (`PAGEWIRE_SOFT_PROFILE`).
+    pub profile: String,
+    /// The network page faults of each size, by side.
+    pub npf: Vec<npf::NpfRow>,
     /// Per-size results.
     pub results: Vec<SizeResult>,
     /// Counters of the client (initiator) over the run.
@@ -233,7 +248,9 @@ pub fn run(
     boot.barrier()?;
     let start_counters = nic.counters();
     let mut results = Vec::new();
+    let mut npf_rows = Vec::new();
     for &size in &cfg.sizes {
+        let before = nic.counters();
         anyhow::ensure!(
             size > 0 || cfg.test.is_bw(),
             "latency tests need a size of at least 1 byte"
@@ -246,6 +263,15 @@ pub fn run(
             TestKind::SendLat => send_latency(&ctx, cfg, size, iters)?,
         };
         boot.barrier()?;
+        // Both sides' faults of this size (collective; the server's arrive as bytes).
+        let delta = boot.allgather(&nic.counters().since(&before).to_bytes())?;
+        if me == 0 {
+            let side = |b: &[u8]| {
+                CountersSnapshot::from_bytes(b)
+                    .ok_or_else(|| anyhow::anyhow!("malformed counters from a rank"))
+            };
+            npf_rows.extend(npf::rows(size, &side(&delta[0])?, &side(&delta[1])?));
+        }
         if let Some(r) = r {
             let (memcpy, ratio) = memcpy_reference(cfg, size, iters.min(2000), &r);
             results.push(SizeResult {
@@ -276,6 +302,8 @@ pub fn run(
         mr: cfg.mr,
         cold: cfg.cold,
         provider,
+        profile: nic.profile().describe().to_string(),
+        npf: npf_rows,
         results,
         client: mine,
         server,
@@ -345,6 +373,7 @@ pub fn print(report: &PerftestReport, iters_note: bool) {
     println!("{dash}");
     println!("                    {}", report.test.title());
     println!(" Provider        : {}", report.provider);
+    println!(" Profile         : {}", report.profile);
     for (rank, line) in report.placement.iter().enumerate() {
         println!(" Rank {rank}          : {line}");
     }
@@ -413,6 +442,7 @@ pub fn print(report: &PerftestReport, iters_note: bool) {
     );
     println!(" the same-run median memcpy time (latency tests); memcpy copies into a fresh mapping under --cold.");
     println!("{dash}");
+    npf::print(&report.npf, &report.profile, &dash);
     println!(
         " NIC counters over the run        {:>16} {:>16}",
         "client", "server"

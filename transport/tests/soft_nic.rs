@@ -1379,3 +1379,91 @@ fn a_send_or_write_from_unmapped_or_unregistered_memory_fails_locally_and_the_pr
         local_faults_body,
     );
 }
+
+/// A WRITE from a resident but NIC-cold ODP source into a cold ODP target: one requester
+/// fault at rank 0, one responder fault at rank 1. The counters split each fault's time into
+/// the driver's wait, the OS's work and (profile `npf-model`, issue 16 study 2) the modelled
+/// firmware time, and the parts add up to no more than the whole.
+fn npf_parts_body(r: &Rank) {
+    const LEN: usize = 64 << 10;
+    let qps = r.connect_all(false);
+    let me = r.rank();
+    let qp = qps[1 - me].unwrap();
+    let mut src = AnonMapping::new(LEN).unwrap();
+    src.as_mut_slice().copy_from_slice(&pattern(11, LEN));
+    let smr = r
+        .nic
+        .register(src.addr(), LEN as u64, rw() | Access::ON_DEMAND)
+        .unwrap();
+    let target = AnonMapping::new(LEN).unwrap();
+    let tmr = r
+        .nic
+        .register(target.addr(), LEN as u64, rw() | Access::ON_DEMAND)
+        .unwrap();
+    let before = r.nic.counters(); // taken before the collective that releases rank 0
+    let remote = r.exchange(&tmr);
+    if me == 0 {
+        let (raddr, rkey, _) = remote[1];
+        post_send(
+            r,
+            qp,
+            1,
+            Opcode::RdmaWrite {
+                remote_addr: raddr,
+                rkey,
+            },
+            &[sge(src.addr(), LEN as u64, smr.lkey)],
+        );
+        assert_eq!(r.wait().status, WcStatus::Success);
+    }
+    r.boot.barrier().unwrap();
+    if me == 1 {
+        assert!(target.as_slice()[..] == pattern(11, LEN)[..]);
+    }
+    let c = r.nic.counters().since(&before);
+    let n = c.npf_count();
+    let side = if me == 0 {
+        c.npf_requester
+    } else {
+        c.npf_responder
+    };
+    assert!(side >= 1 && side == n, "rank {me}: {c:?}");
+    assert!(c.npf_os_ns > 0, "the OS's work is measured: {c:?}");
+    assert!(
+        c.npf_resolve_ns >= c.npf_wait_ns + c.npf_os_ns + c.npf_model_ns,
+        "the parts fit in the whole: {c:?}"
+    );
+    if me == 0 {
+        assert_eq!(c.npf_wait_ns, 0, "a requester fault waits for no driver");
+    }
+    assert!(c.npf_max_ns * n >= c.npf_resolve_ns);
+    assert!(c.npf_percentile_us(100.0) > 0.0);
+    match std::env::var("PAGEWIRE_SOFT_PROFILE").as_deref() {
+        Ok("npf-model") => assert!(
+            c.npf_model_ns >= 147_000 * n,
+            "seed 000's firmware time is at least 147 µs a fault: {c:?}"
+        ),
+        _ => assert_eq!(c.npf_model_ns, 0, "the real profile models nothing"),
+    }
+    r.boot.barrier().unwrap();
+}
+
+#[test]
+fn a_fault_s_time_is_split_into_wait_os_work_and_nothing_modelled() {
+    ranks(
+        "a_fault_s_time_is_split_into_wait_os_work_and_nothing_modelled",
+        2,
+        &[],
+        npf_parts_body,
+    );
+}
+
+#[test]
+fn the_npf_model_profile_adds_seed_000_s_firmware_time_to_every_fault() {
+    ranks(
+        "the_npf_model_profile_adds_seed_000_s_firmware_time_to_every_fault",
+        2,
+        &[("PAGEWIRE_SOFT_PROFILE", "npf-model")],
+        npf_parts_body,
+    );
+}

@@ -37,6 +37,11 @@ struct Args {
     /// Fresh buffers every iteration (ODP faults every time; pinned registers every time).
     #[arg(long)]
     cold: bool,
+    /// With --cold: the CPU writes every fresh buffer before the NIC sees it, so a network
+    /// page fault finds its pages in memory and only maps them for the NIC (seed 000's
+    /// "minor" NPF, Table 4); without it the fault also allocates and zeroes them.
+    #[arg(long, requires = "cold")]
+    resident: bool,
     /// Outstanding work requests in bandwidth tests.
     #[arg(long, short = 't', default_value_t = 128)]
     tx_depth: usize,
@@ -62,6 +67,7 @@ fn main() -> anyhow::Result<()> {
         iters: args.iters,
         mr: args.mr,
         cold: args.cold,
+        resident: args.resident,
         tx_depth: args.tx_depth,
     };
     let placement = pagewire_tools::placement::gather_boot(&*boot)?;

@@ -187,7 +187,7 @@ impl<'a> Target<'a> {
     ) -> anyhow::Result<Target<'a>> {
         let layout = TargetLayout::of(cfg, size, iters);
         let len = size.max(1) * layout.slices;
-        let buf = Registered::new(ctx, len, cfg.mr, !layout.cold)?;
+        let buf = Registered::new(ctx, len, cfg.mr, !layout.cold || cfg.resident)?;
         if cfg.mr == MrMode::OdpPrefetch {
             buf.prefetch(0, len, write)?;
         }
@@ -226,7 +226,7 @@ pub(super) fn local_buffer<'a>(
         let _ = warm;
         return Ok(None);
     }
-    let fresh = Registered::new(ctx, size.max(1), cfg.mr, false)?;
+    let fresh = Registered::new(ctx, size.max(1), cfg.mr, cfg.resident)?;
     if cfg.mr == MrMode::OdpPrefetch && size > 0 {
         fresh.prefetch(0, size, write)?;
     }

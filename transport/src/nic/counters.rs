@@ -16,6 +16,78 @@ pub enum DataPath {
 /// less than `2^i` microseconds (the last bucket takes the rest).
 pub const NPF_HISTOGRAM_BUCKETS: usize = 20;
 
+/// Sub-buckets per doubling of the fine NPF latency histogram (`npf_latency`): a bucket is
+/// 1/16 of its octave wide (3–6 % of the value), fine enough to set percentiles beside seed
+/// 000 Table 4's (215 against 250 µs).
+const NPF_LATENCY_SUBS: usize = 16;
+/// Octaves of the fine histogram, from 1 µs: the last ends at 2^24 µs (about 17 s).
+const NPF_LATENCY_OCTAVES: usize = 24;
+/// Buckets of the fine NPF latency histogram: one for under 1 µs, then
+/// `NPF_LATENCY_OCTAVES` doublings of `NPF_LATENCY_SUBS` buckets each.
+pub const NPF_LATENCY_BUCKETS: usize = 1 + NPF_LATENCY_SUBS * NPF_LATENCY_OCTAVES;
+
+/// The fine histogram bucket of a duration in nanoseconds.
+fn latency_bucket(nanos: u64) -> usize {
+    let micros = nanos as f64 / 1000.0;
+    if micros < 1.0 {
+        return 0;
+    }
+    let octave = micros.log2().floor() as usize;
+    if octave >= NPF_LATENCY_OCTAVES {
+        return NPF_LATENCY_BUCKETS - 1;
+    }
+    let sub = ((micros / (1u64 << octave) as f64 - 1.0) * NPF_LATENCY_SUBS as f64) as usize;
+    1 + octave * NPF_LATENCY_SUBS + sub.min(NPF_LATENCY_SUBS - 1)
+}
+
+/// The middle of fine histogram bucket `i`, in microseconds.
+fn latency_bucket_mid_us(i: usize) -> f64 {
+    if i == 0 {
+        return 0.5;
+    }
+    let (octave, sub) = ((i - 1) / NPF_LATENCY_SUBS, (i - 1) % NPF_LATENCY_SUBS);
+    let base = (1u64 << octave) as f64;
+    base * (1.0 + (sub as f64 + 0.5) / NPF_LATENCY_SUBS as f64)
+}
+
+/// The live fine histogram (an array too long for `#[derive(Default)]`).
+#[derive(Debug)]
+pub(crate) struct LiveLatencies(pub [AtomicU64; NPF_LATENCY_BUCKETS]);
+
+impl Default for LiveLatencies {
+    fn default() -> Self {
+        LiveLatencies(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+/// Counts per bucket of the fine NPF latency histogram.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Latencies(pub [u64; NPF_LATENCY_BUCKETS]);
+
+impl Default for Latencies {
+    fn default() -> Self {
+        Latencies([0; NPF_LATENCY_BUCKETS])
+    }
+}
+
+/// Where the time of one network page fault went (seed 000 Fig. 3(a)'s breakdown, as far as
+/// the soft NIC has its parts).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct NpfTiming {
+    /// From the fault to its resolution, as the faulting engine waits for it.
+    pub total_ns: u64,
+    /// From filing the fault to the driver thread taking it up (the interrupt and the
+    /// handler's invocation, Fig. 3(a) (i)–(ii)); 0 for a requester fault, which the
+    /// engine resolves itself.
+    pub wait_ns: u64,
+    /// The operating system's work: mapping the pages and marking them present for the NIC
+    /// ((iii)–(iv)), real on every profile.
+    pub os_ns: u64,
+    /// Time added by the `npf-model` profile for the NIC's firmware (seed 000 Table 4);
+    /// 0 on the default profile.
+    pub model_ns: u64,
+}
+
 /// Adds `n` to a counter only one thread updates at a time (readers may see it late).
 pub(crate) fn add_serialized(c: &AtomicU64, n: u64) {
     c.store(c.load(Relaxed).wrapping_add(n), Relaxed);
@@ -40,6 +112,11 @@ pub struct Counters {
     pub(crate) npf_failed: AtomicU64,
     pub(crate) npf_resolve_ns: AtomicU64,
     pub(crate) npf_histogram: [AtomicU64; NPF_HISTOGRAM_BUCKETS],
+    pub(crate) npf_wait_ns: AtomicU64,
+    pub(crate) npf_os_ns: AtomicU64,
+    pub(crate) npf_model_ns: AtomicU64,
+    pub(crate) npf_max_ns: AtomicU64,
+    pub(crate) npf_latency: LiveLatencies,
     pub(crate) prefetch_pages: AtomicU64,
     pub(crate) rnr_nacks_sent: AtomicU64,
     pub(crate) rnr_retries: AtomicU64,
@@ -84,15 +161,21 @@ impl Counters {
         histogram[micros_bucket(nanos)].fetch_add(1, Relaxed);
     }
 
-    pub(crate) fn record_npf(&self, requester: bool, pages: u64, nanos: u64) {
+    /// Counts one resolved network page fault over `pages` pages and where its time went.
+    pub(crate) fn record_npf(&self, requester: bool, pages: u64, t: NpfTiming) {
         if requester {
             self.npf_requester.fetch_add(1, Relaxed);
         } else {
             self.npf_responder.fetch_add(1, Relaxed);
         }
         self.npf_pages.fetch_add(pages, Relaxed);
-        self.npf_resolve_ns.fetch_add(nanos, Relaxed);
-        self.npf_histogram[micros_bucket(nanos)].fetch_add(1, Relaxed);
+        self.npf_resolve_ns.fetch_add(t.total_ns, Relaxed);
+        self.npf_wait_ns.fetch_add(t.wait_ns, Relaxed);
+        self.npf_os_ns.fetch_add(t.os_ns, Relaxed);
+        self.npf_model_ns.fetch_add(t.model_ns, Relaxed);
+        self.npf_max_ns.fetch_max(t.total_ns, Relaxed);
+        self.npf_histogram[micros_bucket(t.total_ns)].fetch_add(1, Relaxed);
+        self.npf_latency.0[latency_bucket(t.total_ns)].fetch_add(1, Relaxed);
     }
 
     /// Counts payload bytes by path. Callers are serialised (the soft engine's lock), so a
@@ -118,6 +201,11 @@ impl Counters {
             npf_failed: self.npf_failed.load(Relaxed),
             npf_resolve_ns: self.npf_resolve_ns.load(Relaxed),
             npf_histogram: std::array::from_fn(|i| self.npf_histogram[i].load(Relaxed)),
+            npf_wait_ns: self.npf_wait_ns.load(Relaxed),
+            npf_os_ns: self.npf_os_ns.load(Relaxed),
+            npf_model_ns: self.npf_model_ns.load(Relaxed),
+            npf_max_ns: self.npf_max_ns.load(Relaxed),
+            npf_latency: Latencies(std::array::from_fn(|i| self.npf_latency.0[i].load(Relaxed))),
             prefetch_pages: self.prefetch_pages.load(Relaxed),
             rnr_nacks_sent: self.rnr_nacks_sent.load(Relaxed),
             rnr_retries: self.rnr_retries.load(Relaxed),
@@ -166,6 +254,19 @@ pub struct CountersSnapshot {
     pub npf_resolve_ns: u64,
     /// Resolution-time histogram (bucket `i`: under `2^i` µs).
     pub npf_histogram: [u64; NPF_HISTOGRAM_BUCKETS],
+    /// Of `npf_resolve_ns`: from filing a responder fault to the driver thread taking it up.
+    pub npf_wait_ns: u64,
+    /// Of `npf_resolve_ns`: the operating system's work (mapping pages, marking them
+    /// present).
+    pub npf_os_ns: u64,
+    /// Of `npf_resolve_ns`: time the `npf-model` profile added for the NIC's firmware
+    /// (modelled, seed 000 Table 4; 0 on the default profile).
+    pub npf_model_ns: u64,
+    /// The longest fault resolution, in nanoseconds (kept as a level by `since`).
+    pub npf_max_ns: u64,
+    /// Fine resolution-time histogram (16 buckets per doubling from 1 µs), for percentiles
+    /// ([`CountersSnapshot::npf_percentile_us`]).
+    pub npf_latency: Latencies,
     /// Pages mapped by `advise` (prefetch).
     pub prefetch_pages: u64,
     /// Receiver-not-ready answers this rank sent (no receive posted, or a receive NPF).
@@ -229,18 +330,24 @@ impl CountersSnapshot {
             self.deregistration_ns,
             self.detached_regions,
             self.detached_bytes,
+            self.npf_wait_ns,
+            self.npf_os_ns,
+            self.npf_model_ns,
+            self.npf_max_ns,
         ];
         w.extend_from_slice(&self.npf_histogram);
         w.extend_from_slice(&self.registration_histogram);
         w.extend_from_slice(&self.deregistration_histogram);
+        w.extend_from_slice(&self.npf_latency.0);
         w.iter().flat_map(|v| v.to_le_bytes()).collect()
     }
 
     /// The inverse of [`CountersSnapshot::to_bytes`]; `None` if the length is wrong.
     pub fn from_bytes(b: &[u8]) -> Option<CountersSnapshot> {
-        const SCALARS: usize = 22;
+        const SCALARS: usize = 26;
         const H: usize = NPF_HISTOGRAM_BUCKETS;
-        if b.len() != (SCALARS + 3 * H) * 8 {
+        const L: usize = NPF_LATENCY_BUCKETS;
+        if b.len() != (SCALARS + 3 * H + L) * 8 {
             return None;
         }
         let w: Vec<u64> = b
@@ -270,6 +377,11 @@ impl CountersSnapshot {
             deregistration_ns: w[19],
             detached_regions: w[20],
             detached_bytes: w[21],
+            npf_wait_ns: w[22],
+            npf_os_ns: w[23],
+            npf_model_ns: w[24],
+            npf_max_ns: w[25],
+            npf_latency: Latencies(std::array::from_fn(|i| w[SCALARS + 3 * H + i])),
             npf_histogram: std::array::from_fn(|i| w[SCALARS + i]),
             registration_histogram: std::array::from_fn(|i| w[SCALARS + H + i]),
             deregistration_histogram: std::array::from_fn(|i| w[SCALARS + 2 * H + i]),
@@ -296,6 +408,36 @@ impl CountersSnapshot {
         }
     }
 
+    /// Faults resolved on both sides.
+    pub fn npf_count(&self) -> u64 {
+        self.npf_requester + self.npf_responder
+    }
+
+    /// The `p`-th percentile (0 < p ≤ 100) of fault resolution time in microseconds, from
+    /// the fine histogram (the middle of the bucket it falls in: within 3 % of the value);
+    /// 0 when there was no fault.
+    pub fn npf_percentile_us(&self, p: f64) -> f64 {
+        let n: u64 = self.npf_latency.0.iter().sum();
+        if n == 0 {
+            return 0.0;
+        }
+        let rank = ((p / 100.0) * n as f64).ceil().clamp(1.0, n as f64) as u64;
+        let mut seen = 0;
+        for (i, c) in self.npf_latency.0.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return latency_bucket_mid_us(i);
+            }
+        }
+        latency_bucket_mid_us(NPF_LATENCY_BUCKETS - 1)
+    }
+
+    /// Mean of one part of the fault time (`npf_wait_ns`, `npf_os_ns`, `npf_model_ns`, or
+    /// `npf_resolve_ns` for the whole), in microseconds per fault.
+    pub fn npf_part_mean_us(&self, part_ns: u64) -> f64 {
+        mean_us(part_ns, self.npf_count())
+    }
+
     /// The data path that moved most payload bytes.
     pub fn main_data_path(&self) -> Option<DataPath> {
         match (self.bytes_cma, self.bytes_staged) {
@@ -320,6 +462,13 @@ impl CountersSnapshot {
             npf_histogram: std::array::from_fn(|i| {
                 self.npf_histogram[i] - earlier.npf_histogram[i]
             }),
+            npf_wait_ns: self.npf_wait_ns - earlier.npf_wait_ns,
+            npf_os_ns: self.npf_os_ns - earlier.npf_os_ns,
+            npf_model_ns: self.npf_model_ns - earlier.npf_model_ns,
+            npf_max_ns: self.npf_max_ns,
+            npf_latency: Latencies(std::array::from_fn(|i| {
+                self.npf_latency.0[i] - earlier.npf_latency.0[i]
+            })),
             prefetch_pages: self.prefetch_pages - earlier.prefetch_pages,
             rnr_nacks_sent: self.rnr_nacks_sent - earlier.rnr_nacks_sent,
             rnr_retries: self.rnr_retries - earlier.rnr_retries,
@@ -358,9 +507,13 @@ mod tests {
     #[test]
     fn npf_histogram_buckets_by_log2_microseconds() {
         let c = Counters::default();
-        c.record_npf(true, 1, 500); // 0 us -> bucket 0
-        c.record_npf(false, 2, 3_000); // 3 us -> bucket 2
-        c.record_npf(false, 1, u64::MAX / 2); // clamps to the last bucket
+        let t = |ns| NpfTiming {
+            total_ns: ns,
+            ..NpfTiming::default()
+        };
+        c.record_npf(true, 1, t(500)); // 0 us -> bucket 0
+        c.record_npf(false, 2, t(3_000)); // 3 us -> bucket 2
+        c.record_npf(false, 1, t(u64::MAX / 2)); // clamps to the last bucket
         let s = c.snapshot();
         assert_eq!(s.npf_histogram[0], 1);
         assert_eq!(s.npf_histogram[2], 1);
@@ -371,12 +524,68 @@ mod tests {
     #[test]
     fn snapshots_round_trip_through_bytes() {
         let c = Counters::default();
-        c.record_npf(false, 3, 70_000);
+        c.record_npf(
+            false,
+            3,
+            NpfTiming {
+                total_ns: 70_000,
+                wait_ns: 1_000,
+                os_ns: 9_000,
+                model_ns: 60_000,
+            },
+        );
         c.add_pinned(4096);
         c.add_bytes(DataPath::Staged, 99);
         let s = c.snapshot();
         assert_eq!(CountersSnapshot::from_bytes(&s.to_bytes()), Some(s));
         assert_eq!(CountersSnapshot::from_bytes(&[0; 8]), None);
+    }
+
+    #[test]
+    fn npf_percentiles_come_within_a_bucket_of_the_samples() {
+        let c = Counters::default();
+        // 100 faults of 101..=200 µs, and one of 464 µs (seed 000 Table 4's 4 KB maximum).
+        for us in 101..=200u64 {
+            c.record_npf(
+                true,
+                1,
+                NpfTiming {
+                    total_ns: us * 1000,
+                    os_ns: us * 100,
+                    ..NpfTiming::default()
+                },
+            );
+        }
+        c.record_npf(
+            true,
+            1,
+            NpfTiming {
+                total_ns: 464_000,
+                ..NpfTiming::default()
+            },
+        );
+        let s = c.snapshot();
+        let near = |got: f64, want: f64| (got - want).abs() <= want * 0.04;
+        assert!(
+            near(s.npf_percentile_us(50.0), 151.0),
+            "{}",
+            s.npf_percentile_us(50.0)
+        );
+        assert!(
+            near(s.npf_percentile_us(95.0), 196.0),
+            "{}",
+            s.npf_percentile_us(95.0)
+        );
+        assert!(near(s.npf_percentile_us(100.0), 464.0));
+        assert_eq!(s.npf_max_ns, 464_000);
+        // 100 µs × (101 + ... + 200) / 10 over 101 faults.
+        assert!(near(s.npf_part_mean_us(s.npf_os_ns), 1_505.0 / 101.0));
+        assert_eq!(CountersSnapshot::default().npf_percentile_us(99.0), 0.0);
+        // Every bucket's middle lies inside the bucket.
+        for i in 1..NPF_LATENCY_BUCKETS {
+            let mid_ns = (latency_bucket_mid_us(i) * 1000.0) as u64;
+            assert_eq!(latency_bucket(mid_ns), i, "bucket {i}");
+        }
     }
 
     #[test]

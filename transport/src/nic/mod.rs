@@ -16,7 +16,7 @@ pub mod soft;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
-pub use counters::{Counters, CountersSnapshot, DataPath};
+pub use counters::{Counters, CountersSnapshot, DataPath, Latencies, NPF_LATENCY_BUCKETS};
 
 use crate::error::Result;
 

@@ -25,12 +25,16 @@ pub struct SoftConfig {
     pub odp_check: OdpCheck,
     /// How registrations pin (`PAGEWIRE_PIN=auto|longterm|mlock`).
     pub pin: PinMethod,
+    /// Which costs the NIC charges beyond the real ones
+    /// (`PAGEWIRE_SOFT_PROFILE=real|npf-model`; see [`SoftProfile`]).
+    pub profile: SoftProfile,
 }
 
 impl SoftConfig {
     /// Reads `PAGEWIRE_SOFT_DMA`, `PAGEWIRE_MEMLOCK_LIMIT` (bytes, with an optional
     /// K/M/G suffix, or `unlimited`), `PAGEWIRE_SOFT_ODP_CHECK` (`monitor`, `pagemap`) and
-    /// `PAGEWIRE_PIN` (`auto`, `longterm`, `mlock`).
+    /// `PAGEWIRE_PIN` (`auto`, `longterm`, `mlock`) and `PAGEWIRE_SOFT_PROFILE` (`real`,
+    /// `npf-model`).
     pub fn from_env() -> Result<SoftConfig> {
         let dma = match std::env::var("PAGEWIRE_SOFT_DMA").as_deref() {
             Err(_) | Ok("") | Ok("auto") => DmaMode::Auto,
@@ -62,11 +66,13 @@ impl SoftConfig {
         };
         let odp_check = OdpCheck::parse(std::env::var("PAGEWIRE_SOFT_ODP_CHECK").ok().as_deref())?;
         let pin = PinMethod::parse(std::env::var("PAGEWIRE_PIN").ok().as_deref())?;
+        let profile = SoftProfile::parse(std::env::var("PAGEWIRE_SOFT_PROFILE").ok().as_deref())?;
         Ok(SoftConfig {
             dma,
             memlock,
             odp_check,
             pin,
+            profile,
         })
     }
 }

@@ -76,12 +76,27 @@ impl Inner {
                 slot.w[NPF_LEN].load(Relaxed),
             );
             let write = slot.w[NPF_WRITE].load(Relaxed) != 0;
-            let ok = self.resolve_fault(addr, len, write);
             let t0 = slot.w[NPF_TIME].load(Relaxed);
+            let taken = sys::monotonic_ns();
+            let ok = self.resolve_fault(addr, len, write);
+            let os_ns = sys::monotonic_ns().saturating_sub(taken);
+            let model_ns = if ok {
+                self.profile.charge_npf_hardware()
+            } else {
+                0
+            };
             let pages = sys::page_span(addr, len).1 / PAGE_SIZE;
             // Count before publishing, so whoever sees the fault resolved sees it counted.
-            self.counters
-                .record_npf(false, pages, sys::monotonic_ns().saturating_sub(t0));
+            self.counters.record_npf(
+                false,
+                pages,
+                NpfTiming {
+                    total_ns: sys::monotonic_ns().saturating_sub(t0),
+                    wait_ns: taken.saturating_sub(t0),
+                    os_ns,
+                    model_ns,
+                },
+            );
             slot.w[NPF_STATUS].store(!ok as u64, Relaxed);
             slot.w[NPF_DONE].store(req, Release);
         }

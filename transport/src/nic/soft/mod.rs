@@ -39,6 +39,7 @@ mod driver;
 mod engine;
 mod inbox;
 mod layout;
+mod npf_model;
 mod odp_watch;
 mod pin;
 mod present;
@@ -49,6 +50,7 @@ mod shm;
 mod tpt;
 
 pub use config::{parse_bytes, DmaMode, SoftConfig};
+pub use npf_model::SoftProfile;
 pub use odp_watch::OdpCheck;
 pub use pin::{MemlockLimit, PinMethod};
 
@@ -63,6 +65,7 @@ use parking_lot::Mutex;
 
 use crate::boot::{shm_prefix, Bootstrap};
 use crate::error::{Error, Result};
+use crate::nic::counters::NpfTiming;
 use crate::nic::{
     Access, Advice, Capabilities, Completion, Counters, CountersSnapshot, Endpoint, Nic, QpCaps,
     RecvWr, RegionInfo, SendWr, PAGE_SIZE,
@@ -104,6 +107,8 @@ impl Peer {
 pub(crate) struct Inner {
     pub rank: usize,
     pub caps: Capabilities,
+    /// Which costs beyond the real ones the NIC charges.
+    pub profile: SoftProfile,
     pub counters: Counters,
     pub own: Arc<RankMemory>,
     /// Keeps `own`'s present bits true against address-space changes.
@@ -226,6 +231,7 @@ impl SoftNic {
         let inner = Arc::new(Inner {
             rank,
             caps,
+            profile: config.profile,
             counters: Counters::default(),
             own,
             watch,
@@ -293,6 +299,11 @@ impl SoftNic {
         inbox::announce(&ring, p.mem.pending(), self.inner.rank);
         p.mem.wake_driver_if_asleep();
         true
+    }
+
+    /// Which costs beyond the real ones this NIC charges (`PAGEWIRE_SOFT_PROFILE`).
+    pub fn profile(&self) -> SoftProfile {
+        self.inner.profile
     }
 
     /// One line: how this NIC pins registered memory, and whether regions stay bound to

@@ -11,6 +11,7 @@ use super::{
     QueuePair, SendOp, MAX_MSG_BYTES, SEND_CMA_MIN,
 };
 use crate::error::{Error, Result};
+use crate::nic::counters::NpfTiming;
 use crate::nic::soft::ack::Nak;
 use crate::nic::soft::dma;
 use crate::nic::soft::ring::{Header, Kind, Slot, CMA_DESCRIPTOR, FIRST, HAS_IMM, LAST, MTU};
@@ -678,8 +679,18 @@ impl Inner {
                     ) {
                         return Err(WcStatus::LocalProtectionError);
                     }
-                    self.counters
-                        .record_npf(true, range.len / PAGE_SIZE, sys::monotonic_ns() - t0);
+                    let os_ns = sys::monotonic_ns() - t0;
+                    let model_ns = self.profile.charge_npf_hardware();
+                    self.counters.record_npf(
+                        true,
+                        range.len / PAGE_SIZE,
+                        NpfTiming {
+                            total_ns: sys::monotonic_ns() - t0,
+                            wait_ns: 0,
+                            os_ns,
+                            model_ns,
+                        },
+                    );
                 }
             }
             out.push(e);

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Issue 16, study 2: network page fault cost, the soft NIC's real figures next to the
+# `npf-model` profile (real OS work + the NIC firmware's part, modelled from seed 000
+# Table 4) and next to seed 000's own (Table 4, Fig. 3(a)) and seed 003's.
+#
+# `pw-perftest read_lat --mr odp --cold`, 4 KiB and 4 MiB, 1000 iterations, 2 ranks:
+#   - resident, profile real:      pages in memory, unknown to the NIC (seed 000's minor NPF);
+#   - resident, profile npf-model: the same plus the modelled firmware time;
+#   - first touch, profile real:   fresh pages the fault must also allocate and zero.
+# The client (initiator) takes a requester fault per iteration writing its fresh landing
+# buffer; the server a responder fault reading a fresh source slice (the first 256 at 4 MiB:
+# the target span is capped at 1 GiB and then reused).
+# Prints a Markdown table and keeps the raw outputs.
+# Usage: tools/bench/npf_model.sh [OUTDIR]   (default: target/bench/npf-model)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:-target/bench/npf-model}
+mkdir -p "$out"
+cargo build --release -q -p pagewire-tools --bin pw-perftest --bin pwrun
+echo "# $(date -u +%FT%TZ) $(uname -sr), $(nproc) cores, load before: $(cut -d' ' -f1-3 /proc/loadavg)" > "$out/machine.txt"
+run() { # NAME PROFILE [--resident]
+  local name=$1 profile=$2
+  shift 2
+  PAGEWIRE_SOFT_PROFILE=$profile target/release/pw-perftest read_lat --mr odp --cold "$@" \
+    -s 4096,4194304 -n 1000 > "$out/$name.txt" 2> /dev/null
+}
+run resident-real real --resident
+run resident-npf-model npf-model --resident
+run first-touch-real real
+echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/machine.txt"
+
+# row FILE BYTES SIDE: "faults OS model mean p50 p95 p99 max" of the fault table.
+row() {
+  awk -v n="$2" -v s="$3" '/^ Network page faults per size/ { on = 1 }
+    on && $1 == n && $2 == s { print $3, $6, $7, $8, $9, $10, $11, $12; exit }' "$1"
+}
+{
+  echo "| run | size | side | faults | OS µs | modelled µs | mean µs | 50 % | 95 % | 99 % | max |"
+  echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+  for name in resident-real resident-npf-model first-touch-real; do
+    for n in 4096 4194304; do
+      for side in client server; do
+        read -r f os mo me p50 p95 p99 mx < <(row "$out/$name.txt" "$n" "$side")
+        echo "| $name | $n | $side | $f | $os | $mo | $me | $p50 | $p95 | $p99 | $mx |"
+      done
+    done
+  done
+  echo "| seed 000 Table 4 (Connect-IB, minor) | 4 KB | | | | | 220 (90 % firmware) | 215 | 250 | 261 | 464 |"
+  echo "| seed 000 Table 4 (Connect-IB, minor) | 4 MB | | | | | 350 | 352 | 431 | 440 | 687 |"
+  echo "| seed 003 (Mellanox slides, 2013: "page-in performance") | 4 KiB / 4 MiB | | | | | ~135 / ~1,000 | | | | |"
+} | tee "$out/summary.md"
+cat "$out/machine.txt"
