@@ -62,21 +62,23 @@
 //! a counts slice) is an addition; in-place variants are not provided.
 //!
 //! Files: this one holds [`CommunicatorCollectives`], `root.rs` [`Root`], `operation.rs`
-//! the operations, `immediate.rs` the nonblocking collectives. Each backend's blocking
+//! the operations, `elements.rs` the element types collectives run on (casts, landing
+//! buffers, reductions over packed bytes), `immediate.rs` the nonblocking collectives. Each backend's blocking
 //! collectives live below the seam (`backend/`).
 //!
 //! [`Error::InvalidArgument`]: crate::Error::InvalidArgument
 
+mod elements;
 mod immediate;
 mod operation;
 mod root;
 
-use crate::backend::{CollectiveBackend, CommBackend, CommunicatorBackend};
+use crate::backend::CollectiveBackend;
 use crate::datatype::{
     packed, packed_partition, Buffer, BufferMut, Landing, PartitionedBuffer, PartitionedBufferMut,
     Primitive, UncommittedDatatype,
 };
-use crate::error::{fatal, Error, Result};
+use crate::error::{fatal, Result};
 use crate::request::{Request, Scope, StaticScope};
 use crate::topology::Communicator;
 
@@ -89,214 +91,9 @@ pub use operation::{
 pub use pagewire_collectives::{Element, Integer};
 pub use root::Root;
 
-use operation::{primitive_of, with_element, Adapter};
-
-/// Runs `f` on the bytes `landing` receives: its memory, or a scratch message (aligned for
-/// any primitive) unpacked into it afterwards.
-pub(crate) fn into_landing(
-    landing: &mut Landing<'_>,
-    f: impl FnOnce(&mut [u8]) -> Result<()>,
-) -> Result<()> {
-    if let Some(bytes) = landing.contiguous() {
-        return f(bytes);
-    }
-    let len = landing.packed_len();
-    let mut scratch = vec![0u64; len.div_ceil(8)];
-    let bytes = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut scratch)[..len];
-    f(bytes)?;
-    landing.unpack(bytes);
-    Ok(())
-}
-
-/// The element type data-moving collectives run on for a buffer of `map`: its primitive
-/// when it is one gap-free run of a number type (so that errors count its elements and
-/// name its type), else bytes. Every rank that passes the same datatype picks the same.
-macro_rules! with_unit {
-    ($map:expr, $t:ident => $body:expr) => {{
-        let map: &crate::datatype::TypeMap = $map;
-        let prim = if map.is_contiguous() {
-            map.primitive()
-        } else {
-            None
-        };
-        match prim {
-            Some(Primitive::I8) => {
-                type $t = i8;
-                $body
-            }
-            Some(Primitive::I16) => {
-                type $t = i16;
-                $body
-            }
-            Some(Primitive::I32) => {
-                type $t = i32;
-                $body
-            }
-            Some(Primitive::I64) => {
-                type $t = i64;
-                $body
-            }
-            Some(Primitive::U16) => {
-                type $t = u16;
-                $body
-            }
-            Some(Primitive::U32) => {
-                type $t = u32;
-                $body
-            }
-            Some(Primitive::U64) => {
-                type $t = u64;
-                $body
-            }
-            Some(Primitive::F32) => {
-                type $t = f32;
-                $body
-            }
-            Some(Primitive::F64) => {
-                type $t = f64;
-                $body
-            }
-            _ => {
-                type $t = u8;
-                $body
-            }
-        }
-    }};
-}
-pub(crate) use with_unit;
-
-/// `bytes` as elements of `T`.
-pub(crate) fn elements<T: bytemuck::Pod>(bytes: &[u8]) -> Result<&[T]> {
-    bytemuck::try_cast_slice(bytes).map_err(|_| unit_error::<T>(bytes.len()))
-}
-
-/// `bytes` as elements of `T`, to write.
-pub(crate) fn elements_mut<T: bytemuck::Pod>(bytes: &mut [u8]) -> Result<&mut [T]> {
-    let n = bytes.len();
-    bytemuck::try_cast_slice_mut(bytes).map_err(|_| unit_error::<T>(n))
-}
-
-fn unit_error<T>(n: usize) -> Error {
-    Error::InvalidArgument(format!(
-        "a buffer of {n} bytes is not a whole number of {} (the datatypes of the ranks \
-         or of the send and receive buffers differ)",
-        std::any::type_name::<T>()
-    ))
-}
-
-/// Byte lengths as counts of elements of `T`.
-pub(crate) fn counts_of<T>(lens: &[usize]) -> Result<Vec<Count>> {
-    let unit = std::mem::size_of::<T>().max(1);
-    lens.iter()
-        .map(|&n| {
-            if n % unit != 0 {
-                return Err(unit_error::<T>(n));
-            }
-            Count::try_from(n / unit).map_err(|_| {
-                Error::InvalidArgument(format!("a block of {n} bytes: too many elements"))
-            })
-        })
-        .collect()
-}
-
-/// A reduction collective, by what it computes.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum ReduceCall<'c> {
-    AllReduce,
-    Reduce { root: usize, at_root: bool },
-    Scan,
-    ReduceScatterBlock,
-    ReduceScatter { counts: &'c [Count] },
-}
-
-/// Runs the reduction `call` of `send` into `recv` (where this rank gets a result) on
-/// `backend`, typed.
-fn run_reduction<T: Element>(
-    backend: &CommBackend,
-    call: ReduceCall<'_>,
-    prim: Primitive,
-    send: &[T],
-    recv: Option<&mut [T]>,
-    op: &Adapter<'_, T>,
-) -> Result<()> {
-    let none = || Error::InvalidArgument("a reduction result needs a receive buffer".into());
-    match call {
-        ReduceCall::AllReduce => backend.all_reduce(send, recv.ok_or_else(none)?, op),
-        ReduceCall::Reduce { root, .. } => backend.reduce(root, send, recv, op),
-        ReduceCall::Scan => backend.scan(send, recv.ok_or_else(none)?, op),
-        ReduceCall::ReduceScatterBlock => {
-            backend.reduce_scatter_block(send, recv.ok_or_else(none)?, op)
-        }
-        ReduceCall::ReduceScatter { counts } => {
-            let per = (prim_size(prim) / std::mem::size_of::<T>()).max(1) as Count;
-            let k: Vec<Count> = counts.iter().map(|&c| c * per).collect();
-            backend.reduce_scatter(send, recv.ok_or_else(none)?, &k, op)
-        }
-    }
-}
-
-/// Bytes of one primitive.
-fn prim_size(p: Primitive) -> usize {
-    crate::datatype::TypeMap::of_primitive(p).size()
-}
-
-/// A reduction of `send` into `recv` (where this rank gets a result). Buffers of one
-/// primitive without gaps are handed to the algorithms as they are; others go through
-/// packed copies.
-fn reduce_into_buffer<S, R, O>(
-    backend: &CommBackend,
-    call: ReduceCall<'_>,
-    send: &S,
-    recv: Option<&mut R>,
-    op: &O,
-) -> Result<()>
-where
-    S: Buffer + ?Sized,
-    R: BufferMut + ?Sized,
-    O: Operation,
-{
-    let prim = primitive_of(send.as_datatype().type_map())?;
-    let bytes = packed(send);
-    let mut landing = recv.map(Landing::new);
-    // MPI describes both buffers by the send buffer's datatype and count: the result has
-    // the send buffer's length (a block of it for reduce-scatter), and what of it fits the
-    // receive buffer is written there.
-    let recv_len = match call {
-        ReduceCall::AllReduce | ReduceCall::Reduce { .. } | ReduceCall::Scan => bytes.len(),
-        ReduceCall::ReduceScatterBlock => bytes.len() / backend.size().max(1),
-        ReduceCall::ReduceScatter { .. } => landing.as_ref().map_or(0, Landing::packed_len),
-    };
-    let at_root = !matches!(call, ReduceCall::Reduce { at_root: false, .. });
-    with_element!(prim, T => {
-        let adapter = Adapter::<T>::new(op.reduction(), prim);
-        let copied: Vec<T>;
-        let s: &[T] = match bytemuck::try_cast_slice(&bytes) {
-            Ok(s) => s,
-            Err(_) => {
-                copied = operation::elements_of(&bytes);
-                &copied
-            }
-        };
-        if !at_root {
-            return run_reduction::<T>(backend, call, prim, s, None, &adapter);
-        }
-        let Some(landing) = landing.as_mut() else {
-            return Err(Error::InvalidArgument("a reduction result needs a receive buffer".into()));
-        };
-        let direct = landing
-            .contiguous()
-            .filter(|b| b.len() == recv_len)
-            .and_then(|b| bytemuck::try_cast_slice_mut::<u8, T>(b).ok());
-        if let Some(r) = direct {
-            return run_reduction::<T>(backend, call, prim, s, Some(r), &adapter);
-        }
-        let mut r = vec![<T as bytemuck::Zeroable>::zeroed(); recv_len / std::mem::size_of::<T>()];
-        run_reduction::<T>(backend, call, prim, s, Some(&mut r), &adapter)?;
-        landing.unpack(bytemuck::cast_slice(&r));
-        Ok(())
-    })
-}
-
+pub(crate) use elements::{
+    counts_of, elements, elements_mut, into_landing, reduce_into_buffer, with_unit, ReduceCall,
+};
 /// Collectives over all ranks of a communicator (rsmpi's `CommunicatorCollectives`).
 /// Every rank calls the same collectives in the same order. Implemented for every
 /// [`Communicator`], `dyn Communicator` included.
