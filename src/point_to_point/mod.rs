@@ -1,0 +1,261 @@
+//! Point-to-point communication (rsmpi's `point_to_point`): `Destination` and `Source`
+//! on processes of a communicator, and the [`Message`]s of matched probes.
+//!
+//! Ranks are the communicator's own: `process_at_rank(r)` of a sub-communicator is its
+//! rank `r`, and a [`Status`] names the sender by its rank in the communicator of the
+//! receive.
+//!
+//! On the mpi transport every call here goes to the host MPI library (`MPI_Send`,
+//! `MPI_Irecv`, `MPI_Iprobe`, `MPI_Improbe`/`MPI_Mrecv`, …); a truncated receive is then an
+//! [`Error::Mpi`] (MPI does not report the message's length).
+
+use std::borrow::Cow;
+use std::cell::RefCell;
+
+use pagewire_transport::msg;
+
+use crate::backend::{
+    CommBackend, CommunicatorBackend, MatchedMessage, MessageBackend, PointToPointBackend,
+};
+use crate::datatype::{
+    packed, vec_from_packed, Buffer, BufferMut, Equivalence, Landing, UncommittedDatatype,
+};
+use crate::error::{fatal, Error, Result};
+use crate::request::{self, OwnedReceive, Pending, Request, Scope};
+use crate::topology::{Rank, SimpleCommunicator, Tag};
+
+mod buffered;
+mod message;
+mod send_receive;
+mod source;
+
+pub(crate) use buffered::{attach_buffer, attached_buffer_size, detach_buffer};
+use buffered::buffered_send;
+pub use message::{MatchedReceiveVec, Message};
+pub use send_receive::*;
+pub use source::{ReceiveFuture, Source};
+
+pub use crate::status::Status;
+pub use crate::topology::communicator::{AnyProcess, Process};
+
+/// A blocking probe's watch on its senders: every [`msg::LIVENESS_CHECK_AFTER`] without a
+/// message, the backend checks that a rank that could send it is alive, so a probe on a
+/// dead sender ends in [`Error::Communication`] instead of spinning.
+struct SenderWatch {
+    since: std::time::Instant,
+}
+
+impl SenderWatch {
+    fn new() -> SenderWatch {
+        SenderWatch {
+            since: std::time::Instant::now(),
+        }
+    }
+
+    fn check<S: Source + ?Sized>(&mut self, src: &S) -> Result<()> {
+        if self.since.elapsed() < msg::LIVENESS_CHECK_AFTER {
+            return Ok(());
+        }
+        self.since = std::time::Instant::now();
+        src.comm().backend().check_senders(src.source()?)
+    }
+}
+
+/// The rank `rank` of `comm`, checked.
+fn rank_of(comm: &SimpleCommunicator, rank: Rank) -> Result<usize> {
+    // An intercommunicator's ranks here are the other group's.
+    let size = comm.backend().target_size();
+    if rank < 0 || rank as usize >= size {
+        return Err(Error::NoSuchRank {
+            rank: rank.max(0) as usize,
+            size,
+        });
+    }
+    Ok(rank as usize)
+}
+
+/// Sending (rsmpi's `Destination`).
+pub trait Destination {
+    /// The destination's rank in the communicator, checked.
+    fn destination(&self) -> Result<usize>;
+    /// The communicator.
+    fn destination_comm(&self) -> &SimpleCommunicator;
+
+    /// The destination's rank.
+    fn destination_rank(&self) -> Rank {
+        self.destination().map_or(-1, |r| r as Rank)
+    }
+
+    /// [`Destination::send_with_tag`] with tag 0; panics on error.
+    fn send<B: Buffer + ?Sized>(&self, buf: &B) {
+        fatal(self.try_send_with_tag(buf, 0))
+    }
+    /// Sends `buf` and returns once it may be reused (`MPI_Send`); panics on error.
+    fn send_with_tag<B: Buffer + ?Sized>(&self, buf: &B, tag: Tag) {
+        fatal(self.try_send_with_tag(buf, tag))
+    }
+    /// Sends and returns once the receiver has matched it (`MPI_Ssend`); panics on error.
+    fn synchronous_send<B: Buffer + ?Sized>(&self, buf: &B) {
+        fatal(self.try_synchronous_send_with_tag(buf, 0))
+    }
+    /// [`Destination::synchronous_send`] with a tag; panics on error.
+    fn synchronous_send_with_tag<B: Buffer + ?Sized>(&self, buf: &B, tag: Tag) {
+        fatal(self.try_synchronous_send_with_tag(buf, tag))
+    }
+    /// Copies `buf` into the attached buffer and returns (`MPI_Bsend`); the copy leaves
+    /// while later calls run. Panics on error, as when the attached buffer
+    /// ([`crate::Universe::set_buffer_size`]) is too small.
+    fn buffered_send<B: Buffer + ?Sized>(&self, buf: &B) {
+        fatal(self.try_buffered_send_with_tag(buf, 0))
+    }
+    /// [`Destination::buffered_send`] with a tag.
+    fn buffered_send_with_tag<B: Buffer + ?Sized>(&self, buf: &B, tag: Tag) {
+        fatal(self.try_buffered_send_with_tag(buf, tag))
+    }
+    /// Sends to a receive that must already be posted (`MPI_Rsend`). pagewire sends it as a
+    /// standard send, which MPI allows.
+    ///
+    /// # Safety
+    ///
+    /// As rsmpi's: the matching receive must be posted (not checked here).
+    #[allow(unsafe_code)]
+    unsafe fn ready_send<B: Buffer + ?Sized>(&self, buf: &B) {
+        fatal(self.try_send_with_tag(buf, 0))
+    }
+    /// [`Destination::ready_send`] with a tag.
+    ///
+    /// # Safety
+    ///
+    /// As [`Destination::ready_send`].
+    #[allow(unsafe_code)]
+    unsafe fn ready_send_with_tag<B: Buffer + ?Sized>(&self, buf: &B, tag: Tag) {
+        fatal(self.try_send_with_tag(buf, tag))
+    }
+    /// Starts sending `buf` (`MPI_Isend`); the request borrows it until it completes.
+    fn immediate_send<'a, S: Scope<'a>, B: Buffer + ?Sized + 'a>(
+        &self,
+        scope: S,
+        buf: &'a B,
+    ) -> Request<'a, B, S> {
+        fatal(self.try_immediate_send_with_tag(scope, buf, 0))
+    }
+    /// [`Destination::immediate_send`] with a tag.
+    fn immediate_send_with_tag<'a, S: Scope<'a>, B: Buffer + ?Sized + 'a>(
+        &self,
+        scope: S,
+        buf: &'a B,
+        tag: Tag,
+    ) -> Request<'a, B, S> {
+        fatal(self.try_immediate_send_with_tag(scope, buf, tag))
+    }
+    /// Starts a synchronous send (`MPI_Issend`).
+    fn immediate_synchronous_send<'a, S: Scope<'a>, B: Buffer + ?Sized + 'a>(
+        &self,
+        scope: S,
+        buf: &'a B,
+    ) -> Request<'a, B, S> {
+        fatal(self.try_immediate_synchronous_send_with_tag(scope, buf, 0))
+    }
+    /// [`Destination::immediate_synchronous_send`] with a tag.
+    fn immediate_synchronous_send_with_tag<'a, S: Scope<'a>, B: Buffer + ?Sized + 'a>(
+        &self,
+        scope: S,
+        buf: &'a B,
+        tag: Tag,
+    ) -> Request<'a, B, S> {
+        fatal(self.try_immediate_synchronous_send_with_tag(scope, buf, tag))
+    }
+    /// Starts a ready send (`MPI_Irsend`), sent as a standard one.
+    ///
+    /// # Safety
+    ///
+    /// As [`Destination::ready_send`].
+    #[allow(unsafe_code)]
+    unsafe fn immediate_ready_send<'a, S: Scope<'a>, B: Buffer + ?Sized + 'a>(
+        &self,
+        scope: S,
+        buf: &'a B,
+    ) -> Request<'a, B, S> {
+        fatal(self.try_immediate_send_with_tag(scope, buf, 0))
+    }
+    /// [`Destination::immediate_ready_send`] with a tag.
+    ///
+    /// # Safety
+    ///
+    /// As [`Destination::ready_send`].
+    #[allow(unsafe_code)]
+    unsafe fn immediate_ready_send_with_tag<'a, S: Scope<'a>, B: Buffer + ?Sized + 'a>(
+        &self,
+        scope: S,
+        buf: &'a B,
+        tag: Tag,
+    ) -> Request<'a, B, S> {
+        fatal(self.try_immediate_send_with_tag(scope, buf, tag))
+    }
+
+    /// `send_with_tag`, returning errors.
+    fn try_send_with_tag<B: Buffer + ?Sized>(&self, buf: &B, tag: Tag) -> Result<()> {
+        let dest = self.destination()?;
+        let backend = self.destination_comm().backend();
+        backend.send(dest, tag, &packed(buf), false).map(|_| ())
+    }
+    /// `synchronous_send_with_tag`, returning errors.
+    fn try_synchronous_send_with_tag<B: Buffer + ?Sized>(&self, buf: &B, tag: Tag) -> Result<()> {
+        let dest = self.destination()?;
+        let backend = self.destination_comm().backend();
+        backend.send(dest, tag, &packed(buf), true).map(|_| ())
+    }
+    /// `buffered_send_with_tag`, returning errors.
+    fn try_buffered_send_with_tag<B: Buffer + ?Sized>(&self, buf: &B, tag: Tag) -> Result<()> {
+        let dest = self.destination()?;
+        let copy = packed(buf).into_owned();
+        buffered_send(self.destination_comm().backend(), dest, tag, copy)
+    }
+    /// `immediate_send_with_tag`, returning errors.
+    fn try_immediate_send_with_tag<'a, S: Scope<'a>, B: Buffer + ?Sized + 'a>(
+        &self,
+        scope: S,
+        buf: &'a B,
+        tag: Tag,
+    ) -> Result<Request<'a, B, S>> {
+        immediate_send(self, scope, buf, tag, false)
+    }
+    /// `immediate_synchronous_send_with_tag`, returning errors.
+    fn try_immediate_synchronous_send_with_tag<'a, S: Scope<'a>, B: Buffer + ?Sized + 'a>(
+        &self,
+        scope: S,
+        buf: &'a B,
+        tag: Tag,
+    ) -> Result<Request<'a, B, S>> {
+        immediate_send(self, scope, buf, tag, true)
+    }
+}
+
+/// Starts a send of `buf` to `dest` (synchronous when `sync`).
+fn immediate_send<'a, D, S, B>(
+    dest: &D,
+    scope: S,
+    buf: &'a B,
+    tag: Tag,
+    sync: bool,
+) -> Result<Request<'a, B, S>>
+where
+    D: Destination + ?Sized,
+    S: Scope<'a>,
+    B: Buffer + ?Sized + 'a,
+{
+    let rank = dest.destination()?;
+    let backend = dest.destination_comm().backend();
+    let op = request::start_send(backend, rank, tag, packed(buf), sync)?;
+    Ok(Request::new(op, scope, buf))
+}
+
+impl Destination for Process<'_> {
+    fn destination(&self) -> Result<usize> {
+        rank_of(self.comm, self.rank)
+    }
+    fn destination_comm(&self) -> &SimpleCommunicator {
+        self.comm
+    }
+}
+

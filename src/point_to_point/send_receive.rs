@@ -1,0 +1,77 @@
+//! `MPI_Sendrecv` and `MPI_Sendrecv_replace`: a send and a receive that cannot deadlock.
+
+use super::*;
+
+/// Sends `msg` to `destination` and receives into `buf` from `source`, without deadlock
+/// whatever the others do (`MPI_Sendrecv`); panics on error.
+pub fn send_receive_into<M, D, B, S>(msg: &M, destination: &D, buf: &mut B, source: &S) -> Status
+where
+    M: Buffer + ?Sized,
+    D: Destination,
+    B: BufferMut + ?Sized,
+    S: Source,
+{
+    send_receive_into_with_tags(msg, destination, 0, buf, source, None)
+}
+
+/// [`send_receive_into`] with a send tag and a receive tag (`None`: any).
+pub fn send_receive_into_with_tags<M, D, B, S>(
+    msg: &M,
+    destination: &D,
+    send_tag: Tag,
+    buf: &mut B,
+    source: &S,
+    receive_tag: Option<Tag>,
+) -> Status
+where
+    M: Buffer + ?Sized,
+    D: Destination,
+    B: BufferMut + ?Sized,
+    S: Source,
+{
+    request::scope(|scope| {
+        let send = destination.immediate_send_with_tag(scope, msg, send_tag);
+        let status = fatal(source.try_receive_into_with_tag(buf, receive_tag));
+        send.wait();
+        status
+    })
+}
+
+/// Sends `msg` to `destination` and receives one value from `source` (`MPI_Sendrecv`).
+pub fn send_receive<R, M, D, S>(msg: &M, destination: &D, source: &S) -> (R, Status)
+where
+    R: Equivalence,
+    M: Buffer + ?Sized,
+    D: Destination,
+    S: Source,
+{
+    request::scope(|scope| {
+        let send = destination.immediate_send(scope, msg);
+        let received = source.receive::<R>();
+        send.wait();
+        received
+    })
+}
+
+/// Sends `buf` to `destination` and receives into it from `source`
+/// (`MPI_Sendrecv_replace`).
+pub fn send_receive_replace_into<B, D, S>(buf: &mut B, destination: &D, source: &S) -> Status
+where
+    B: Buffer + BufferMut + ?Sized,
+    D: Destination,
+    S: Source,
+{
+    let copy: Vec<u8> = packed(buf).into_owned();
+    let dest = fatal(destination.destination());
+    let backend = destination.destination_comm().backend();
+    let mut op = fatal(request::start_send(
+        backend,
+        dest,
+        0,
+        Cow::Owned(copy),
+        false,
+    ));
+    let status = fatal(source.try_receive_into_with_tag(buf, None));
+    fatal(op.wait());
+    status
+}
