@@ -28,7 +28,12 @@ fn reap_buffered(a: &mut Attached) -> Result<()> {
 }
 
 /// Starts a buffered send of `copy`, counted against the attached buffer.
-pub(super) fn buffered_send(backend: &CommBackend, dest: usize, tag: Tag, copy: Vec<u8>) -> Result<()> {
+pub(super) fn buffered_send(
+    backend: &CommBackend,
+    dest: usize,
+    tag: Tag,
+    copy: Vec<u8>,
+) -> Result<()> {
     ATTACHED.with(|a| {
         let mut a = a.borrow_mut();
         reap_buffered(&mut a)?;

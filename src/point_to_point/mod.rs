@@ -29,8 +29,8 @@ mod message;
 mod send_receive;
 mod source;
 
-pub(crate) use buffered::{attach_buffer, attached_buffer_size, detach_buffer};
 use buffered::buffered_send;
+pub(crate) use buffered::{attach_buffer, attached_buffer_size, detach_buffer};
 pub use message::{MatchedReceiveVec, Message};
 pub use send_receive::*;
 pub use source::{ReceiveFuture, Source};
@@ -258,4 +258,3 @@ impl Destination for Process<'_> {
         self.comm
     }
 }
-

@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 use pagewire_transport::boot::Bootstrap;
 use pagewire_transport::nic::soft::SoftNic;
 use pagewire_transport::nic::{
-    Access, Advice, Completion, CountersSnapshot, Endpoint, Nic, Opcode, QpCaps, RecvWr, SendWr,
-    Sge, WcStatus,
+    Access, Advice, Completion, CountersSnapshot, Endpoint, Nic, Opcode, QpCaps, RecvWr, Region,
+    SendWr, Sge, WcStatus,
 };
 use pagewire_transport::sys::AnonMapping;
 use serde::Serialize;
@@ -231,11 +231,9 @@ pub fn run(
     let qp = nic.create_qp(1 - me, cq, cq, caps)?;
     let all = boot.allgather(&nic.endpoint(qp)?.0)?;
     nic.connect(qp, &Endpoint(all[1 - me].clone()))?;
-    let implicit = match cfg.mr {
-        MrMode::ImplicitOdp => Some(
-            nic.register_implicit_odp(MrMode::ImplicitOdp.access())?
-                .lkey,
-        ),
+    // Deregistered when the run ends, on either rank, however it ends.
+    let implicit_region = match cfg.mr {
+        MrMode::ImplicitOdp => Some(Region::implicit_odp(nic, MrMode::ImplicitOdp.access())?),
         _ => None,
     };
     let ctx = Ctx {
@@ -243,7 +241,7 @@ pub fn run(
         nic,
         qp,
         cq,
-        implicit,
+        implicit: implicit_region.as_ref().map(Region::lkey),
     };
     boot.barrier()?;
     let start_counters = nic.counters();

@@ -4,7 +4,7 @@
 use pagewire_test_support::nic::{launch, ranks, Rank};
 use pagewire_test_support::{pattern, OUT, ROLE};
 use pagewire_transport::nic::{
-    Access, Advice, Nic, Opcode, RecvWr, SendWr, Sge, WcOpcode, WcStatus, PAGE_SIZE,
+    Access, Advice, Nic, Opcode, RecvWr, Region, SendWr, Sge, WcOpcode, WcStatus, PAGE_SIZE,
 };
 use pagewire_transport::sys::{vm_locked_and_resident, AnonMapping};
 use pagewire_transport::Error;
@@ -1465,5 +1465,40 @@ fn the_npf_model_profile_adds_seed_000_s_firmware_time_to_every_fault() {
         2,
         &[("PAGEWIRE_SOFT_PROFILE", "npf-model")],
         npf_parts_body,
+    );
+}
+
+/// A [`Region`] deregisters itself when dropped, once; `deregister` returns the NIC's answer;
+/// the key is dead afterwards (issue 11, item 4).
+fn region_body(r: &Rank) {
+    let buf = AnonMapping::new(1 << 20).unwrap();
+    let before = r.nic.counters();
+    let key = {
+        let region = Region::register(&r.nic, buf.addr(), 1 << 20, rw()).unwrap();
+        assert_eq!(r.nic.counters().since(&before).registrations, 1);
+        assert_eq!(region.info().len, 1 << 20);
+        region.lkey()
+    };
+    let c = r.nic.counters().since(&before);
+    assert_eq!((c.registrations, c.deregistrations), (1, 1), "{c:?}");
+    assert!(
+        matches!(r.nic.deregister(key), Err(Error::UnknownKey { .. })),
+        "the dropped region's key is dead"
+    );
+    let region = Region::register(&r.nic, buf.addr(), 4096, rw()).unwrap();
+    region.deregister().unwrap();
+    let implicit = Region::implicit_odp(&r.nic, rw()).unwrap();
+    drop(implicit);
+    let c = r.nic.counters().since(&before);
+    assert_eq!((c.registrations, c.deregistrations), (3, 3), "{c:?}");
+}
+
+#[test]
+fn a_region_deregisters_itself_when_dropped() {
+    ranks(
+        "a_region_deregisters_itself_when_dropped",
+        1,
+        &[],
+        region_body,
     );
 }

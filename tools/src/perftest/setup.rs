@@ -42,12 +42,14 @@ impl Ctx<'_> {
     }
 }
 
-/// A buffer with its registration (or the implicit key), deregistered on drop.
+/// A buffer with its registration (or the implicit key), deregistered on drop (before the
+/// mapping goes: fields drop in order).
 pub(super) struct Registered<'a> {
-    pub(super) nic: &'a SoftNic,
+    /// Held for its `Drop` (none with the implicit key, which the run owns).
+    _region: Option<Region<&'a SoftNic>>,
+    nic: &'a SoftNic,
     pub(super) map: AnonMapping,
     pub(super) lkey: u32,
-    pub(super) own_mr: bool,
 }
 
 impl<'a> Registered<'a> {
@@ -61,20 +63,23 @@ impl<'a> Registered<'a> {
         if touch {
             map.as_mut_slice().fill(0x5a);
         }
-        let (lkey, own_mr) = match (mr, ctx.implicit) {
-            (MrMode::ImplicitOdp, Some(k)) => (k, false),
-            _ => (
-                ctx.nic
-                    .register(map.addr(), map.len() as u64, mr.access())?
-                    .lkey,
-                true,
-            ),
+        let region = match (mr, ctx.implicit) {
+            (MrMode::ImplicitOdp, Some(_)) => None,
+            _ => Some(Region::register(
+                ctx.nic,
+                map.addr(),
+                map.len() as u64,
+                mr.access(),
+            )?),
         };
+        let lkey = region
+            .as_ref()
+            .map_or(ctx.implicit.unwrap_or_default(), Region::lkey);
         Ok(Registered {
+            _region: region,
             nic: ctx.nic,
             map,
             lkey,
-            own_mr,
         })
     }
 
@@ -91,14 +96,6 @@ impl<'a> Registered<'a> {
         self.nic
             .advise(self.lkey, self.addr() + offset as u64, len as u64, advice)?;
         Ok(())
-    }
-}
-
-impl Drop for Registered<'_> {
-    fn drop(&mut self) {
-        if self.own_mr {
-            let _ = self.nic.deregister(self.lkey);
-        }
     }
 }
 

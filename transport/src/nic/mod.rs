@@ -12,11 +12,13 @@
 //! error state and flushes what follows, as on hardware.
 
 pub mod counters;
+mod region;
 pub mod soft;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
 pub use counters::{Counters, CountersSnapshot, DataPath, Latencies, NPF_LATENCY_BUCKETS};
+pub use region::Region;
 
 use crate::error::Result;
 
@@ -393,7 +395,8 @@ pub struct Endpoint(pub Vec<u8>);
 /// A device context with its one protection domain: the provider trait.
 ///
 /// Handles are plain ids owned by the context; destroying the context releases everything
-/// (deregisters every region, so nothing stays pinned).
+/// (deregisters every region, so nothing stays pinned). [`Region`] owns one registration
+/// and deregisters it when dropped.
 pub trait Nic: Send + Sync {
     /// What the device supports.
     fn capabilities(&self) -> &Capabilities;
