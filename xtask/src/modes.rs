@@ -191,7 +191,7 @@ pub const FILE_SETS: &[Entry] = &[
     Entry {
         functions: Some(&["missing_span"]),
         note: "which pages of a DMA are not present",
-        ..file(Row::OdpNic, "transport/src/nic/soft/engine/requester.rs")
+        ..file(Row::OdpNic, "transport/src/nic/soft/engine/translate.rs")
     },
     Entry {
         functions: Some(&["fault_extent"]),

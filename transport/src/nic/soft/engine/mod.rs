@@ -14,14 +14,21 @@
 //!   path, WRITEs and READs) become packets; RDMA WRITE and READ to a CMA-capable peer are
 //!   executed by this engine after checking the target's TPT, once every earlier request of
 //!   the queue pair has completed (so a WRITE after a SEND lands after it). Completions are
-//!   delivered in posting order.
+//!   delivered in posting order. RDMA by CMA is in [`direct`], the packets of the staged
+//!   path in [`staged`], local translation and the requester's page faults in [`translate`].
 //! - [`responder`]: requests are accepted only in message-sequence order; one that cannot be
 //!   taken (no receive posted, or its pages are not present) is answered receiver-not-ready
 //!   and every later packet of the queue pair is dropped until the requester goes back and
-//!   retransmits from it (go-back-N, as RC does).
+//!   retransmits from it (go-back-N, as RC does). A request's first packet is checked in
+//!   [`accept`]; staged READs are answered in [`read_response`].
 
+mod accept;
+mod direct;
+mod read_response;
 mod requester;
 mod responder;
+mod staged;
+mod translate;
 
 use std::collections::VecDeque;
 use std::time::Instant;

@@ -1,0 +1,188 @@
+//! The staged path's sending side: a request's packets (SENDs, and WRITEs and READs to a
+//! peer without CMA) written into the peer's ring, and one packet pushed onto it.
+
+use smallvec::SmallVec;
+
+use super::{Held, OpKind, OpState, SendOp, SEND_CMA_MIN};
+use crate::nic::soft::dma;
+use crate::nic::soft::ring::{Header, Kind, Slot, CMA_DESCRIPTOR, FIRST, HAS_IMM, LAST, MTU};
+use crate::nic::soft::Inner;
+use crate::nic::{Access, DataPath, Sge, WcStatus};
+
+impl Inner {
+    /// Sends the packets of a request from where it stopped; false when the ring filled up
+    /// first. A local protection error ends the request (`Done`) and returns true.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn transmit_packets(
+        &self,
+        op: &mut SendOp,
+        sges: &[Sge],
+        inline: Option<&[u8]>,
+        peer: usize,
+        qpn: u32,
+        remote_qpn: u32,
+        cma: bool,
+    ) -> bool {
+        // The local holds last until this call returns: every packet it sends is read under
+        // them.
+        let (_held, local) = if inline.is_some() || op.data_placed {
+            (Held::new(), SmallVec::new())
+        } else {
+            let need = if matches!(op.kind, OpKind::Read { .. }) {
+                Access::LOCAL_WRITE
+            } else {
+                Access::NONE
+            };
+            match self.local_extents(sges, need) {
+                Ok(l) => l,
+                Err(s) => {
+                    op.state = OpState::Done(s);
+                    return true;
+                }
+            }
+        };
+        let base = Header {
+            dst_qpn: remote_qpn,
+            src_qpn: qpn,
+            msn: op.msn.expect("assigned before transmission"),
+            total_len: op.total,
+            ..Header::default()
+        };
+        match op.kind {
+            OpKind::Read { addr, rkey } => {
+                let h = Header {
+                    kind: Kind::ReadRequest as u8,
+                    flags: FIRST | LAST,
+                    remote_addr: addr,
+                    rkey,
+                    ..base
+                };
+                self.push_packet(peer, &h, |_| Ok(()))
+            }
+            OpKind::Write { imm, addr, rkey } if op.data_placed => {
+                // The bytes are in place; the responder checks the key once more before it
+                // reports them (a peer cannot claim a WRITE it had no right to make).
+                let h = Header {
+                    kind: Kind::WriteImm as u8,
+                    flags: FIRST | LAST | HAS_IMM | CMA_DESCRIPTOR,
+                    imm: imm.unwrap_or(0),
+                    remote_addr: addr,
+                    rkey,
+                    ..base
+                };
+                self.push_packet(peer, &h, |_| Ok(()))
+            }
+            OpKind::Send { imm } if cma && inline.is_none() && op.total >= SEND_CMA_MIN => {
+                // The receiver pulls the payload from our memory with one kernel copy.
+                let mut desc: SmallVec<[u8; 64]> = SmallVec::with_capacity(local.len() * 16);
+                for e in local.iter().filter(|e| e.len > 0) {
+                    desc.extend_from_slice(&e.addr.to_le_bytes());
+                    desc.extend_from_slice(&e.len.to_le_bytes());
+                }
+                let h = Header {
+                    kind: Kind::Send as u8,
+                    flags: FIRST | LAST | CMA_DESCRIPTOR | if imm.is_some() { HAS_IMM } else { 0 },
+                    imm: imm.unwrap_or(0),
+                    payload_len: desc.len() as u32,
+                    ..base
+                };
+                self.push_packet(peer, &h, |s| {
+                    s.write_payload(&desc);
+                    Ok(())
+                })
+            }
+            OpKind::Send { .. } | OpKind::Write { .. } => {
+                let (kind, imm, raddr, rkey) = match op.kind {
+                    OpKind::Send { imm } => (Kind::Send, imm, 0, 0),
+                    OpKind::Write {
+                        addr,
+                        rkey,
+                        imm: Some(i),
+                    } => (Kind::WriteImm, Some(i), addr, rkey),
+                    OpKind::Write {
+                        addr,
+                        rkey,
+                        imm: None,
+                    } => (Kind::Write, None, addr, rkey),
+                    OpKind::Read { .. } => unreachable!(),
+                };
+                loop {
+                    let chunk = (op.total - op.sent).min(MTU as u64);
+                    let mut flags = 0;
+                    if op.sent == 0 {
+                        flags |= FIRST;
+                    }
+                    if op.sent + chunk == op.total {
+                        flags |= LAST;
+                    }
+                    if imm.is_some() {
+                        flags |= HAS_IMM;
+                    }
+                    let h = Header {
+                        kind: kind as u8,
+                        flags,
+                        imm: imm.unwrap_or(0),
+                        offset: op.sent,
+                        remote_addr: raddr,
+                        rkey,
+                        payload_len: chunk as u32,
+                        ..base
+                    };
+                    let offset = op.sent;
+                    let mut faulted = false;
+                    let pushed = self.push_packet(peer, &h, |s| {
+                        let r = match inline {
+                            Some(d) => {
+                                s.write_payload(&d[offset as usize..(offset + chunk) as usize]);
+                                Ok(())
+                            }
+                            None => dma::gather(s.payload_addr(), &local, offset, chunk),
+                        };
+                        faulted = r.is_err();
+                        r
+                    });
+                    if faulted {
+                        op.state = OpState::Done(WcStatus::LocalProtectionError);
+                        return true;
+                    }
+                    if !pushed {
+                        return false;
+                    }
+                    if inline.is_none() {
+                        self.counters.add_bytes(DataPath::Staged, chunk);
+                    }
+                    op.sent += chunk;
+                    if op.sent == op.total {
+                        return true;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Pushes one packet to `peer`, filling its payload with `fill`; false if the ring is
+    /// full. If `fill` fails (the source is not mapped), the header goes out with a local
+    /// protection error code so that the receiver drops the message it belongs to.
+    pub(super) fn push_packet(
+        &self,
+        peer: usize,
+        h: &Header,
+        fill: impl FnOnce(&Slot<'_>) -> std::io::Result<()>,
+    ) -> bool {
+        let mem = &self.peers[peer].mem;
+        let ring = mem.ring_from(self.rank);
+        let Some(slot) = ring.reserve() else {
+            return false;
+        };
+        if fill(&slot).is_err() {
+            let mut bad = *h;
+            bad.code = WcStatus::LocalProtectionError.code();
+            bad.payload_len = 0;
+            ring.publish(slot, &bad);
+        } else {
+            ring.publish(slot, h);
+        }
+        crate::nic::soft::inbox::announce(&ring, mem.pending(), self.rank);
+        true
+    }
+}
