@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rank placement by hwloc (cargo feature `hwloc`, transport/src/boot/binding.rs): installs
+# Rank placement by hwloc (cargo feature `hwloc`, transport/src/boot/binding/): installs
 # what its build needs, then builds it, lints it and runs the binding tests with it. The
 # tests check each rank's CPU affinity under pwrun --bind-to core|numa|none, the fallback
 # when there are more ranks than cores, that hwloc's topology agrees with sysfs, and that a

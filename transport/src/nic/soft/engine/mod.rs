@@ -21,9 +21,14 @@
 //!   and every later packet of the queue pair is dropped until the requester goes back and
 //!   retransmits from it (go-back-N, as RC does). A request's first packet is checked in
 //!   [`accept`]; staged READs are answered in [`read_response`].
+//!
+//! A queue pair's state (its send and receive queues, the messages in flight) is in
+//! [`queue_pair`]; this file holds the engine, its completion queues and clock, the keyed
+//! extents a transfer holds ([`KeyedExtent`], [`Inner::hold_own`]) and one pass.
 
 mod accept;
 mod direct;
+mod queue_pair;
 mod read_response;
 mod requester;
 mod responder;
@@ -41,6 +46,7 @@ use super::MAX_QPS;
 use crate::error::{Error, Result};
 use crate::nic::{Access, Completion, QpCaps, Sge, WcOpcode, WcStatus};
 use crate::sys::Extent;
+use queue_pair::{Incoming, IncomingKind, OpKind, OpState, QueuePair, ReadOut, RecvOp, SendOp};
 
 /// SENDs of at least this many bytes to a CMA-capable peer are pulled by the receiver with
 /// one kernel copy; smaller ones are copied through the ring (two CPU copies, no system
@@ -121,146 +127,6 @@ struct CompletionQueue {
     /// Entries the queue pairs using it may produce at once (their send and receive depths).
     reserved: usize,
     entries: VecDeque<Completion>,
-}
-
-pub(crate) struct QueuePair {
-    qpn: u32,
-    pub(crate) peer: usize,
-    send_cq: u32,
-    recv_cq: u32,
-    caps: QpCaps,
-    pub(crate) remote_qpn: Option<u32>,
-    error: Option<String>,
-    /// In `Engine::busy`.
-    busy: bool,
-    // --- requester ---
-    sq: VecDeque<SendOp>,
-    /// The scatter-gather entries of the requests in `sq` (`SendOp::sges` indexes it);
-    /// emptied whenever `sq` is.
-    sq_sges: Vec<Sge>,
-    /// The payloads of inline requests in `sq`, copied at post time; emptied with `sq`.
-    sq_inline: Vec<u8>,
-    /// Index in `sq` of the first request not completely transmitted.
-    cursor: usize,
-    next_msn: u64,
-    /// The responder's cumulative acknowledgement as last read.
-    acked: u64,
-    /// The serial of the last NAK handled.
-    nak_seen: u64,
-    /// The peer application's poll count when this queue pair last looked (see `transmit`).
-    peer_polls_seen: u64,
-    // --- responder ---
-    rq: VecDeque<RecvOp>,
-    /// The scatter-gather entries of the receives in `rq`, in order.
-    rq_sges: VecDeque<Sge>,
-    /// Next request sequence number this responder accepts.
-    expected_msn: u64,
-    /// A multi-packet request being received.
-    rx: Option<Incoming>,
-    /// Packets of this message are dropped until its first packet comes again.
-    discard_msn: Option<u64>,
-    /// The last receive-side fault filed: (msn, fault sequence number).
-    rx_fault: Option<(u64, u64)>,
-    /// An error NAK was sent: nothing more is accepted (the requester's queue pair is in
-    /// the error state once it reads it).
-    refusing: bool,
-    /// READ responses being sent (staged path).
-    reads_out: VecDeque<ReadOut>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum OpKind {
-    Send {
-        imm: Option<u32>,
-    },
-    Write {
-        addr: u64,
-        rkey: u32,
-        imm: Option<u32>,
-    },
-    Read {
-        addr: u64,
-        rkey: u32,
-    },
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum OpState {
-    /// To be transmitted from `sent`.
-    Pending,
-    /// Partly transmitted: the ring filled up.
-    Transmitting,
-    /// On the wire: waiting for the responder's acknowledgement (or READ response).
-    AwaitingResponse,
-    /// Refused receiver-not-ready: retransmit at `retry_at` (engine clock), or once the
-    /// fault the responder filed (`fault`, its sequence number in the peer's slot of this
-    /// queue pair) is resolved.
-    Rnr {
-        retry_at: u64,
-        fault: Option<u64>,
-    },
-    Done(WcStatus),
-}
-
-/// A send work request in the send queue. Plain data: its scatter-gather entries and
-/// inline payload live in the queue pair's stores.
-#[derive(Clone, Copy)]
-struct SendOp {
-    wr_id: u64,
-    kind: OpKind,
-    /// Message sequence number, given when the request first goes on the wire (requests
-    /// executed directly by CMA never do).
-    msn: Option<u64>,
-    total: u64,
-    sent: u64,
-    state: OpState,
-    /// When it was last transmitted, and last checked for liveness (engine clock).
-    since: u64,
-    checked_alive: u64,
-    /// `sq_sges[sges.0 .. sges.0 + sges.1]`.
-    sges: (u32, u32),
-    /// The payload is `sq_inline[at .. at + total]`.
-    inline_at: Option<u32>,
-    rnr_count: u32,
-    signaled: bool,
-    /// The payload of a WRITE WITH IMM already went by CMA; only the immediate is left.
-    data_placed: bool,
-}
-
-/// A receive work request: its scatter-gather entries are the next `sges` of `rq_sges`.
-#[derive(Clone, Copy)]
-struct RecvOp {
-    wr_id: u64,
-    sges: u32,
-    capacity: u64,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum IncomingKind {
-    Send { wr_id: u64 },
-    Write,
-    WriteImm { wr_id: u64 },
-}
-
-struct Incoming {
-    msn: u64,
-    kind: IncomingKind,
-    imm: Option<u32>,
-    /// Where the bytes go, checked against the table again for every packet.
-    targets: SmallVec<[KeyedExtent; 2]>,
-    /// The right each packet needs on `targets`.
-    need: Access,
-    total: u64,
-    /// The receive it consumed and its entries (put back if the message is abandoned).
-    recv: Option<(RecvOp, SmallVec<[Sge; 2]>)>,
-}
-
-struct ReadOut {
-    msn: u64,
-    dst_qpn: u32,
-    /// The bytes asked for, checked against the table again for every response packet.
-    source: KeyedExtent,
-    sent: u64,
 }
 
 /// A piece of a work request's memory as the NIC must check it at every access: the key it
@@ -469,19 +335,6 @@ impl Engine {
         }
         self.mark_busy(qpn);
         flushed.len() as u64
-    }
-}
-
-impl QueuePair {
-    /// A work request's scatter-gather list fits the queue pair's `max_sge`.
-    fn check_sges(&self, n: usize) -> Result<()> {
-        if n > self.caps.max_sge as usize {
-            return Err(Error::InvalidArgument(format!(
-                "{n} scatter-gather entries; the queue pair allows {}",
-                self.caps.max_sge
-            )));
-        }
-        Ok(())
     }
 }
 

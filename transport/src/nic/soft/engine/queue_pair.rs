@@ -1,0 +1,164 @@
+//! A queue pair's state: its send queue (the work requests and where each stands), its
+//! receive queue, and the messages in flight at the responder (a request being received,
+//! READ responses being sent).
+
+use std::collections::VecDeque;
+
+use smallvec::SmallVec;
+
+use super::KeyedExtent;
+use crate::error::{Error, Result};
+use crate::nic::{Access, QpCaps, Sge, WcStatus};
+
+pub(crate) struct QueuePair {
+    pub(super) qpn: u32,
+    pub(crate) peer: usize,
+    pub(super) send_cq: u32,
+    pub(super) recv_cq: u32,
+    pub(super) caps: QpCaps,
+    pub(crate) remote_qpn: Option<u32>,
+    pub(super) error: Option<String>,
+    /// In `Engine::busy`.
+    pub(super) busy: bool,
+    // --- requester ---
+    pub(super) sq: VecDeque<SendOp>,
+    /// The scatter-gather entries of the requests in `sq` (`SendOp::sges` indexes it);
+    /// emptied whenever `sq` is.
+    pub(super) sq_sges: Vec<Sge>,
+    /// The payloads of inline requests in `sq`, copied at post time; emptied with `sq`.
+    pub(super) sq_inline: Vec<u8>,
+    /// Index in `sq` of the first request not completely transmitted.
+    pub(super) cursor: usize,
+    pub(super) next_msn: u64,
+    /// The responder's cumulative acknowledgement as last read.
+    pub(super) acked: u64,
+    /// The serial of the last NAK handled.
+    pub(super) nak_seen: u64,
+    /// The peer application's poll count when this queue pair last looked (see `transmit`).
+    pub(super) peer_polls_seen: u64,
+    // --- responder ---
+    pub(super) rq: VecDeque<RecvOp>,
+    /// The scatter-gather entries of the receives in `rq`, in order.
+    pub(super) rq_sges: VecDeque<Sge>,
+    /// Next request sequence number this responder accepts.
+    pub(super) expected_msn: u64,
+    /// A multi-packet request being received.
+    pub(super) rx: Option<Incoming>,
+    /// Packets of this message are dropped until its first packet comes again.
+    pub(super) discard_msn: Option<u64>,
+    /// The last receive-side fault filed: (msn, fault sequence number).
+    pub(super) rx_fault: Option<(u64, u64)>,
+    /// An error NAK was sent: nothing more is accepted (the requester's queue pair is in
+    /// the error state once it reads it).
+    pub(super) refusing: bool,
+    /// READ responses being sent (staged path).
+    pub(super) reads_out: VecDeque<ReadOut>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum OpKind {
+    Send {
+        imm: Option<u32>,
+    },
+    Write {
+        addr: u64,
+        rkey: u32,
+        imm: Option<u32>,
+    },
+    Read {
+        addr: u64,
+        rkey: u32,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum OpState {
+    /// To be transmitted from `sent`.
+    Pending,
+    /// Partly transmitted: the ring filled up.
+    Transmitting,
+    /// On the wire: waiting for the responder's acknowledgement (or READ response).
+    AwaitingResponse,
+    /// Refused receiver-not-ready: retransmit at `retry_at` (engine clock), or once the
+    /// fault the responder filed (`fault`, its sequence number in the peer's slot of this
+    /// queue pair) is resolved.
+    Rnr {
+        retry_at: u64,
+        fault: Option<u64>,
+    },
+    Done(WcStatus),
+}
+
+/// A send work request in the send queue. Plain data: its scatter-gather entries and
+/// inline payload live in the queue pair's stores.
+#[derive(Clone, Copy)]
+pub(super) struct SendOp {
+    pub(super) wr_id: u64,
+    pub(super) kind: OpKind,
+    /// Message sequence number, given when the request first goes on the wire (requests
+    /// executed directly by CMA never do).
+    pub(super) msn: Option<u64>,
+    pub(super) total: u64,
+    pub(super) sent: u64,
+    pub(super) state: OpState,
+    /// When it was last transmitted, and last checked for liveness (engine clock).
+    pub(super) since: u64,
+    pub(super) checked_alive: u64,
+    /// `sq_sges[sges.0 .. sges.0 + sges.1]`.
+    pub(super) sges: (u32, u32),
+    /// The payload is `sq_inline[at .. at + total]`.
+    pub(super) inline_at: Option<u32>,
+    pub(super) rnr_count: u32,
+    pub(super) signaled: bool,
+    /// The payload of a WRITE WITH IMM already went by CMA; only the immediate is left.
+    pub(super) data_placed: bool,
+}
+
+/// A receive work request: its scatter-gather entries are the next `sges` of `rq_sges`.
+#[derive(Clone, Copy)]
+pub(super) struct RecvOp {
+    pub(super) wr_id: u64,
+    pub(super) sges: u32,
+    pub(super) capacity: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum IncomingKind {
+    Send { wr_id: u64 },
+    Write,
+    WriteImm { wr_id: u64 },
+}
+
+pub(super) struct Incoming {
+    pub(super) msn: u64,
+    pub(super) kind: IncomingKind,
+    pub(super) imm: Option<u32>,
+    /// Where the bytes go, checked against the table again for every packet.
+    pub(super) targets: SmallVec<[KeyedExtent; 2]>,
+    /// The right each packet needs on `targets`.
+    pub(super) need: Access,
+    pub(super) total: u64,
+    /// The receive it consumed and its entries (put back if the message is abandoned).
+    pub(super) recv: Option<(RecvOp, SmallVec<[Sge; 2]>)>,
+}
+
+pub(super) struct ReadOut {
+    pub(super) msn: u64,
+    pub(super) dst_qpn: u32,
+    /// The bytes asked for, checked against the table again for every response packet.
+    pub(super) source: KeyedExtent,
+    pub(super) sent: u64,
+}
+
+impl QueuePair {
+    /// A work request's scatter-gather list fits the queue pair's `max_sge`.
+    pub(super) fn check_sges(&self, n: usize) -> Result<()> {
+        if n > self.caps.max_sge as usize {
+            return Err(Error::InvalidArgument(format!(
+                "{n} scatter-gather entries; the queue pair allows {}",
+                self.caps.max_sge
+            )));
+        }
+        Ok(())
+    }
+}
