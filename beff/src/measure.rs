@@ -29,16 +29,21 @@
 //! the two blocks). The facade has no `send_receive` call, so Sendrecv is an immediate
 //! receive, a blocking send and a wait, which is how MPI libraries implement it.
 
-use pagewire::datatype::{Partition, PartitionMut};
-use pagewire::request;
+mod buffers;
+mod runner;
+
 use pagewire::traits::*;
-use pagewire::{SimpleCommunicator, SystemOperation, TransportKind, Universe};
+use pagewire::{SystemOperation, Universe};
 use pagewire_tools::msgperf::RowCounters;
 
 use crate::analysis::{Bandwidths, METHODS};
 use crate::lengths::MESSAGE_LENGTHS;
-use crate::patterns::{Exchange, Pattern};
-use crate::{Error, Result};
+use crate::patterns::Pattern;
+use crate::Result;
+
+pub use buffers::message_byte;
+use buffers::Buffers;
+use runner::Runner;
 
 /// Repetitions of the largest length when the last two are shortened.
 const MIN_REPETITIONS: usize = 2;
@@ -111,316 +116,6 @@ pub struct Measurement {
     /// Per length: what the buffer mode and NIC did, summed over processes (pagewire's
     /// transport only).
     pub counters: Option<Vec<RowCounters>>,
-}
-
-/// The byte at offset `k` of the message a process `sender` sends in exchange `exchange`
-/// of loop `iteration` at length index `msg` (b_eff writes `exchange · msg + 1` first).
-pub fn message_byte(sender: usize, exchange: usize, msg: usize, iteration: usize, k: usize) -> u8 {
-    (1 + exchange * msg + 3 * iteration + 5 * sender + 7 * k) as u8
-}
-
-/// The send and receive buffers and where the next message goes.
-struct Buffers {
-    send: Vec<u8>,
-    recv: Vec<u8>,
-    next: usize,
-    verify: bool,
-    checked: u64,
-}
-
-/// Identifies one message for filling and checking.
-#[derive(Clone, Copy)]
-struct Stamp {
-    exchange: usize,
-    msg: usize,
-    iteration: usize,
-}
-
-impl Stamp {
-    fn new(exchange: usize, msg: usize, iteration: usize) -> Stamp {
-        Stamp {
-            exchange,
-            msg,
-            iteration,
-        }
-    }
-}
-
-impl Buffers {
-    /// The offset of a block of `len` bytes in 8-byte-aligned slots, wrapping to the start
-    /// when it would not fit.
-    fn take(&mut self, len: usize) -> usize {
-        let slot = len.div_ceil(8) * 8;
-        if self.next + slot > self.send.len() {
-            self.next = 0;
-        }
-        let at = self.next;
-        self.next += slot;
-        at
-    }
-
-    fn fill(&mut self, at: usize, len: usize, me: usize, s: Stamp) {
-        if len == 0 {
-            return;
-        }
-        let byte = |k| message_byte(me, s.exchange, s.msg, s.iteration, k);
-        let buf = &mut self.send[at..at + len];
-        if self.verify {
-            buf.iter_mut().enumerate().for_each(|(k, b)| *b = byte(k));
-        } else {
-            buf[0] = byte(0);
-            buf[len - 1] = byte(len - 1);
-        }
-    }
-
-    /// With `verify`, overwrites the receive area with bytes that all differ from the
-    /// expected ones, so a byte the receive did not write is caught.
-    fn prepare(&mut self, at: usize, len: usize, sender: usize, s: Stamp) {
-        if self.verify {
-            let buf = &mut self.recv[at..at + len];
-            for (k, b) in buf.iter_mut().enumerate() {
-                *b = !message_byte(sender, s.exchange, s.msg, s.iteration, k);
-            }
-        }
-    }
-
-    fn check(&mut self, at: usize, len: usize, sender: usize, me: usize, s: Stamp) -> Result<()> {
-        if len == 0 {
-            return Ok(());
-        }
-        let buf = &self.recv[at..at + len];
-        let expect = |k| message_byte(sender, s.exchange, s.msg, s.iteration, k);
-        let bad = if self.verify {
-            buf.iter().enumerate().position(|(k, &b)| b != expect(k))
-        } else {
-            [0, len - 1].into_iter().find(|&k| buf[k] != expect(k))
-        };
-        self.checked += 1;
-        match bad {
-            None => Ok(()),
-            Some(k) => Err(Error::Corrupted {
-                rank: me,
-                from: sender,
-                length: len,
-                exchange: s.exchange,
-                offset: k,
-                got: buf[k],
-                expected: expect(k),
-            }),
-        }
-    }
-}
-
-/// Splits `buf` into the non-overlapping `(offset, len)` ranges, returned in the order given.
-fn disjoint_mut<'b>(mut buf: &'b mut [u8], ranges: &[(usize, usize)]) -> Vec<&'b mut [u8]> {
-    let mut order: Vec<usize> = (0..ranges.len()).collect();
-    order.sort_by_key(|&i| ranges[i].0);
-    let mut out: Vec<Option<&'b mut [u8]>> = (0..ranges.len()).map(|_| None).collect();
-    let mut consumed = 0;
-    for i in order {
-        let (at, len) = ranges[i];
-        let rest = std::mem::take(&mut buf);
-        let (_, rest) = rest.split_at_mut(at - consumed);
-        let (piece, rest) = rest.split_at_mut(len);
-        out[i] = Some(piece);
-        buf = rest;
-        consumed = at + len;
-    }
-    out.into_iter().map(|p| p.expect("every range")).collect()
-}
-
-/// One process's view of a run.
-struct Runner<'u> {
-    universe: &'u Universe,
-    world: SimpleCommunicator,
-    me: usize,
-    buffers: Buffers,
-}
-
-impl Runner<'_> {
-    /// Runs `loops` timed loops (after `pre` untimed ones) of `method` over this process's
-    /// `exchanges` at length `len`; returns the seconds of the timed loops.
-    fn run(
-        &mut self,
-        method: Method,
-        exchanges: &[Exchange],
-        len: usize,
-        msg: usize,
-        pre: usize,
-        loops: usize,
-    ) -> Result<f64> {
-        let mut start = pagewire::time();
-        for iteration in 0..pre + loops {
-            if iteration == pre {
-                start = pagewire::time();
-            }
-            match method {
-                Method::Sendrecv => self.sendrecv(exchanges, len, msg, iteration)?,
-                Method::Alltoallv => self.alltoallv(exchanges, len, msg, iteration)?,
-                Method::Nonblocking => self.nonblocking(exchanges, len, msg, iteration)?,
-            }
-        }
-        Ok(pagewire::time() - start)
-    }
-
-    fn sendrecv(
-        &mut self,
-        ex: &[Exchange],
-        len: usize,
-        msg: usize,
-        iteration: usize,
-    ) -> Result<()> {
-        for (i, e) in ex.iter().enumerate() {
-            let s = Stamp::new(i, msg, iteration);
-            let tag = i as i32;
-            let at = self.buffers.take(len);
-            self.buffers.fill(at, len, self.me, s);
-            if let Some(src) = e.recv_from {
-                self.buffers.prepare(at, len, src, s);
-            }
-            let send = &self.buffers.send[at..at + len];
-            let recv = &mut self.buffers.recv[at..at + len];
-            match (e.send_to, e.recv_from) {
-                (Some(d), None) => self
-                    .world
-                    .process_at_rank(d as i32)
-                    .try_send_with_tag(send, tag)?,
-                (None, Some(src)) => {
-                    self.world
-                        .process_at_rank(src as i32)
-                        .try_receive_into_with_tag(recv, Some(tag))?;
-                }
-                (Some(d), Some(src)) => request::scope(|scope| -> Result<()> {
-                    let r = self
-                        .world
-                        .process_at_rank(src as i32)
-                        .try_immediate_receive_into_with_tag(scope, recv, Some(tag))?;
-                    self.world
-                        .process_at_rank(d as i32)
-                        .try_send_with_tag(send, tag)?;
-                    r.try_wait()?;
-                    Ok(())
-                })?,
-                (None, None) => {}
-            }
-            if let Some(src) = e.recv_from {
-                self.buffers.check(at, len, src, self.me, s)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn alltoallv(
-        &mut self,
-        ex: &[Exchange],
-        len: usize,
-        msg: usize,
-        iteration: usize,
-    ) -> Result<()> {
-        let n = self.world.size() as usize;
-        // (peer, exchange index), in rank order: the order of the packed blocks.
-        let mut sends: Vec<(usize, usize)> = ex
-            .iter()
-            .enumerate()
-            .filter_map(|(i, e)| e.send_to.map(|d| (d, i)))
-            .collect();
-        let mut recvs: Vec<(usize, usize)> = ex
-            .iter()
-            .enumerate()
-            .filter_map(|(i, e)| e.recv_from.map(|s| (s, i)))
-            .collect();
-        sends.sort();
-        recvs.sort();
-        // One window for the loop's messages: as many slots as b_eff would take.
-        let slot = len.div_ceil(8) * 8;
-        let window = self.buffers.take(slot * ex.len().max(1));
-        let mut send_counts = vec![0i32; n];
-        let mut recv_counts = vec![0i32; n];
-        for (k, &(d, i)) in sends.iter().enumerate() {
-            send_counts[d] = len as i32;
-            let s = Stamp::new(i, msg, iteration);
-            self.buffers.fill(window + k * len, len, self.me, s);
-        }
-        for (k, &(src, i)) in recvs.iter().enumerate() {
-            recv_counts[src] = len as i32;
-            let s = Stamp::new(i, msg, iteration);
-            self.buffers.prepare(window + k * len, len, src, s);
-        }
-        let send = &self.buffers.send[window..window + sends.len() * len];
-        let recv = &mut self.buffers.recv[window..window + recvs.len() * len];
-        let send = Partition::new(
-            send,
-            send_counts.clone(),
-            packed_in_rank_order(&send_counts),
-        );
-        let displs = packed_in_rank_order(&recv_counts);
-        let mut recv = PartitionMut::new(recv, recv_counts, displs);
-        self.world.try_all_to_all_varcount_into(&send, &mut recv)?;
-        for (k, &(src, i)) in recvs.iter().enumerate() {
-            let s = Stamp::new(i, msg, iteration);
-            self.buffers.check(window + k * len, len, src, self.me, s)?;
-        }
-        Ok(())
-    }
-
-    fn nonblocking(
-        &mut self,
-        ex: &[Exchange],
-        len: usize,
-        msg: usize,
-        iteration: usize,
-    ) -> Result<()> {
-        let stamp = |i| Stamp::new(i, msg, iteration);
-        let mut slots = Vec::with_capacity(ex.len());
-        for (i, e) in ex.iter().enumerate() {
-            let at = self.buffers.take(len);
-            self.buffers.fill(at, len, self.me, stamp(i));
-            if let Some(src) = e.recv_from {
-                self.buffers.prepare(at, len, src, stamp(i));
-            }
-            slots.push((at, len));
-        }
-        let world = &self.world;
-        let send = &self.buffers.send;
-        let recv_slices = disjoint_mut(&mut self.buffers.recv, &slots);
-        request::scope(|scope| -> Result<()> {
-            let mut requests = Vec::with_capacity(2 * ex.len());
-            for ((i, e), recv) in ex.iter().enumerate().zip(recv_slices) {
-                let tag = i as i32;
-                if let Some(src) = e.recv_from {
-                    requests.push(
-                        world
-                            .process_at_rank(src as i32)
-                            .try_immediate_receive_into_with_tag(scope, recv, Some(tag))?,
-                    );
-                }
-                if let Some(d) = e.send_to {
-                    let (at, len) = slots[i];
-                    requests.push(
-                        world
-                            .process_at_rank(d as i32)
-                            .try_immediate_send_with_tag(scope, &send[at..at + len], tag)?,
-                    );
-                }
-            }
-            for r in requests {
-                r.try_wait()?;
-            }
-            Ok(())
-        })?;
-        for (i, e) in ex.iter().enumerate() {
-            if let Some(src) = e.recv_from {
-                self.buffers
-                    .check(slots[i].0, len, src, self.me, stamp(i))?;
-            }
-        }
-        Ok(())
-    }
-
-    fn counters(&self) -> Option<RowCounters> {
-        (self.universe.transport() == TransportKind::Pagewire)
-            .then(|| RowCounters::now(self.universe))
-    }
 }
 
 /// The loop length of the first length after the trial pass took `trial_time` seconds for
@@ -689,18 +384,6 @@ pub fn measure(
     })
 }
 
-/// The displacements of blocks of `counts` elements packed one after another in rank order.
-fn packed_in_rank_order(counts: &[i32]) -> Vec<i32> {
-    counts
-        .iter()
-        .scan(0, |at, &c| {
-            let d = *at;
-            *at += c;
-            Some(d)
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -719,28 +402,5 @@ mod tests {
         assert_eq!(next_loop_length(250, 1.0, 2.0, 0.05, 500), 125);
         assert_eq!(next_loop_length(1, 1.0, 2.0, 0.05, 500), 1);
         assert_eq!(next_loop_length(7, 0.0, 2.0, 0.05, 500), 7);
-    }
-
-    #[test]
-    fn message_bytes_differ_by_sender_exchange_and_loop() {
-        let b = |s, e, i, k| message_byte(s, e, 5, i, k);
-        assert_ne!(b(0, 0, 0, 0), b(1, 0, 0, 0));
-        assert_ne!(b(0, 0, 0, 0), b(0, 1, 0, 0));
-        assert_ne!(b(0, 0, 0, 0), b(0, 0, 1, 0));
-        // 7 is odd: 256 consecutive offsets take every byte value once.
-        let mut seen: Vec<u8> = (0..256).map(|k| b(2, 1, 3, k)).collect();
-        seen.sort();
-        seen.dedup();
-        assert_eq!(seen.len(), 256);
-    }
-
-    #[test]
-    fn disjoint_slices_in_the_order_asked() {
-        let mut buf: Vec<u8> = (0..32).collect();
-        let parts = disjoint_mut(&mut buf, &[(16, 4), (0, 8), (24, 8)]);
-        assert_eq!(parts[0], &[16, 17, 18, 19]);
-        assert_eq!(parts[1], &[0, 1, 2, 3, 4, 5, 6, 7]);
-        assert_eq!(parts[2].len(), 8);
-        assert_eq!(parts[2][0], 24);
     }
 }
