@@ -84,7 +84,7 @@ impl VerbsNic {
         wc: &ibv_wc,
         qps: &HashMap<u32, Arc<QueuePairEntry>>,
     ) -> Completion {
-        let status = wr::status(wc.status);
+        let status = wc::status(wc.status);
         let recv = wc.wr_id & RECV_BIT != 0;
         let seq = wc.wr_id & !RECV_BIT;
         let looked_up = qps.get(&wc.qp_num).and_then(|q| {
@@ -119,7 +119,7 @@ impl VerbsNic {
         }
         // Only the fields the verbs contract defines for this opcode: `wcs` is reused across
         // polls, and a provider leaves the others as an earlier completion wrote them.
-        let fields = wr::success_fields(wc, posted_as);
+        let fields = wc::success_fields(wc, posted_as);
         Completion {
             wr_id,
             status,

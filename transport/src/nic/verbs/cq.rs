@@ -5,9 +5,9 @@
 //! then on, every later completion of every queue pair on it lost.
 //!
 //! What a queue pair can have outstanding on a completion queue is bounded by its work
-//! request rings (`wr::WrRing`): a request's slot is freed only when its completion is polled,
-//! so at most `send depth` completions of its send queue and `recv depth` of its receive
-//! queue are in the completion queues at any time, whether signaled or not (every error
+//! request rings (`wr_ring::WrRing`): a request's slot is freed only when its completion is
+//! polled, so at most `send depth` completions of its send queue and `recv depth` of its
+//! receive queue are in the completion queues at any time, whether signaled or not (every error
 //! completes, and a queue pair in ERROR flushes everything it holds). `create_qp` reserves
 //! that much of each completion queue it uses, against the size `ibv_create_cq` granted
 //! (`cq->cqe`, which may exceed the size asked for), and refuses a queue pair that does not

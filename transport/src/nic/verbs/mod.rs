@@ -48,6 +48,7 @@
 //! effect here.
 #![deny(unsafe_code)]
 
+mod advise;
 mod caps;
 mod completions;
 mod config;
@@ -59,9 +60,12 @@ mod ffi;
 mod fork;
 mod open;
 mod qp_state;
+mod queues;
 mod rdma_core_version;
 mod regions;
+mod wc;
 mod wr;
+mod wr_ring;
 
 pub use config::{LinkLayer, VerbsConfig};
 
@@ -86,7 +90,8 @@ use caps::DeviceLimits;
 use config::{GidKind, GidProbe, PortProbe};
 use endpoint::QpAddress;
 use qp_state::{QpState, QpStatus, RtrParams, SendGate};
-use wr::{QueueLimits, WrRing, EMPTY_SGE, MAX_SGE, RECV_BIT};
+use wr::{QueueLimits, EMPTY_SGE, MAX_SGE, RECV_BIT};
+use wr_ring::WrRing;
 
 /// `IBV_QPF_GRH_REQUIRED` in `ibv_port_attr::flags`.
 const PORT_FLAG_GRH_REQUIRED: u8 = 1;
@@ -271,91 +276,6 @@ impl VerbsNic {
         }
         Ok(())
     }
-
-    /// Promises the completion queues of a new queue pair the entries it could fill
-    /// (`cq::CqBudget`); `Err` names the numbers when they are not there. Returns what to
-    /// give back should the queue pair not be made.
-    fn reserve_cq_entries(
-        &self,
-        peer: usize,
-        (send_cq, scq): (u32, &Arc<CqEntry>),
-        (recv_cq, rcq): (u32, &Arc<CqEntry>),
-        caps: &QpCaps,
-    ) -> Result<Vec<(Arc<CqEntry>, u64)>> {
-        let (sends, recvs) = (caps.max_send_wr, caps.max_recv_wr);
-        let wanted: Vec<(u32, &Arc<CqEntry>, u64)> = if send_cq == recv_cq {
-            vec![(send_cq, scq, cq::demand(sends, recvs, true, true))]
-        } else {
-            vec![
-                (send_cq, scq, cq::demand(sends, recvs, true, false)),
-                (recv_cq, rcq, cq::demand(sends, recvs, false, true)),
-            ]
-        };
-        let mut reserved: Vec<(Arc<CqEntry>, u64)> = Vec::new();
-        for (id, entry, demand) in wanted {
-            if let Err(over) = entry.budget.lock().reserve(demand) {
-                release_cq_entries(reserved);
-                return Err(Error::InvalidArgument(over.message(id, peer, sends, recvs)));
-            }
-            reserved.push((entry.clone(), demand));
-        }
-        Ok(reserved)
-    }
-
-    /// `ibv_create_qp` and RESET -> INIT for [`Nic::create_qp`], after its checks.
-    fn make_qp(
-        &self,
-        peer: usize,
-        scq: &Arc<CqEntry>,
-        rcq: &Arc<CqEntry>,
-        caps: QpCaps,
-    ) -> Result<u32> {
-        let want = ibv_qp_cap {
-            max_send_wr: caps.max_send_wr,
-            max_recv_wr: caps.max_recv_wr,
-            max_send_sge: caps.max_sge,
-            max_recv_sge: caps.max_sge,
-            max_inline_data: caps.max_inline,
-        };
-        let (qp, got) = self
-            .pd
-            .create_rc_qp(&scq.cq, &rcq.cq, want)
-            .map_err(|e| os(format!("ibv_create_qp(RC, {caps:?})"), e))?;
-        let (mut attr, mask) = qp_state::init_attr(
-            self.port.port,
-            wr::access_bits(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ),
-        );
-        // On failure `qp` drops here and is destroyed.
-        qp.modify(&mut attr, mask)
-            .map_err(|e| os(format!("ibv_modify_qp(qp {}, RESET->INIT)", qp.qp_num()), e))?;
-        let qpn = qp.qp_num();
-        let entry = QueuePairEntry {
-            psn: rand::random::<u32>() & 0xff_ffff,
-            peer,
-            caps,
-            limits: QueueLimits {
-                max_send_sge: got.max_send_sge,
-                max_recv_sge: got.max_recv_sge,
-                max_inline: got.max_inline_data,
-            },
-            status: Mutex::new(QpStatus::new()),
-            // As deep as asked (the device may grant more, `ibv_create_qp(3)`), so that the
-            // completion queues' reservation (`reserve_cq_entries`) bounds what can be
-            // outstanding.
-            sq: Mutex::new(WrRing::new(caps.max_send_wr.min(got.max_send_wr))),
-            rq: Mutex::new(WrRing::new(caps.max_recv_wr.min(got.max_recv_wr))),
-            qp,
-        };
-        self.qps.write().insert(qpn, Arc::new(entry));
-        Ok(qpn)
-    }
-}
-
-/// Gives back what [`VerbsNic::reserve_cq_entries`] promised.
-fn release_cq_entries(reserved: Vec<(Arc<CqEntry>, u64)>) {
-    for (entry, demand) in reserved {
-        entry.budget.lock().release(demand);
-    }
 }
 
 impl Nic for VerbsNic {
@@ -364,201 +284,27 @@ impl Nic for VerbsNic {
     }
 
     fn register(&self, addr: u64, len: u64, access: Access) -> Result<RegionInfo> {
-        if len == 0 {
-            return Err(Error::InvalidArgument(
-                "cannot register a zero-length region".into(),
-            ));
-        }
-        if addr.checked_add(len).is_none() {
-            return Err(Error::InvalidArgument(format!(
-                "region {addr:#x}+{len} wraps around the address space"
-            )));
-        }
-        if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
-            return Err(Error::InvalidArgument(
-                "REMOTE_WRITE requires LOCAL_WRITE (ibv_reg_mr(3))".into(),
-            ));
-        }
-        if access.contains(Access::ON_DEMAND) {
-            self.require_odp_for(access)?;
-        }
-        self.register_raw(addr, len, access, false)
+        self.register_region(addr, len, access)
     }
 
     fn register_implicit_odp(&self, access: Access) -> Result<RegionInfo> {
-        let access = access | Access::ON_DEMAND;
-        self.require_odp_for(access)?;
-        if !self.caps.implicit_odp {
-            return Err(Error::Unsupported {
-                device: self.caps.device.clone(),
-                what: "implicit on-demand paging (one region for the whole address space)".into(),
-                hint: "use explicit ODP regions, the copy or pindown buffer mode, or the soft \
-                       provider (PAGEWIRE_TRANSPORT=soft)",
-            });
-        }
-        if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
-            return Err(Error::InvalidArgument(
-                "REMOTE_WRITE requires LOCAL_WRITE (ibv_reg_mr(3))".into(),
-            ));
-        }
-        // ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND | ...): the region's length
-        // is SIZE_MAX, so RegionInfo says u64::MAX.
-        self.register_raw(0, u64::MAX, access, true)
+        self.register_implicit(access)
     }
 
     fn deregister(&self, lkey: u32) -> Result<()> {
-        let t0 = crate::sys::monotonic_ns();
-        let mut regions = self.regions.lock();
-        let mut r = regions
-            .remove(&lkey)
-            .ok_or(Error::UnknownKey { key: lkey })?;
-        if let Err(e) = r.mr.dereg() {
-            let call = format!("ibv_dereg_mr(lkey={lkey:#010x})");
-            regions.insert(lkey, r);
-            return Err(os(call, e));
-        }
-        self.counters.sub_pinned(r.pinned);
-        self.counters
-            .record_registration(false, crate::sys::monotonic_ns().saturating_sub(t0));
-        Ok(())
+        self.deregister_region(lkey)
     }
 
     fn advise(&self, lkey: u32, addr: u64, len: u64, advice: Advice) -> Result<()> {
-        let info = self
-            .regions
-            .lock()
-            .get(&lkey)
-            .map(|r| r.info)
-            .ok_or(Error::UnknownKey { key: lkey })?;
-        if !info.access.contains(Access::ON_DEMAND) {
-            return Err(Error::InvalidArgument(format!(
-                "advise needs an ODP region; key {lkey:#010x} is pinned"
-            )));
-        }
-        let end = addr.checked_add(len);
-        if addr < info.addr || end.is_none_or(|e| e - info.addr > info.len) {
-            return Err(Error::InvalidArgument(format!(
-                "advise range {addr:#x}+{len} is outside region {:#x}+{}",
-                info.addr, info.len
-            )));
-        }
-        if len == 0 {
-            return Ok(());
-        }
-        if advice == Advice::PrefetchWrite && !info.access.contains(Access::LOCAL_WRITE) {
-            return Err(Error::InvalidArgument(format!(
-                "PrefetchWrite needs a writable region; key {lkey:#010x} lacks LOCAL_WRITE"
-            )));
-        }
-        let code = match advice {
-            Advice::Prefetch => {
-                rdma_sys::ib_uverbs_advise_mr_advice::IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH
-            }
-            Advice::PrefetchWrite => {
-                rdma_sys::ib_uverbs_advise_mr_advice::IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE
-            }
-        };
-        // In batches: one call takes at most `wr::ADVISE_MAX_SGES` entries of 1 GiB, about
-        // 4 TiB (the ioctl attribute carrying the list has a 16-bit length).
-        let batches = wr::advise_batch_count(len);
-        let mut advised = 0u64;
-        let mut result = Ok(());
-        for (i, mut sges) in wr::advise_batches(lkey, addr, len).enumerate() {
-            let batch_len: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
-            if let Err(e) = self
-                .pd
-                .advise_mr(code, ffi::ADVISE_MR_FLAG_FLUSH, &mut sges)
-            {
-                result = Err(match e.raw_os_error() {
-                    Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Error::Unsupported {
-                        device: self.caps.device.clone(),
-                        what: "prefetch (ibv_advise_mr)".into(),
-                        hint: "run without prefetch",
-                    },
-                    Some(libc::EFAULT) => Error::UnmappedRange { addr, len },
-                    _ => os(
-                        format!(
-                            "ibv_advise_mr(lkey={lkey:#010x}, {addr:#x}+{len}, {advice:?}, \
-                             batch {} of {batches})",
-                            i + 1
-                        ),
-                        e,
-                    ),
-                });
-                break;
-            }
-            advised += batch_len;
-        }
-        // Pages asked for by the calls that succeeded (the earlier batches of a failed advice
-        // did prefetch).
-        if advised > 0 {
-            let pages = crate::sys::page_span(addr, advised).1 / PAGE_SIZE;
-            self.counters.prefetch_pages.fetch_add(pages, Relaxed);
-        }
-        result
+        self.advise_region(lkey, addr, len, advice)
     }
 
     fn create_cq(&self, depth: u32) -> Result<u32> {
-        if depth == 0 || depth > self.limits.max_cqe {
-            return Err(Error::InvalidArgument(format!(
-                "completion queue depth {depth}: the device allows 1..={}",
-                self.limits.max_cqe
-            )));
-        }
-        let cqe = i32::try_from(depth).unwrap_or(i32::MAX);
-        let cq = self
-            .ctx
-            .create_cq(cqe)
-            .map_err(|e| os(format!("ibv_create_cq(cqe={depth})"), e))?;
-        let entry = CqEntry {
-            budget: Mutex::new(cq::CqBudget::new(cq.entries())),
-            cq,
-            failed: AtomicBool::new(false),
-        };
-        let mut cqs = self.cqs.write();
-        cqs.push(Arc::new(entry));
-        Ok((cqs.len() - 1) as u32)
+        self.new_cq(depth)
     }
 
     fn create_qp(&self, peer: usize, send_cq: u32, recv_cq: u32, caps: QpCaps) -> Result<u32> {
-        let (scq, rcq) = (self.cq(send_cq)?, self.cq(recv_cq)?);
-        self.usable(send_cq, &scq)?;
-        self.usable(recv_cq, &rcq)?;
-        let c = &self.caps;
-        if caps.max_sge > c.max_sge.min(MAX_SGE as u32)
-            || caps.max_inline > c.max_inline
-            || caps.max_send_wr > c.max_qp_wr
-            || caps.max_recv_wr > c.max_qp_wr
-        {
-            return Err(Error::InvalidArgument(format!(
-                "queue pair asks for {} SGEs, {} inline bytes, {}/{} send/receive requests; \
-                 the device allows {}, {}, {}",
-                caps.max_sge,
-                caps.max_inline,
-                caps.max_send_wr,
-                caps.max_recv_wr,
-                c.max_sge.min(MAX_SGE as u32),
-                c.max_inline,
-                c.max_qp_wr
-            )));
-        }
-        // A request: `connect` raises it to 7 (forever) when the peer's device may page-fault
-        // as a responder, whose RNR NAKs would use it up (`qp_state::rnr_retry_for`).
-        if caps.rnr_retry > 7 {
-            return Err(Error::InvalidArgument(format!(
-                "rnr_retry {} does not fit its 3 bits (7 means retry forever)",
-                caps.rnr_retry
-            )));
-        }
-        // The completion queues must hold whatever this queue pair can have outstanding.
-        let reserved = self.reserve_cq_entries(peer, (send_cq, &scq), (recv_cq, &rcq), &caps)?;
-        match self.make_qp(peer, &scq, &rcq, caps) {
-            Ok(qpn) => Ok(qpn),
-            Err(e) => {
-                release_cq_entries(reserved);
-                Err(e)
-            }
-        }
+        self.new_qp(peer, send_cq, recv_cq, caps)
     }
 
     fn endpoint(&self, qpn: u32) -> Result<Endpoint> {
@@ -609,7 +355,7 @@ impl Nic for VerbsNic {
         }
         let mut ring = q.sq.lock();
         let seq = ring
-            .push(wr.wr_id, wr::completes_as(&wr.opcode))
+            .push(wr.wr_id, wc::completes_as(&wr.opcode))
             .ok_or(Error::Exhausted {
                 what: "send queue",
                 limit: ring.outstanding(),

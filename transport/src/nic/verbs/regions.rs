@@ -1,11 +1,83 @@
-//! Memory registration on the device: pinned or on-demand regions, and the errors a
-//! failed `ibv_reg_mr` is turned into (memlock limit, unmapped range, missing ODP).
+//! Memory registration on the device: the checks of `register` and `register_implicit_odp`,
+//! pinned or on-demand regions, the errors a failed `ibv_reg_mr` is turned into (memlock
+//! limit, unmapped range, missing ODP), deregistration, and the `IBV_ACCESS_*` bits of the
+//! trait's [`Access`].
 #![forbid(unsafe_code)]
+
+use rdma_sys::ibv_access_flags as A;
 
 use super::*;
 
 impl VerbsNic {
-    pub(super) fn register_raw(
+    /// [`Nic::register`] for this provider.
+    pub(super) fn register_region(
+        &self,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<RegionInfo> {
+        if len == 0 {
+            return Err(Error::InvalidArgument(
+                "cannot register a zero-length region".into(),
+            ));
+        }
+        if addr.checked_add(len).is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "region {addr:#x}+{len} wraps around the address space"
+            )));
+        }
+        if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
+            return Err(Error::InvalidArgument(
+                "REMOTE_WRITE requires LOCAL_WRITE (ibv_reg_mr(3))".into(),
+            ));
+        }
+        if access.contains(Access::ON_DEMAND) {
+            self.require_odp_for(access)?;
+        }
+        self.register_raw(addr, len, access, false)
+    }
+
+    /// [`Nic::register_implicit_odp`] for this provider.
+    pub(super) fn register_implicit(&self, access: Access) -> Result<RegionInfo> {
+        let access = access | Access::ON_DEMAND;
+        self.require_odp_for(access)?;
+        if !self.caps.implicit_odp {
+            return Err(Error::Unsupported {
+                device: self.caps.device.clone(),
+                what: "implicit on-demand paging (one region for the whole address space)".into(),
+                hint: "use explicit ODP regions, the copy or pindown buffer mode, or the soft \
+                       provider (PAGEWIRE_TRANSPORT=soft)",
+            });
+        }
+        if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
+            return Err(Error::InvalidArgument(
+                "REMOTE_WRITE requires LOCAL_WRITE (ibv_reg_mr(3))".into(),
+            ));
+        }
+        // ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND | ...): the region's length
+        // is SIZE_MAX, so RegionInfo says u64::MAX.
+        self.register_raw(0, u64::MAX, access, true)
+    }
+
+    /// [`Nic::deregister`] for this provider.
+    pub(super) fn deregister_region(&self, lkey: u32) -> Result<()> {
+        let t0 = crate::sys::monotonic_ns();
+        let mut regions = self.regions.lock();
+        let mut r = regions
+            .remove(&lkey)
+            .ok_or(Error::UnknownKey { key: lkey })?;
+        if let Err(e) = r.mr.dereg() {
+            let call = format!("ibv_dereg_mr(lkey={lkey:#010x})");
+            regions.insert(lkey, r);
+            return Err(os(call, e));
+        }
+        self.counters.sub_pinned(r.pinned);
+        self.counters
+            .record_registration(false, crate::sys::monotonic_ns().saturating_sub(t0));
+        Ok(())
+    }
+
+    fn register_raw(
         &self,
         addr: u64,
         len: u64,
@@ -24,7 +96,7 @@ impl VerbsNic {
             usize::try_from(len).map_err(|_| Error::InvalidArgument(format!("{what}: too long")))?
         };
         let t0 = crate::sys::monotonic_ns();
-        let mut mr = match self.pd.reg_mr(addr, pd_len, wr::access_bits(access)) {
+        let mut mr = match self.pd.reg_mr(addr, pd_len, access_bits(access)) {
             Ok(mr) => mr,
             Err(e) => return Err(self.registration_error(what, addr, len, odp, e)),
         };
@@ -56,7 +128,7 @@ impl VerbsNic {
         Ok(info)
     }
 
-    pub(super) fn registration_error(
+    fn registration_error(
         &self,
         call: String,
         addr: u64,
@@ -93,7 +165,7 @@ impl VerbsNic {
 
     /// `Ok` when the device pages on demand for every RC operation a region with `access`
     /// may take part in ([`caps::missing_odp_operations`]).
-    pub(super) fn require_odp_for(&self, access: Access) -> Result<()> {
+    fn require_odp_for(&self, access: Access) -> Result<()> {
         let missing = caps::missing_odp_operations(&self.caps, access);
         if missing.is_empty() {
             return Ok(());
@@ -109,5 +181,41 @@ impl VerbsNic {
             hint: "register without ON_DEMAND (or with fewer rights), or use the soft provider \
                    (PAGEWIRE_TRANSPORT=soft)",
         })
+    }
+}
+
+/// The `IBV_ACCESS_*` bits of `a` (pagewire's ON_DEMAND bit is 8, verbs' is 64; 8 is
+/// IBV_ACCESS_REMOTE_ATOMIC there).
+pub(super) fn access_bits(a: Access) -> u32 {
+    let mut bits = 0;
+    if a.contains(Access::LOCAL_WRITE) {
+        bits |= A::IBV_ACCESS_LOCAL_WRITE.0;
+    }
+    if a.contains(Access::REMOTE_WRITE) {
+        bits |= A::IBV_ACCESS_REMOTE_WRITE.0;
+    }
+    if a.contains(Access::REMOTE_READ) {
+        bits |= A::IBV_ACCESS_REMOTE_READ.0;
+    }
+    if a.contains(Access::ON_DEMAND) {
+        bits |= A::IBV_ACCESS_ON_DEMAND.0;
+    }
+    bits
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_bits_use_the_verbs_values() {
+        assert_eq!(access_bits(Access::NONE), 0);
+        assert_eq!(
+            access_bits(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ),
+            1 | 2 | 4
+        );
+        // ON_DEMAND is 8 in pagewire but IBV_ACCESS_ON_DEMAND (64) in verbs; 8 would be
+        // IBV_ACCESS_REMOTE_ATOMIC.
+        assert_eq!(access_bits(Access::ON_DEMAND | Access::LOCAL_WRITE), 64 | 1);
     }
 }
