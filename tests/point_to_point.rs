@@ -690,6 +690,57 @@ fn pindown_mode_bytes_arrive_exactly_with_rput() {
     );
 }
 
+/// `byte_exact` under a pin-down registration strategy other than the cache (issue 16,
+/// study 4): `per-op` registers every rendezvous transfer and keeps nothing (no hits, and
+/// every registration gone by the end); `key-pool` registers every transfer and
+/// deregisters them in batches of `PAGEWIRE_PINDOWN_POOL_DIRTY` (2 here). The memlock limit
+/// is lifted, so that no transfer falls back to copying (the 64 MiB message would).
+fn strategy_byte_exact(u: &pagewire::Universe) {
+    byte_exact(u);
+    let m = u.with_p2p(|p| p.mode_counters());
+    let nic = u.with_p2p(|p| p.nic_counters());
+    assert_eq!(m.fallbacks, 0, "{m:?}");
+    assert!(m.misses > 0, "every transfer registers: {m:?}");
+    assert_eq!(m.hits, 0, "nothing is reused: {m:?}");
+    match std::env::var("PAGEWIRE_PINDOWN_STRATEGY").as_deref() {
+        Ok("per-op") => assert_eq!(m.registered_bytes, 0, "{m:?}"),
+        Ok("key-pool") => {
+            assert!(m.evictions >= m.misses - 1, "flushed in pairs: {m:?}");
+            assert!(nic.deregistrations >= m.evictions, "{nic:?}");
+        }
+        other => panic!("unexpected strategy {other:?}"),
+    }
+}
+
+#[test]
+fn pindown_per_op_registration_moves_bytes_exactly() {
+    ranks(
+        "pindown_per_op_registration_moves_bytes_exactly",
+        2,
+        &[
+            ("PAGEWIRE_MODE", "pindown"),
+            ("PAGEWIRE_PINDOWN_STRATEGY", "per-op"),
+            ("PAGEWIRE_MEMLOCK_LIMIT", "unlimited"),
+        ],
+        strategy_byte_exact,
+    );
+}
+
+#[test]
+fn pindown_key_pool_registration_moves_bytes_exactly() {
+    ranks(
+        "pindown_key_pool_registration_moves_bytes_exactly",
+        2,
+        &[
+            ("PAGEWIRE_MODE", "pindown"),
+            ("PAGEWIRE_PINDOWN_STRATEGY", "key-pool"),
+            ("PAGEWIRE_PINDOWN_POOL_DIRTY", "2"),
+            ("PAGEWIRE_MEMLOCK_LIMIT", "unlimited"),
+        ],
+        strategy_byte_exact,
+    );
+}
+
 #[test]
 fn pindown_mode_all_pairs_on_4_ranks() {
     ranks(

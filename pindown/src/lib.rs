@@ -34,6 +34,7 @@ pub mod monitored;
 pub mod policy;
 pub mod registrar;
 pub mod shared;
+pub mod strategy;
 
 #[cfg(test)]
 mod cache_tests;
@@ -49,3 +50,4 @@ pub use monitored::MonitoredRegistrar;
 pub use policy::Policy;
 pub use registrar::{BoxError, NicRef, NicRegistrar, RegisterError, Registrar, Registration};
 pub use shared::{SharedPinDownCache, WeakPinDownCache};
+pub use strategy::{KeyPool, Strategy};

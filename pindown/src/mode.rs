@@ -21,6 +21,11 @@
 //! reallocated at the same address then reuses the stale registration, which stays bound to
 //! the old pages (issue 13): old bytes are sent and received bytes vanish. It exists to
 //! measure what invalidation costs and to show that the tests can see the failure.
+//!
+//! **Registration strategies** (`PAGEWIRE_PINDOWN_STRATEGY`, [`crate::strategy`]): the
+//! cache above (`cache`, the default), a registration per transfer (`per-op`), or an
+//! FMR-style pool that defers and batches deregistration (`key-pool`), seed 001's
+//! strategies side by side.
 
 use std::sync::Arc;
 
@@ -34,6 +39,7 @@ use pagewire_transport::{Error as TransportError, Result};
 
 use pagewire_transport::memmon::{self, Cause, MemoryMonitor};
 
+use crate::strategy::{KeyPool, Strategy};
 use crate::{
     Acquire, CacheConfig, LeaseHandle, MonitoredRegistrar, NicRegistrar, RegisterError,
     SharedPinDownCache,
@@ -50,6 +56,9 @@ type WeakCache = crate::WeakPinDownCache<MonitoredRegistrar<Arc<dyn Nic>>>;
 const FALLBACK: u64 = 1 << 63;
 /// Marks leases of a registered user buffer (a lease's token is otherwise a bounce slot).
 const IN_PLACE: u64 = 1 << 62;
+/// Marks transfers registered by the `key-pool` strategy (the rest of the token is the
+/// pool's).
+const POOL: u64 = 1 << 61;
 
 /// The `pindown` mode.
 pub struct PindownMode {
@@ -62,6 +71,11 @@ pub struct PindownMode {
     /// Whether the monitor's invalidations reach the cache (`PAGEWIRE_PINDOWN_INVALIDATE`;
     /// `None`: read at attach).
     invalidate: Option<bool>,
+    /// How a transfer gets its registration (`PAGEWIRE_PINDOWN_STRATEGY`; `None`: read at
+    /// attach).
+    strategy: Option<Strategy>,
+    /// The `key-pool` strategy's registrations.
+    pool: Option<KeyPool>,
 }
 
 /// The locked-memory limit the cache sizes itself by: `PAGEWIRE_MEMLOCK_LIMIT` when set (the
@@ -113,7 +127,20 @@ impl PindownMode {
             monitor: None,
             caching: false,
             invalidate: None,
+            strategy: None,
+            pool: None,
         }
+    }
+
+    /// Uses `strategy` instead of `PAGEWIRE_PINDOWN_STRATEGY`.
+    pub fn with_strategy(mut self, strategy: Strategy) -> PindownMode {
+        self.strategy = Some(strategy);
+        self
+    }
+
+    /// The registration strategy (the default before attach).
+    pub fn strategy(&self) -> Strategy {
+        self.strategy.unwrap_or_default()
     }
 
     /// Delivers (`true`, the default) or ignores the memory monitor's invalidations; `false`
@@ -202,7 +229,9 @@ impl BufferMode for PindownMode {
             format!("{:.1} MiB", limits.max_bytes as f64 / (1 << 20) as f64)
         };
         format!(
-            "pindown: policy {policy}, limit {bytes} and {} entries, {}; memory monitor: {}",
+            "pindown: strategy {}, policy {policy}, limit {bytes} and {} entries, {}; memory \
+             monitor: {}",
+            self.strategy().name(),
             limits.max_entries,
             if !self.invalidates() {
                 "caching with invalidation OFF (unsafe: stale registrations are reused)"
@@ -225,6 +254,14 @@ impl BufferMode for PindownMode {
             }
         };
         self.invalidate = Some(invalidate);
+        let strategy = match self.strategy {
+            Some(s) => s,
+            None => Strategy::from_env().unwrap_or_else(|e| panic!("pagewire: pindown mode: {e}")),
+        };
+        self.strategy = Some(strategy);
+        if let Strategy::KeyPool { dirty_watermark } = strategy {
+            self.pool = Some(KeyPool::new(dirty_watermark));
+        }
         // The sink reaches the cache through a weak handle: the cache's registrar keeps the
         // monitor (and so the sink) alive, and a strong handle would be a cycle.
         let slot: Arc<parking_lot::Mutex<Option<WeakCache>>> =
@@ -248,7 +285,7 @@ impl BufferMode for PindownMode {
                 .unwrap_or_else(|e| panic!("pagewire: pindown mode: {e}")),
         );
         // Without invalidation nothing is dropped for want of a monitor either.
-        self.caching = monitor.is_reliable() || !invalidate;
+        self.caching = strategy == Strategy::Cache && (monitor.is_reliable() || !invalidate);
         let registrar = MonitoredRegistrar::new(NicRegistrar::new(nic.clone()), monitor.clone());
         let reserve = nic.counters().pinned_now + (256 << 10) * 4;
         let config = self.config.unwrap_or_else(|| {
@@ -286,6 +323,25 @@ impl BufferMode for PindownMode {
         // Every change that returned to the application before now reaches the cache first
         // (the monitor's contract: munmap may return before the callback has run). No cache
         // lock is held here: the sink takes it.
+        if let Some(pool) = self.pool.as_mut() {
+            return match pool.register(nic, user_addr, len as u64, pool_access())? {
+                Some((token, _)) => Ok(Transfer {
+                    pipeline: Pipeline {
+                        chunk: len,
+                        depth: 1,
+                    },
+                    zero_copy: true,
+                    token: POOL | token,
+                }),
+                None => {
+                    let t = self.fallback.begin(nic, user_addr, len, dir)?;
+                    Ok(Transfer {
+                        token: FALLBACK,
+                        ..t
+                    })
+                }
+            };
+        }
         if let Some(m) = &self.monitor {
             m.flush();
         }
@@ -320,6 +376,24 @@ impl BufferMode for PindownMode {
     ) -> Result<Option<Lease>> {
         if t.token == FALLBACK {
             return self.fallback.lease(nic, t, user_addr, offset, len, dir);
+        }
+        if t.token & POOL != 0 {
+            let r = self
+                .pool
+                .as_ref()
+                .and_then(|p| p.keys(t.token & !POOL))
+                .ok_or_else(|| {
+                    TransportError::InvalidArgument(
+                        "key-pool registration vanished during its transfer".into(),
+                    )
+                })?;
+            return Ok(Some(Lease {
+                addr: user_addr + offset as u64,
+                len: len as u64,
+                lkey: r.lkey,
+                rkey: r.rkey,
+                token: IN_PLACE,
+            }));
         }
         let cache = self.cache.as_ref().expect("started");
         let (lkey, rkey, _) = cache
@@ -362,13 +436,22 @@ impl BufferMode for PindownMode {
             self.fallback.end(nic, t);
             return;
         }
+        if t.token & POOL != 0 {
+            if let Some(pool) = self.pool.as_mut() {
+                pool.finish(nic, t.token & !POOL);
+            }
+            return;
+        }
         let cache = self.cache.as_ref().expect("started");
         let mut c = cache.lock();
         let h = LeaseHandle::from_token(t.token);
         let lease = c.lease(h);
         let _ = c.release(h);
         if let Some(l) = lease {
-            if self.invalidates() && (!self.caching || !c.registrar().is_watched(l.lkey)) {
+            let per_op = self.strategy() == Strategy::PerOperation;
+            if per_op
+                || (self.invalidates() && (!self.caching || !c.registrar().is_watched(l.lkey)))
+            {
                 // Nobody would tell us if this memory changed: do not keep it registered.
                 c.invalidate(l.base, l.len);
             }
@@ -377,6 +460,22 @@ impl BufferMode for PindownMode {
 
     fn counters(&self) -> ModeCounters {
         let f = self.fallback.counters();
+        if let Some(pool) = self.pool.as_ref() {
+            let p = pool.counters();
+            return ModeCounters {
+                leases: p.registrations,
+                bytes_copied: f.bytes_copied,
+                lease_waits: f.lease_waits,
+                pinned_footprint: f.pinned_footprint,
+                // Every transfer registers: a miss; a flushed registration: an eviction.
+                misses: p.registrations,
+                evictions: p.deregistered,
+                fallbacks: p.fallbacks,
+                registered_bytes: p.bytes_now,
+                registered_peak: p.bytes_peak,
+                ..ModeCounters::default()
+            };
+        }
         let Some(cache) = self.cache.as_ref() else {
             return f;
         };
@@ -397,11 +496,21 @@ impl BufferMode for PindownMode {
     }
 
     fn stop(&mut self, nic: &dyn Nic) {
+        if let Some(pool) = self.pool.as_mut() {
+            pool.flush(nic);
+        }
         if let Some(c) = self.cache.take() {
             c.lock().flush();
         }
         self.fallback.stop(nic);
     }
+}
+
+/// The rights a `key-pool` registration takes: those of the cache's (a buffer may be sent
+/// from, received into, read or written by a peer).
+fn pool_access() -> pagewire_transport::nic::Access {
+    use pagewire_transport::nic::Access;
+    Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE
 }
 
 #[cfg(test)]
