@@ -414,8 +414,8 @@ impl CountersSnapshot {
     }
 
     /// The `p`-th percentile (0 < p ≤ 100) of fault resolution time in microseconds, from
-    /// the fine histogram (the middle of the bucket it falls in: within 3 % of the value);
-    /// 0 when there was no fault.
+    /// the fine histogram (the middle of the bucket it falls in: within 3 % of the value,
+    /// and never above the longest fault, which is kept exactly); 0 when there was no fault.
     pub fn npf_percentile_us(&self, p: f64) -> f64 {
         let n: u64 = self.npf_latency.0.iter().sum();
         if n == 0 {
@@ -423,13 +423,20 @@ impl CountersSnapshot {
         }
         let rank = ((p / 100.0) * n as f64).ceil().clamp(1.0, n as f64) as u64;
         let mut seen = 0;
+        let mut bucket = NPF_LATENCY_BUCKETS - 1;
         for (i, c) in self.npf_latency.0.iter().enumerate() {
             seen += c;
             if seen >= rank {
-                return latency_bucket_mid_us(i);
+                bucket = i;
+                break;
             }
         }
-        latency_bucket_mid_us(NPF_LATENCY_BUCKETS - 1)
+        let mid = latency_bucket_mid_us(bucket);
+        if self.npf_max_ns > 0 {
+            mid.min(self.npf_max_ns as f64 / 1000.0)
+        } else {
+            mid
+        }
     }
 
     /// Mean of one part of the fault time (`npf_wait_ns`, `npf_os_ns`, `npf_model_ns`, or
@@ -576,7 +583,7 @@ mod tests {
             "{}",
             s.npf_percentile_us(95.0)
         );
-        assert!(near(s.npf_percentile_us(100.0), 464.0));
+        assert_eq!(s.npf_percentile_us(100.0), 464.0, "the maximum is exact");
         assert_eq!(s.npf_max_ns, 464_000);
         // 100 µs × (101 + ... + 200) / 10 over 101 faults.
         assert!(near(s.npf_part_mean_us(s.npf_os_ns), 1_505.0 / 101.0));
