@@ -119,7 +119,7 @@ pub struct Measurement {
 }
 
 /// The loop length of the first length after the trial pass took `trial_time` seconds for
-/// [`PRE_MSG_LOOPS`] loops: `(max_loops, loops)`.
+/// `PRE_MSG_LOOPS` loops: `(max_loops, loops)`.
 pub fn first_loop_length(trial_time: f64, time_per_loop: f64) -> (u64, u64) {
     let max_loops = if trial_time > 0.0 {
         ((PRE_MSG_LOOPS as f64 * (time_per_loop / trial_time)) as u64).max(PRE_MSG_LOOPS)
@@ -131,7 +131,7 @@ pub fn first_loop_length(trial_time: f64, time_per_loop: f64) -> (u64, u64) {
 
 /// The loop length of the next length: the previous one divided by the length's growth
 /// `step`, stretched by `time_per_loop / previous_time` when that was short, between
-/// [`MIN_LOOPS`] and `max_loops` (kept if the previous time is 0).
+/// `MIN_LOOPS` and `max_loops` (kept if the previous time is 0).
 pub fn next_loop_length(
     previous_loops: u64,
     previous_time: f64,

@@ -3,7 +3,7 @@
 //! run line by line, in each of pagewire's buffer modes and (feature `mpi`) on the host MPI
 //! library.
 //!
-//! - [`bench`]: the 18 benchmarks in IMB's order, their types and factors;
+//! - [`bench`](mod@bench): the 18 benchmarks in IMB's order, their types and factors;
 //! - [`settings`]: repetitions, warm-up, `-off_cache` rotation, `-npmin`, `-msglog`;
 //! - [`run`]: the kernels and the per-size sequence (dynamic repetitions, warm-up, two
 //!   barriers, timed loop, times of all processes to rank 0);

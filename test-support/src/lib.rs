@@ -6,7 +6,7 @@
 //!   under the built-in launcher, filtered to the one test (`NAME --exact`), with
 //!   [`ROLE`]`=NAME` set; in those processes the test function plays a rank's part
 //!   ([`as_rank`]). [`nic`] gives such a rank the soft NIC (pagewire-transport's tests);
-//!   [`facade`] (feature `facade`) gives it a `pagewire::Universe` (the facade's tests).
+//!   `facade` (feature `facade`) gives it a `pagewire::Universe` (the facade's tests).
 //! - **Under mpirun** ([`mpirun`]): the same test binary started by a real `mpirun`, for the
 //!   `mpi` feature's tests.
 //! - **Prerequisites** ([`require`]): a test whose prerequisite is missing (an MPI launcher,

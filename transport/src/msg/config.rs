@@ -30,7 +30,7 @@ pub struct MsgConfig {
     /// Rendezvous protocol (`PAGEWIRE_RNDV=get|put|auto`).
     pub rndv: RndvProtocol,
     /// Zero-copy messages of at least this many bytes are moved by both sides at once
-    /// (`auto` only; [`rndv_split`]); `PAGEWIRE_RNDV_SPLIT_MIN`, `off` = never.
+    /// (`auto` only; `msg/rndv_split.rs`); `PAGEWIRE_RNDV_SPLIT_MIN`, `off` = never.
     pub split_min: usize,
     /// Data messages in flight per peer before the sender waits (`PAGEWIRE_EAGER_CREDITS`).
     pub credits: u32,

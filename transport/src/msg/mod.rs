@@ -4,11 +4,11 @@
 //!
 //! - Matching on (source, tag, context) with wildcards, non-overtaking per sender, posted and
 //!   unexpected queues, probe ([`matching`]).
-//! - Eager (<= eager limit, [`eager`]): header and payload copied into pre-registered slots;
+//! - Eager (<= eager limit, `eager.rs`): header and payload copied into pre-registered slots;
 //!   per-peer credits bound the memory unexpected messages can take (the sender waits for
 //!   credits; nothing is dropped).
-//! - Rendezvous (> eager limit): RTS, then RGET ([`rndv_get`]: the receiver RDMA-READs) or
-//!   RPUT ([`rndv_put`]: the receiver returns CTS, the sender RDMA-WRITEs), as a pipeline of
+//! - Rendezvous (> eager limit): RTS, then RGET (`rndv_get.rs`: the receiver RDMA-READs) or
+//!   RPUT (`rndv_put.rs`: the receiver returns CTS, the sender RDMA-WRITEs), as a pipeline of
 //!   chunks whose size and depth the buffer mode decides (one chunk for zero-copy modes,
 //!   bounce-pool chunks for `copy`). Seed 001 sections 3-4 discuss the same inline/bulk and
 //!   RDMA Read/Write choices for NFS.

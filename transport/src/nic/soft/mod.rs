@@ -2,22 +2,22 @@
 //! kernel (DESIGN.md "The soft provider"). It enforces verbs semantics and charges what the
 //! OS really charges; it adds no artificial delay.
 //!
-//! - **Wire**: one shared-memory ring per (sender, receiver) pair ([`ring`]); the receiver
+//! - **Wire**: one shared-memory ring per (sender, receiver) pair (`ring.rs`); the receiver
 //!   polls the rings that carried packets recently and learns of the others from a bitmap
-//!   ([`inbox`]); responders acknowledge by writing the requester's memory ([`ack`]).
+//!   (`inbox.rs`); responders acknowledge by writing the requester's memory (`ack.rs`).
 //! - **No kernel on the fast path** (issue 12): posting and polling are loads, stores and
-//!   memory copies ([`dma`]); a waiting driver thread is woken only when it said it sleeps
+//!   memory copies (`dma.rs`); a waiting driver thread is woken only when it said it sleeps
 //!   and its application is not polling.
 //! - **DMA engine**: payloads between processes move with one kernel copy
 //!   (`process_vm_readv`/`writev`) when the kernel allows it, else they are staged through
 //!   the ring; `PAGEWIRE_SOFT_DMA=staged` forces the fallback.
 //! - **TPT**: each rank's region table lives in its shared segment, so RDMA WRITE and READ
 //!   are checked against the target's table by the initiator's engine, before any byte moves,
-//!   without the target's CPU ([`tpt`]).
+//!   without the target's CPU (`tpt.rs`).
 //! - **Pinning** is the long-term pin `ibv_reg_mr` makes (`mlock` where io_uring is
-//!   unavailable), charged against RLIMIT_MEMLOCK ([`pin`]).
+//!   unavailable), charged against RLIMIT_MEMLOCK (`pin.rs`).
 //! - **ODP**: regions are never pinned; pages start non-present in the NIC's bitmap
-//!   ([`present`]); an access to a non-present page is a network page fault (NPF). Faults on
+//!   (`present.rs`); an access to a non-present page is a network page fault (NPF). Faults on
 //!   the initiator's own memory are resolved in place before data is read; faults on the
 //!   target's memory (rNPF, seed 000 section 4) answer the initiator receiver-not-ready while
 //!   the target's *driver thread* — the interrupt-handler analogue, asleep on a futex until a
@@ -27,7 +27,7 @@
 //!   000, "Optimizations").
 //! - **Invalidation**: every range made present is watched by the memory monitor, whose
 //!   sink clears the bits of pages that are unmapped, moved, discarded or shared by `fork`
-//!   ([`odp_watch`]); without a monitor, initiators check the owner's `/proc/PID/pagemap`
+//!   (`odp_watch.rs`); without a monitor, initiators check the owner's `/proc/PID/pagemap`
 //!   before DMA into present pages. A fault on unmapped memory ends in an error completion.
 
 mod ack;
