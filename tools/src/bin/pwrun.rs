@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Result};
 use clap::{Parser, ValueEnum};
 use pagewire_transport::boot::binding::BindTo;
-use pagewire_transport::boot::{launch, LaunchConfig};
+use pagewire_transport::boot::{launch, launcher, LaunchConfig};
 use pagewire_transport::Error;
 
 /// Start N local ranks of PROGRAM under pagewire's built-in launcher.
@@ -114,7 +114,7 @@ fn run(cli: Cli) -> Result<i32> {
         e => anyhow!(e),
     })?;
     if let Some(message) = &outcome.message {
-        eprintln!("{message}");
+        launcher::report_line(message);
     }
     Ok(outcome.exit_code)
 }
@@ -124,7 +124,7 @@ fn main() {
     let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("pwrun: {e:#}");
+            launcher::report_line(&format!("pwrun: {e:#}"));
             2
         }
     };

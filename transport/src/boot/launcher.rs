@@ -58,6 +58,19 @@ const EXIT_TIMED_OUT: i32 = 124;
 /// Where POSIX shared-memory objects live.
 const SHM_DIR: &str = "/dev/shm";
 
+/// Writes `line` and a newline to stderr in one `write` call. `eprintln!` writes each piece
+/// of its format separately, so the launcher's line and a rank's panic message, both going
+/// to the same pipe, could interleave mid-line (seen in CI: "pwrun: rank " + a rank's
+/// backtrace + "0 (pid ..."); a single write of up to `PIPE_BUF` (4 KiB) bytes to a pipe is
+/// atomic.
+pub fn report_line(line: &str) {
+    use std::io::Write;
+    let mut bytes = Vec::with_capacity(line.len() + 1);
+    bytes.extend_from_slice(line.as_bytes());
+    bytes.push(b'\n');
+    let _ = std::io::stderr().lock().write_all(&bytes);
+}
+
 /// What to launch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchConfig {
@@ -228,7 +241,7 @@ pub fn self_launch(np: usize) -> Result<Option<i32>> {
     };
     let outcome = launch(&cfg)?;
     if let Some(message) = &outcome.message {
-        eprintln!("{message}");
+        report_line(message);
     }
     Ok(Some(outcome.exit_code))
 }
@@ -321,7 +334,7 @@ impl Job {
             .map_err(|e| Error::os("fcntl(O_NONBLOCK) on the bootstrap socket", e))?;
         let bind_plan = plan_binding(cfg)?;
         if let Some(note) = &bind_plan.note {
-            eprintln!("{note}");
+            report_line(note);
         }
         let size = cfg.ranks.to_string();
         for rank in 0..cfg.ranks {
@@ -383,7 +396,7 @@ impl Job {
                 if !status.success() {
                     let pid = self.server.pid(rank);
                     let (exit_code, how) = describe(status);
-                    eprintln!("pwrun: rank {rank} (pid {pid}) {how}");
+                    report_line(&format!("pwrun: rank {rank} (pid {pid}) {how}"));
                     return Ok(End::RankFailed { rank, exit_code });
                 }
             }

@@ -103,7 +103,9 @@ impl Server {
             return refuse(format!("rank {} is out of range for {size} ranks", h.rank));
         };
         if let Err(why) = self.check_credentials(stream, rank) {
-            eprintln!("pwrun: refused a bootstrap connection for rank {rank}: {why}");
+            report_line(&format!(
+                "pwrun: refused a bootstrap connection for rank {rank}: {why}"
+            ));
             return refuse(why);
         }
         let mut st = self.state.lock();
