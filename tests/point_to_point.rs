@@ -877,13 +877,22 @@ fn pindown_mode_never_uses_a_registration_after_its_memory_changed() {
 /// Cold (never touched) buffers in the ODP mode: with `PAGEWIRE_ODP_PREFETCH=rendezvous`
 /// both buffers are prefetched when the protocol knows they are about to move, so no
 /// network page fault happens; with `off` every message faults. Both rendezvous protocols.
+///
+/// All four buffers stay mapped until the counters are read. Unmapping one and mapping the
+/// next could reuse its addresses, and the unmapped buffer's invalidation, which reaches the
+/// NIC's present bits through the memory monitor's thread, could then land after the new
+/// buffer's prefetch and cost it one fault. CI saw this once under load: one responder
+/// fault of 256 pages. That race is about address reuse, not prefetch.
 fn odp_cold_prefetch(u: &pagewire::Universe) {
     let world = u.world();
     let peer = world.process_at_rank(1 - world.rank());
     const N: usize = 1 << 20;
+    let mut buffers: Vec<pagewire::sys::AnonMapping> = (0..4)
+        .map(|_| pagewire::sys::AnonMapping::new(N).unwrap())
+        .collect();
     let before = u.with_p2p(|p| p.nic_counters());
-    for i in 0..4u64 {
-        let mut fresh = pagewire::sys::AnonMapping::new(N).unwrap();
+    for (i, fresh) in buffers.iter_mut().enumerate() {
+        let i = i as u64;
         if world.rank() == 0 {
             fresh.as_mut_slice().copy_from_slice(&pattern(i, N));
             // The CPU touched the pages; the NIC has not.
