@@ -10,13 +10,14 @@
 # The client (initiator) takes a requester fault per iteration writing its fresh landing
 # buffer; the server a responder fault reading a fresh source slice (the first 256 at 4 MiB:
 # the target span is capped at 1 GiB and then reused).
-# Prints a Markdown table and keeps the raw outputs.
+# Prints a Markdown table and keeps the raw outputs and a plot (faults.svg: the requester
+# faults' median and 99th percentile by size, seed 000 Table 4's beside them).
 # Usage: tools/bench/npf_model.sh [OUTDIR]   (default: target/bench/npf-model)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-target/bench/npf-model}
 mkdir -p "$out"
-cargo build --release -q -p pagewire-tools --bin pw-perftest --bin pwrun
+cargo build --release -q -p pagewire-tools --bin pw-perftest --bin pwrun --bin pw-plot
 echo "# $(date -u +%FT%TZ) $(uname -sr), $(nproc) cores, load before: $(cut -d' ' -f1-3 /proc/loadavg)" > "$out/machine.txt"
 run() { # NAME PROFILE [--resident]
   local name=$1 profile=$2
@@ -49,4 +50,12 @@ row() {
   echo "| seed 000 Table 4 (Connect-IB, minor) | 4 MB | | | | | 350 | 352 | 431 | 440 | 687 |"
   echo "| seed 003 (Mellanox slides, 2013: "page-in performance") | 4 KiB / 4 MiB | | | | | ~135 / ~1,000 | | | | |"
 } | tee "$out/summary.md"
+# Columns of the fault table: 1 #bytes, 2 side, 9 50 %, 11 99 %.
+plot_args=()
+for name in resident-real resident-npf-model first-touch-real; do
+  plot_args+=("$name 50%=$out/$name.txt:1:9:2=client" "$name 99%=$out/$name.txt:1:11:2=client")
+done
+target/release/pw-plot --title "Network page faults on the soft NIC (requester side) and seed 000 Table 4" \
+  --y-label "fault resolution [usec]" --out "$out/faults.svg" "${plot_args[@]}" \
+  "seed 000 Table 4 50%=4096:215,4194304:352" "seed 000 Table 4 99%=4096:261,4194304:440"
 cat "$out/machine.txt"

@@ -11,14 +11,14 @@
 # `pw-msgperf pingpong --msglog 12:22 --iters 500` each. Prints a Markdown table of time per
 # message and bandwidth by size and strategy, and one of registration cost per transfer
 # (mean µs per registration and per deregistration, from the NIC's counters), and keeps the
-# raw outputs.
+# raw outputs and a plot (strategies.svg).
 # Usage: tools/bench/registration_strategies.sh [OUTDIR]
 #        (default: target/bench/registration-strategies)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-target/bench/registration-strategies}
 mkdir -p "$out"
-cargo build --release -q -p pagewire-tools --bin pw-msgperf --bin pwrun
+cargo build --release -q -p pagewire-tools --bin pw-msgperf --bin pwrun --bin pw-plot
 echo "# $(date -u +%FT%TZ) $(uname -sr), $(nproc) cores, load before: $(cut -d' ' -f1-3 /proc/loadavg)" > "$out/machine.txt"
 run() { # NAME MODE [STRATEGY]
   PAGEWIRE_MEMLOCK_LIMIT=unlimited PAGEWIRE_MODE=$2 PAGEWIRE_PINDOWN_STRATEGY=${3:-cache} \
@@ -53,4 +53,8 @@ reg() { awk -v n="$2" '/^# counters/ { on = 1 } on && $2 == n { print $12, $13; 
     echo "| $n | $pr | $pd | $kr | $kd |"
   done
 } | tee "$out/summary.md"
+plot_args=()
+for s in $names; do plot_args+=("$s=$out/$s.txt:1:3"); done
+target/release/pw-plot --title "PingPong, 2 ranks: pindown registration strategies (memlock lifted)" \
+  --y-label "time per message [usec]" --out "$out/strategies.svg" "${plot_args[@]}"
 cat "$out/machine.txt"
