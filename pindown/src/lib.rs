@@ -41,6 +41,17 @@ mod cache_tests;
 #[cfg(test)]
 mod fake;
 
+/// Environment variables for `from_lookup` in unit tests: `pairs` as a lookup function.
+#[cfg(test)]
+pub(crate) fn env_of<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+    move |k| {
+        pairs
+            .iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.to_string())
+    }
+}
+
 pub use cache::{Acquire, CacheCounters, LeaseHandle, PinDownCache, PinLease};
 pub use error::{Error, Result};
 pub use interval::Span;
@@ -48,6 +59,8 @@ pub use limits::{CacheConfig, Limits};
 pub use mode::PindownMode;
 pub use monitored::MonitoredRegistrar;
 pub use policy::Policy;
-pub use registrar::{BoxError, NicRef, NicRegistrar, RegisterError, Registrar, Registration};
+pub use registrar::{
+    BoxError, NicRef, NicRegistrar, RegisterError, Registrar, Registration, REGISTRATION_ACCESS,
+};
 pub use shared::{SharedPinDownCache, WeakPinDownCache};
 pub use strategy::{KeyPool, Strategy};

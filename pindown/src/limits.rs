@@ -109,14 +109,7 @@ impl CacheConfig {
 mod tests {
     use super::*;
 
-    fn vars<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |k| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
-        }
-    }
+    use crate::env_of as vars;
 
     #[test]
     fn defaults_follow_memlock_minus_reserve() {

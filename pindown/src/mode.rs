@@ -39,6 +39,7 @@ use pagewire_transport::{Error as TransportError, Result};
 
 use pagewire_transport::memmon::{self, Cause, MemoryMonitor};
 
+use crate::registrar::REGISTRATION_ACCESS;
 use crate::strategy::{KeyPool, Strategy};
 use crate::{
     Acquire, CacheConfig, LeaseHandle, MonitoredRegistrar, NicRegistrar, RegisterError,
@@ -324,7 +325,7 @@ impl BufferMode for PindownMode {
         // (the monitor's contract: munmap may return before the callback has run). No cache
         // lock is held here: the sink takes it.
         if let Some(pool) = self.pool.as_mut() {
-            return match pool.register(nic, user_addr, len as u64, pool_access())? {
+            return match pool.register(nic, user_addr, len as u64, REGISTRATION_ACCESS)? {
                 Some((token, _)) => Ok(Transfer {
                     pipeline: Pipeline {
                         chunk: len,
@@ -504,13 +505,6 @@ impl BufferMode for PindownMode {
         }
         self.fallback.stop(nic);
     }
-}
-
-/// The rights a `key-pool` registration takes: those of the cache's (a buffer may be sent
-/// from, received into, read or written by a peer).
-fn pool_access() -> pagewire_transport::nic::Access {
-    use pagewire_transport::nic::Access;
-    Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE
 }
 
 #[cfg(test)]

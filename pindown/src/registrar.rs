@@ -81,6 +81,12 @@ pub trait Registrar {
     fn deregister(&mut self, reg: &Registration) -> Result<(), RegisterError>;
 }
 
+/// The rights a user buffer's registration takes in the pindown mode, whatever the
+/// strategy: it may be sent from, received into, and read or written by a peer.
+pub const REGISTRATION_ACCESS: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_READ)
+    .union(Access::REMOTE_WRITE);
+
 /// The real registrar: registers through a [`Nic`], with one access set for every
 /// registration.
 ///
@@ -119,12 +125,9 @@ where
     P: Deref,
     P::Target: Nic,
 {
-    /// Registers with LOCAL_WRITE | REMOTE_READ | REMOTE_WRITE.
+    /// Registers with [`REGISTRATION_ACCESS`].
     pub fn new(nic: P) -> Self {
-        Self::with_access(
-            nic,
-            Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
-        )
+        Self::with_access(nic, REGISTRATION_ACCESS)
     }
 
     /// Registers with `access` (which must not contain ON_DEMAND: an ODP region pins

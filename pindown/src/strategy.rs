@@ -221,14 +221,7 @@ impl KeyPool {
 mod tests {
     use super::*;
 
-    fn lookup<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |k| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
-        }
-    }
+    use crate::env_of as lookup;
 
     #[test]
     fn strategies_parse_and_bad_values_say_what_is_accepted() {

@@ -3,30 +3,16 @@
 //! finished registration's key still works (seed 001's window of vulnerability); the
 //! memlock limit flushes the queue before refusing.
 
+mod common;
+
 use pagewire_pindown::KeyPool;
-use pagewire_transport::boot::SingletonBootstrap;
-use pagewire_transport::nic::soft::{
-    DmaMode, MemlockLimit, OdpCheck, PinMethod, SoftConfig, SoftNic, SoftProfile,
-};
+use pagewire_transport::nic::soft::{PinMethod, SoftNic};
 use pagewire_transport::nic::{Access, Advice, Nic};
 use pagewire_transport::sys::AnonMapping;
 use pagewire_transport::Error;
 
 fn nic(memlock: u64) -> SoftNic {
-    SoftNic::new(
-        &SingletonBootstrap::new(),
-        SoftConfig {
-            dma: DmaMode::Auto,
-            memlock: MemlockLimit {
-                bytes: Some(memlock),
-                source: "test",
-            },
-            odp_check: OdpCheck::Monitor,
-            pin: PinMethod::Auto,
-            profile: SoftProfile::Real,
-        },
-    )
-    .expect("soft NIC")
+    common::soft_nic(memlock, PinMethod::Auto)
 }
 
 fn rw() -> Access {

@@ -2,32 +2,18 @@
 //! cached registration (seed 002), and when the NIC's locked-memory limit is below the
 //! cache's.
 
+mod common;
+
 use pagewire_pindown::{Acquire, Limits, NicRegistrar, PinDownCache, Policy};
-use pagewire_transport::boot::SingletonBootstrap;
-use pagewire_transport::nic::soft::{
-    DmaMode, MemlockLimit, OdpCheck, PinMethod, SoftConfig, SoftNic, SoftProfile,
-};
+use pagewire_transport::nic::soft::{PinMethod, SoftNic};
 use pagewire_transport::nic::PAGE_SIZE;
 use pagewire_transport::sys::AnonMapping;
 
 const P: u64 = PAGE_SIZE;
 
 fn nic(memlock: u64) -> SoftNic {
-    SoftNic::new(
-        &SingletonBootstrap::new(),
-        SoftConfig {
-            dma: DmaMode::Auto,
-            memlock: MemlockLimit {
-                bytes: Some(memlock),
-                source: "test",
-            },
-            odp_check: OdpCheck::Monitor,
-            // These tests read VmLck, which only mlock moves.
-            pin: PinMethod::Mlock,
-            profile: SoftProfile::Real,
-        },
-    )
-    .expect("soft NIC")
+    // These tests read VmLck, which only mlock moves.
+    common::soft_nic(memlock, PinMethod::Mlock)
 }
 
 /// Seed 002 Fig. 4 and section VII: part of a cached, pinned buffer is unmapped. Until the

@@ -4,11 +4,10 @@
 //! One test in this binary on purpose: VmLck is per process, and another test pinning in a
 //! parallel thread would disturb it.
 
+mod common;
+
 use pagewire_pindown::{Acquire, Limits, NicRegistrar, PinDownCache, Policy};
-use pagewire_transport::boot::SingletonBootstrap;
-use pagewire_transport::nic::soft::{
-    DmaMode, MemlockLimit, OdpCheck, PinMethod, SoftConfig, SoftNic, SoftProfile,
-};
+use pagewire_transport::nic::soft::PinMethod;
 use pagewire_transport::nic::Nic;
 use pagewire_transport::sys::{vm_locked_and_resident, AnonMapping};
 
@@ -20,21 +19,8 @@ fn vm_lck() -> u64 {
 
 #[test]
 fn vmlck_stays_within_max_bytes_and_returns_after_drop() {
-    let nic = SoftNic::new(
-        &SingletonBootstrap::new(),
-        SoftConfig {
-            dma: DmaMode::Auto,
-            memlock: MemlockLimit {
-                bytes: Some(64 << 20),
-                source: "test",
-            },
-            odp_check: OdpCheck::Monitor,
-            // These tests read VmLck, which only mlock moves.
-            pin: PinMethod::Mlock,
-            profile: SoftProfile::Real,
-        },
-    )
-    .expect("soft NIC");
+    // VmLck moves only with mlock.
+    let nic = common::soft_nic(64 << 20, PinMethod::Mlock);
     // 16 buffers of 256 KiB (4 MiB) through a cache of 1 MiB.
     let bufs: Vec<AnonMapping> = (0..16).map(|_| AnonMapping::new(BUF).unwrap()).collect();
     let max_bytes: u64 = 1 << 20;

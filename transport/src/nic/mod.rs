@@ -40,6 +40,10 @@ impl Access {
     /// No rights beyond local read.
     pub const NONE: Access = Access(0);
 
+    /// The rights of both (`|`, usable in constants).
+    pub const fn union(self, other: Access) -> Access {
+        Access(self.0 | other.0)
+    }
     /// All bits of `other` are set in `self`.
     pub fn contains(self, other: Access) -> bool {
         self.0 & other.0 == other.0
