@@ -22,13 +22,13 @@
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 
-use pagewire_transport::msg::raw::{UserBuf, UserBufMut};
+use pagewire_transport::msg::raw::{Layout, UserBuf, UserBufMut};
 
 use crate::backend::{
     CommBackend, MatchedMessage, MessageBackend, PendingRequest, PointToPointBackend,
     RequestBackend,
 };
-use crate::datatype::Landing;
+use crate::datatype::{lend_gapped, packed, Landing};
 use crate::error::{fatal, Error, Result};
 use crate::status::Status;
 use crate::topology::Tag;
@@ -624,12 +624,42 @@ pub(crate) fn start_send<'a>(
     }))
 }
 
-/// How a receive lands: the caller's memory itself, or a scratch message unpacked into it.
-fn receive_target<'a>(mut landing: Landing<'a>) -> (UserBufMut, Option<(Vec<u8>, Landing<'a>)>) {
+/// Starts sending `buf` to `dest`: the buffer itself when it has no gaps, or has gaps the
+/// backend takes in place ([`PointToPointBackend::moves_in_place`]), else a packed copy.
+pub(crate) fn start_buffer_send<'a, B: crate::datatype::Buffer + ?Sized>(
+    backend: &CommBackend,
+    dest: usize,
+    tag: Tag,
+    buf: &'a B,
+    sync: bool,
+) -> Result<Box<dyn Pending + 'a>> {
+    // SAFETY: `buf` is borrowed for `'a`, and the operation finishes before `'a` ends (see
+    // the module documentation).
+    if let Some(gapped) = unsafe { lend_gapped(buf, |l| backend.moves_in_place(l)) } {
+        let request = backend.immediate_send(dest, tag, gapped, sync)?;
+        return Ok(Box::new(PointToPoint {
+            request,
+            _packed_send: None,
+            receive: None,
+        }));
+    }
+    start_send(backend, dest, tag, packed(buf), sync)
+}
+
+/// How a receive lands: the caller's memory itself (without gaps, or with gaps the backend
+/// takes in place: `takes`), or a scratch message unpacked into it.
+fn receive_target<'a>(
+    mut landing: Landing<'a>,
+    takes: impl FnOnce(&Layout) -> bool,
+) -> (UserBufMut, Option<(Vec<u8>, Landing<'a>)>) {
     if let Some(bytes) = landing.contiguous() {
         // SAFETY: the landing's memory is exclusively borrowed for `'a`, and the operation
         // finishes before `'a` ends.
         let buf = unsafe { UserBufMut::new(bytes.as_mut_ptr(), bytes.len()) };
+        return (buf, None);
+    }
+    // SAFETY: as above.
+    if let Some(buf) = unsafe { landing.lend_gapped(takes) } {
         return (buf, None);
     }
     let mut scratch = vec![0u8; landing.packed_len()];
@@ -646,7 +676,7 @@ pub(crate) fn start_receive<'a>(
     tag: Option<Tag>,
     landing: Landing<'a>,
 ) -> Result<Box<dyn Pending + 'a>> {
-    let (buf, receive) = receive_target(landing);
+    let (buf, receive) = receive_target(landing, |l| backend.moves_in_place(l));
     let request = backend.immediate_receive(src, tag, buf)?;
     Ok(Box::new(PointToPoint {
         request,
@@ -661,7 +691,7 @@ pub(crate) fn start_matched_receive<'a>(
     message: MatchedMessage,
     landing: Landing<'a>,
 ) -> Result<Box<dyn Pending + 'a>> {
-    let (buf, receive) = receive_target(landing);
+    let (buf, receive) = receive_target(landing, |l| message.moves_in_place(l));
     let request = message.immediate_receive(buf)?;
     Ok(Box::new(PointToPoint {
         request,

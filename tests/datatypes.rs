@@ -97,6 +97,171 @@ fn vectors_move_their_blocks_and_leave_the_gaps_in_every_mode() {
     }
 }
 
+/// `i32`s per run of a wide vector (16 KiB: over `PAGEWIRE_SG_MIN_RUN`'s default, so zero-copy
+/// modes move it in place, scatter-gather).
+const RUN: usize = 4096;
+/// `i32`s between two runs of a wide vector.
+const HOLE: usize = 1000;
+
+/// A vector of `blocks` runs of [`RUN`] `i32`s, [`HOLE`] apart.
+fn wide(blocks: usize) -> UserDatatype {
+    UserDatatype::vector(
+        blocks as Count,
+        RUN as Count,
+        (RUN + HOLE) as Count,
+        &i32::equivalent_datatype(),
+    )
+}
+
+/// Element `j` of a wide vector's message: its index in the buffer.
+fn wide_index(j: usize) -> usize {
+    j / RUN * (RUN + HOLE) + j % RUN
+}
+
+/// Checks a wide receive buffer: its first `blocks` runs from `from`, everything else
+/// (holes, and whatever lies past those runs) untouched.
+fn check_wide(buf: &[i32], blocks: usize, from: i32, what: &str) {
+    for (i, &x) in buf.iter().enumerate() {
+        let in_run = i % (RUN + HOLE) < RUN && i / (RUN + HOLE) < blocks;
+        let want = if in_run { value(from, i) } else { GAP };
+        assert_eq!(x, want, "{what}: element {i} of {}", buf.len());
+    }
+}
+
+fn wide_vectors_point_to_point(u: &pagewire::Universe) {
+    let world = u.world();
+    let (me, n) = (world.rank(), world.size());
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    let blocks = 24;
+    let t = wide(blocks);
+    let len = blocks * (RUN + HOLE) - HOLE;
+    let send: Vec<i32> = (0..len).map(|i| value(me, i)).collect();
+    let before = u.with_p2p(|p| p.counters().rndv_scatter_gather);
+    let sv = unsafe { View::with_count_and_datatype(&send[..], 1, &t) };
+
+    // Gaps on both sides, blocking.
+    let mut recv = vec![GAP; len];
+    {
+        let mut rv = unsafe { MutView::with_count_and_datatype(&mut recv[..], 1, &t) };
+        let status = pagewire::point_to_point::send_receive_into(
+            &sv,
+            &world.process_at_rank(next),
+            &mut rv,
+            &world.process_at_rank(prev),
+        );
+        assert_eq!(status.count_bytes(), blocks * RUN * 4);
+    }
+    check_wide(&recv, blocks, prev, "wide vector to wide vector");
+
+    // Gaps on the sending side only: the receiver gets the runs back to back.
+    let mut packed = vec![GAP; blocks * RUN];
+    pagewire::point_to_point::send_receive_into(
+        &sv,
+        &world.process_at_rank(next),
+        &mut packed[..],
+        &world.process_at_rank(prev),
+    );
+    for (j, &x) in packed.iter().enumerate() {
+        assert_eq!(
+            x,
+            value(prev, wide_index(j)),
+            "wide vector to slice: element {j}"
+        );
+    }
+
+    // Gaps on the receiving side only, nonblocking.
+    let contiguous: Vec<i32> = (0..blocks * RUN)
+        .map(|j| value(me, wide_index(j)))
+        .collect();
+    let mut recv = vec![GAP; len];
+    {
+        let mut rv = unsafe { MutView::with_count_and_datatype(&mut recv[..], 1, &t) };
+        request::scope(|scope| {
+            let r = world
+                .process_at_rank(prev)
+                .immediate_receive_into(scope, &mut rv);
+            let s = world
+                .process_at_rank(next)
+                .immediate_send(scope, &contiguous[..]);
+            s.wait();
+            r.wait();
+        });
+    }
+    check_wide(&recv, blocks, prev, "slice to wide vector");
+
+    // A receive buffer of half the runs (and a half): the message is truncated, nothing
+    // past the buffer's runs is written, the send completes.
+    let short = UserDatatype::vector(
+        blocks as Count / 2 + 1,
+        RUN as Count / 2,
+        (RUN + HOLE) as Count,
+        &i32::equivalent_datatype(),
+    );
+    let mut recv = vec![GAP; len];
+    let result = {
+        let mut rv = unsafe { MutView::with_count_and_datatype(&mut recv[..], 1, &short) };
+        request::scope(|scope| {
+            let s = world.process_at_rank(next).immediate_send(scope, &sv);
+            let r = world
+                .process_at_rank(prev)
+                .try_receive_into_with_tag(&mut rv, None);
+            s.wait();
+            r
+        })
+    };
+    let e = result.expect_err("a truncated receive").to_string();
+    assert!(e.contains("truncated"), "{e}");
+    for (i, &x) in recv.iter().enumerate() {
+        let (k, within) = (i / (RUN + HOLE), i % (RUN + HOLE));
+        let in_run = within < RUN / 2 && k <= blocks / 2;
+        // Run `k` of the short buffer holds message elements from `k · RUN/2` on.
+        let want = if in_run {
+            value(prev, wide_index(k * RUN / 2 + within))
+        } else {
+            GAP
+        };
+        assert_eq!(x, want, "truncated: element {i}");
+    }
+
+    // Zero-copy modes moved every rendezvous with gaps in place: 2 sends and 2 receives
+    // with gaps, the truncated receive and its send; `copy` gathers through bounce slots.
+    let moved = u.with_p2p(|p| p.counters().rndv_scatter_gather) - before;
+    let zero_copy = u.with_p2p(|p| p.mode_name()) != "copy";
+    assert_eq!(
+        moved,
+        if zero_copy { 6 } else { 0 },
+        "scatter-gather rendezvous"
+    );
+}
+
+#[test]
+fn wide_vectors_move_in_place_by_scatter_gather_and_leave_the_gaps_in_every_mode() {
+    // An eager limit of 256 bytes leaves room in the RTS for 8 of the 24 runs: ChunkReady
+    // announces the rest.
+    for (mode, rndv, eager) in [
+        ("copy", "auto", "16384"),
+        ("pindown", "auto", "16384"),
+        ("odp", "auto", "16384"),
+        ("pindown", "put", "16384"),
+        ("odp", "put", "16384"),
+        ("copy", "get", "16384"),
+        ("pindown", "auto", "256"),
+    ] {
+        let env = [
+            ("PAGEWIRE_MODE", mode),
+            ("PAGEWIRE_RNDV", rndv),
+            ("PAGEWIRE_EAGER_LIMIT", eager),
+            ("PAGEWIRE_MEMLOCK_LIMIT", "unlimited"),
+        ];
+        ranks(
+            "wide_vectors_move_in_place_by_scatter_gather_and_leave_the_gaps_in_every_mode",
+            2,
+            &env,
+            wide_vectors_point_to_point,
+        );
+    }
+}
+
 /// A struct with padding: the datatype covers the fields only.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 #[repr(C)]

@@ -34,7 +34,7 @@ use std::process::Command;
 use bytemuck::Pod;
 use pagewire_collectives::{Element, Operation};
 use pagewire_transport::boot::Bootstrap;
-use pagewire_transport::msg::raw::{UserBuf, UserBufMut};
+use pagewire_transport::msg::raw::{Layout, UserBuf, UserBufMut};
 use pagewire_transport::msg::{PointToPoint, Status};
 
 use crate::config::{TransportKind, UniverseConfig};
@@ -227,6 +227,9 @@ impl PointToPointBackend for CommBackend {
     fn receive(&self, source: Option<usize>, tag: Option<i32>, bytes: &mut [u8]) -> Result<Status> {
         dispatch!(self, b => b.receive(source, tag, bytes))
     }
+    fn moves_in_place(&self, layout: &Layout) -> bool {
+        dispatch!(self, b => b.moves_in_place(layout))
+    }
     fn immediate_send(
         &self,
         dest: usize,
@@ -372,6 +375,9 @@ impl MessageBackend for MatchedMessage {
 
     fn receive(self, bytes: &mut [u8]) -> Result<Status> {
         dispatch!(self, m => m.receive(bytes))
+    }
+    fn moves_in_place(&self, layout: &Layout) -> bool {
+        dispatch!(self, m => m.moves_in_place(layout))
     }
     fn immediate_receive(self, buf: UserBufMut) -> Result<PendingRequest> {
         dispatch!(self, m => m.immediate_receive(buf).map(Into::into))

@@ -12,7 +12,7 @@ use std::process::Command;
 use bytemuck::Pod;
 use pagewire_collectives::{Element, Operation};
 use pagewire_transport::boot::Bootstrap;
-use pagewire_transport::msg::raw::{UserBuf, UserBufMut};
+use pagewire_transport::msg::raw::{Layout, UserBuf, UserBufMut};
 use pagewire_transport::msg::{PointToPoint, Status};
 
 use crate::config::TransportKind;
@@ -81,6 +81,10 @@ pub(crate) trait PointToPointBackend {
     /// Receives into `bytes` from `source` (`None`: any) with `tag` (`None`: any)
     /// (`MPI_Recv`).
     fn receive(&self, source: Option<usize>, tag: Option<i32>, bytes: &mut [u8]) -> Result<Status>;
+    /// Whether a buffer with gaps laid out as `layout` goes to [`Self::immediate_send`] or
+    /// [`Self::immediate_receive`] as it is rather than packed (pagewire's message layer:
+    /// `PointToPoint::moves_in_place`; the host MPI library is given packed bytes).
+    fn moves_in_place(&self, layout: &Layout) -> bool;
     /// Starts sending `buf` (`MPI_Isend`, `MPI_Issend` when `sync`); the caller keeps it
     /// alive and unwritten until the request completes or is dropped.
     fn immediate_send(
@@ -215,6 +219,8 @@ pub(crate) trait MessageBackend {
     type Request: RequestBackend;
     /// Receives the message into `bytes` (`MPI_Mrecv`).
     fn receive(self, bytes: &mut [u8]) -> Result<Status>;
+    /// As [`PointToPointBackend::moves_in_place`], for a receive of this message.
+    fn moves_in_place(&self, layout: &Layout) -> bool;
     /// Starts receiving the message into `buf` (`MPI_Imrecv`); the caller keeps it alive and
     /// untouched until the request completes or is dropped.
     fn immediate_receive(self, buf: UserBufMut) -> Result<Self::Request>;

@@ -12,6 +12,9 @@
 #![allow(unsafe_code)]
 
 use std::borrow::{Borrow, Cow};
+use std::sync::Arc;
+
+use pagewire_transport::msg::raw::{Layout, UserBuf, UserBufMut};
 use std::ffi::c_void;
 use std::marker::PhantomData;
 
@@ -648,6 +651,46 @@ unsafe fn unpack_from(base: *mut u8, map: &TypeMap, packed: &[u8]) {
     }
 }
 
+/// Where `count` elements of `map` at `base` lie, as the message layer takes a buffer with
+/// gaps in place: the lowest byte the blocks touch, and the blocks from there. `None` for a
+/// buffer without gaps or with nothing to move.
+fn gapped_layout(base: *const u8, count: usize, map: &TypeMap) -> Option<(*const u8, Layout)> {
+    if map.is_contiguous() || count == 0 || map.size() == 0 {
+        return None;
+    }
+    // The extent is not negative, so element 0 holds the lowest byte.
+    let lowest = map.blocks().iter().map(|b| b.offset).min()?;
+    let runs = map
+        .blocks()
+        .iter()
+        .map(|b| ((b.offset - lowest) as u64, b.len as u64));
+    Some((
+        base.wrapping_offset(lowest),
+        Layout::new(runs, map.extent() as u64, count as u64),
+    ))
+}
+
+/// `buf` lent to the message layer as it is, gaps and all, when it has gaps and `takes`
+/// accepts their layout (`PointToPoint::moves_in_place`): the layer then gathers its blocks
+/// itself (scatter-gather rendezvous, or the copy into a slot) instead of the caller
+/// packing them first (issue 14).
+///
+/// # Safety
+///
+/// The operation given the result must finish before the borrow of `buf` ends.
+pub(crate) unsafe fn lend_gapped<B: Buffer + ?Sized>(
+    buf: &B,
+    takes: impl FnOnce(&Layout) -> bool,
+) -> Option<UserBuf> {
+    let datatype = buf.as_datatype();
+    let count = buf.count().max(0) as usize;
+    let (lowest, layout) = gapped_layout(buf.pointer().cast(), count, datatype.type_map())?;
+    // SAFETY: `Pointer` and `Collection` promise `count` elements at the buffer's address,
+    // so every block of the layout is readable; the caller keeps `buf` borrowed until the
+    // operation ends.
+    takes(&layout).then(|| unsafe { UserBuf::gapped(lowest, Arc::new(layout)) })
+}
+
 /// A buffer's elements as one contiguous run of bytes: borrowed where its datatype has no
 /// gaps, packed otherwise.
 pub(crate) fn packed<B: Buffer + ?Sized>(buf: &B) -> Cow<'_, [u8]> {
@@ -780,6 +823,26 @@ impl<'b> Landing<'b> {
         // SAFETY: the buffer this was made from is exclusively borrowed for `'b` and holds
         // `count` gap-free elements.
         Some(unsafe { std::slice::from_raw_parts_mut(self.base, len) })
+    }
+
+    /// The memory lent to the message layer as it is, gaps and all, when it has gaps, is not
+    /// partitioned, and `takes` accepts its layout (see [`lend_gapped`]).
+    ///
+    /// # Safety
+    ///
+    /// The operation given the result must finish before `'b` ends.
+    pub(crate) unsafe fn lend_gapped(
+        &mut self,
+        takes: impl FnOnce(&Layout) -> bool,
+    ) -> Option<UserBufMut> {
+        if self.blocks.is_some() {
+            return None;
+        }
+        let (lowest, layout) = gapped_layout(self.base, self.count, &self.map)?;
+        // SAFETY: the memory is exclusively borrowed for `'b` and holds `count` elements of
+        // the map (whose blocks do not overlap: MPI forbids that in a receive datatype);
+        // the caller finishes the operation before `'b` ends.
+        takes(&layout).then(|| unsafe { UserBufMut::gapped(lowest.cast_mut(), Arc::new(layout)) })
     }
 
     /// Packs the memory's current content into `out` (as long as [`Landing::packed_len`]).

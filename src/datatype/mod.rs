@@ -19,7 +19,7 @@ mod buffer;
 use std::borrow::Cow;
 use std::sync::Arc;
 
-pub(crate) use buffer::{packed, packed_partition, vec_from_packed, Landing};
+pub(crate) use buffer::{lend_gapped, packed, packed_partition, vec_from_packed, Landing};
 pub use buffer::{
     AsDatatype, Buffer, BufferMut, Collection, DynBuffer, DynBufferMut, MutView, Partition,
     PartitionMut, Partitioned, PartitionedBuffer, PartitionedBufferMut, Pointer, PointerMut, View,

@@ -74,10 +74,8 @@ impl Message {
         if let Some(bytes) = landing.contiguous() {
             return matched.receive(bytes).map(Status::new);
         }
-        let mut scratch = vec![0u8; landing.packed_len()];
-        let status = matched.receive(&mut scratch).map(Status::new)?;
-        landing.unpack(&scratch[..status.count_bytes().min(scratch.len())]);
-        Ok(status)
+        // Gaps: in place or through a scratch message, as the backend takes them.
+        request::start_matched_receive(matched, landing)?.wait()
     }
 
     /// [`Message::matched_receive_vec`], returning errors.

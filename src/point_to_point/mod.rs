@@ -195,15 +195,23 @@ pub trait Destination {
 
     /// `send_with_tag`, returning errors.
     fn try_send_with_tag<B: Buffer + ?Sized>(&self, buf: &B, tag: Tag) -> Result<()> {
-        let dest = self.destination()?;
-        let backend = self.destination_comm().backend();
-        backend.send(dest, tag, &packed(buf), false).map(|_| ())
+        send_and_wait(
+            self.destination_comm().backend(),
+            self.destination()?,
+            tag,
+            buf,
+            false,
+        )
     }
     /// `synchronous_send_with_tag`, returning errors.
     fn try_synchronous_send_with_tag<B: Buffer + ?Sized>(&self, buf: &B, tag: Tag) -> Result<()> {
-        let dest = self.destination()?;
-        let backend = self.destination_comm().backend();
-        backend.send(dest, tag, &packed(buf), true).map(|_| ())
+        send_and_wait(
+            self.destination_comm().backend(),
+            self.destination()?,
+            tag,
+            buf,
+            true,
+        )
     }
     /// `buffered_send_with_tag`, returning errors.
     fn try_buffered_send_with_tag<B: Buffer + ?Sized>(&self, buf: &B, tag: Tag) -> Result<()> {
@@ -231,6 +239,23 @@ pub trait Destination {
     }
 }
 
+/// Sends `buf` to rank `dest` of the communicator on `backend` and waits (synchronous when
+/// `sync`). A buffer with gaps goes as it is when the backend takes it in place, else packed.
+fn send_and_wait<B: Buffer + ?Sized>(
+    backend: &CommBackend,
+    dest: usize,
+    tag: Tag,
+    buf: &B,
+    sync: bool,
+) -> Result<()> {
+    if buf.as_datatype().type_map().is_contiguous() {
+        return backend.send(dest, tag, &packed(buf), sync).map(|_| ());
+    }
+    request::start_buffer_send(backend, dest, tag, buf, sync)?
+        .wait()
+        .map(|_| ())
+}
+
 /// Starts a send of `buf` to `dest` (synchronous when `sync`).
 fn immediate_send<'a, D, S, B>(
     dest: &D,
@@ -246,7 +271,7 @@ where
 {
     let rank = dest.destination()?;
     let backend = dest.destination_comm().backend();
-    let op = request::start_send(backend, rank, tag, packed(buf), sync)?;
+    let op = request::start_buffer_send(backend, rank, tag, buf, sync)?;
     Ok(Request::new(op, scope, buf))
 }
 

@@ -9,7 +9,7 @@ use std::rc::Rc;
 
 use pagewire_collectives::{Element, Operation};
 use pagewire_transport::boot::{self, Bootstrap};
-use pagewire_transport::msg::raw::{UserBuf, UserBufMut};
+use pagewire_transport::msg::raw::{Layout, UserBuf, UserBufMut};
 use pagewire_transport::msg::{PointToPoint, Status};
 
 use super::{combine, HostMessage, HostMpi, HostRequest};
@@ -181,6 +181,11 @@ impl PointToPointBackend for HostMpiComm {
 
     fn receive(&self, source: Option<usize>, tag: Option<i32>, bytes: &mut [u8]) -> Result<Status> {
         self.mpi.recv(source, tag, bytes)
+    }
+
+    fn moves_in_place(&self, _layout: &Layout) -> bool {
+        // The host MPI library is given packed bytes.
+        false
     }
 
     fn immediate_send(
@@ -396,6 +401,10 @@ impl MessageBackend for HostMpiMessage {
 
     fn receive(self, bytes: &mut [u8]) -> Result<Status> {
         self.message.receive(bytes)
+    }
+
+    fn moves_in_place(&self, _layout: &Layout) -> bool {
+        false
     }
 
     fn immediate_receive(self, buf: UserBufMut) -> Result<HostMpiRequest> {

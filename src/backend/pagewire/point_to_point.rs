@@ -5,7 +5,7 @@
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use pagewire_transport::msg::raw::{UserBuf, UserBufMut};
+use pagewire_transport::msg::raw::{Layout, UserBuf, UserBufMut};
 use pagewire_transport::msg::{MessageHandle, PointToPoint, RequestId, Status};
 
 use super::{blocking, in_group, PagewireComm, PagewireUniverse, RankMap};
@@ -28,6 +28,10 @@ impl PointToPointBackend for PagewireComm {
         let source = source.map(|r| self.world_rank(r));
         blocking::receive(&mut p2p, source, tag, self.context, bytes)
             .map(|s| in_group(self.ranks.as_deref(), s))
+    }
+
+    fn moves_in_place(&self, layout: &Layout) -> bool {
+        self.universe.p2p.borrow().moves_in_place(layout)
     }
 
     fn immediate_send(
@@ -240,6 +244,10 @@ impl MessageBackend for PagewireMessage {
         let handle = self.handle.take().expect("an unreceived message");
         blocking::matched_receive(&self.universe.p2p, handle, bytes)
             .map(|s| in_group(self.ranks.as_deref(), s))
+    }
+
+    fn moves_in_place(&self, layout: &Layout) -> bool {
+        self.universe.p2p.borrow().moves_in_place(layout)
     }
 
     fn immediate_receive(mut self, buf: UserBufMut) -> Result<PagewireRequest> {

@@ -62,7 +62,7 @@ pub(crate) fn register_prefetched(
     )?;
     Ok(r.lkey)
 }
-pub use user_buf::{UserBuf, UserBufMut};
+pub use user_buf::{Layout, Piece, UserBuf, UserBufMut, UserMemory};
 
 /// Which way the NIC uses a lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -33,6 +33,29 @@ impl PointToPoint {
         Ok(())
     }
 
+    /// Whether a buffer with gaps laid out as `layout` should be handed to this layer as it
+    /// is ([`UserBuf::gapped`], [`UserBufMut::gapped`]) rather than packed into a
+    /// contiguous copy first. As it is whenever its bytes are copied anyway (an eager
+    /// message, or a rendezvous in `copy`: the slots gather and scatter its runs, one copy
+    /// fewer than packing); in a zero-copy mode when the NIC can move its runs in place
+    /// (scatter-gather rendezvous, `msg/rndv.rs`) for less than packing costs: runs of
+    /// [`MsgConfig::sg_min_run`] bytes on average at least, at most
+    /// [`SCATTER_GATHER_MAX_RUNS`](super::rndv::SCATTER_GATHER_MAX_RUNS) of them, each under
+    /// 1 GiB, and a span (what registering it pins) at most 4 times the bytes that travel.
+    /// Each side decides for its own buffer; the protocol works with either choice on the
+    /// other side.
+    pub fn moves_in_place(&self, layout: &crate::buffer_mode::Layout) -> bool {
+        let len = layout.len();
+        if len <= self.cfg.eager_limit as u64 || !self.mode.is_zero_copy() {
+            return true;
+        }
+        let runs = layout.run_count();
+        runs <= super::rndv::SCATTER_GATHER_MAX_RUNS
+            && len / runs.max(1) >= self.cfg.sg_min_run as u64
+            && layout.longest_run() < 1 << 30
+            && layout.span() <= len.saturating_mul(4)
+    }
+
     /// Starts sending `buf` to `dest` (`MPI_Isend`, or `MPI_Issend` when `sync`).
     pub fn isend(
         &mut self,

@@ -11,6 +11,9 @@ pub const DEFAULT_EAGER_LIMIT: usize = 16 << 10;
 /// Default of [`MsgConfig::split_min`]: measured (README, "Choosing the defaults").
 pub const DEFAULT_SPLIT_MIN: usize = 64 << 10;
 
+/// Default of [`MsgConfig::sg_min_run`]: measured (README, "Choosing the defaults").
+pub const DEFAULT_SG_MIN_RUN: usize = 4 << 10;
+
 /// Which rendezvous protocol large messages use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RndvProtocol {
@@ -43,6 +46,10 @@ pub struct MsgConfig {
     pub unexpected_budget: usize,
     /// What a rank does while it waits with nothing to do (`PAGEWIRE_WAIT=auto|spin|yield`).
     pub wait: WaitPolicy,
+    /// In zero-copy modes, a buffer with gaps moves in place (scatter-gather rendezvous)
+    /// when its runs average at least this many bytes, and is packed otherwise
+    /// (`PAGEWIRE_SG_MIN_RUN`, `off` = always pack; see [`super::PointToPoint::moves_in_place`]).
+    pub sg_min_run: usize,
 }
 
 /// What a blocked rank does between polls that found nothing (`PAGEWIRE_WAIT`).
@@ -69,12 +76,14 @@ impl Default for MsgConfig {
             send_slots: 32,
             unexpected_budget: 4 << 20,
             wait: WaitPolicy::Auto,
+            sg_min_run: DEFAULT_SG_MIN_RUN,
         }
     }
 }
 
 impl MsgConfig {
     /// Defaults overridden by `PAGEWIRE_EAGER_LIMIT`, `PAGEWIRE_RNDV`,
+    /// `PAGEWIRE_RNDV_SPLIT_MIN`, `PAGEWIRE_SG_MIN_RUN`, `PAGEWIRE_WAIT`,
     /// `PAGEWIRE_EAGER_CREDITS` and `PAGEWIRE_UNEXPECTED_BUDGET`.
     pub fn from_env() -> Result<MsgConfig> {
         use crate::env::bytes as env_usize;
@@ -93,6 +102,15 @@ impl MsgConfig {
             Ok(_) => {
                 if let Some(v) = env_usize("PAGEWIRE_RNDV_SPLIT_MIN")? {
                     c.split_min = v.max(8192);
+                }
+            }
+            Err(_) => {}
+        }
+        match std::env::var("PAGEWIRE_SG_MIN_RUN").as_deref() {
+            Ok("off") => c.sg_min_run = usize::MAX,
+            Ok(_) => {
+                if let Some(v) = env_usize("PAGEWIRE_SG_MIN_RUN")? {
+                    c.sg_min_run = v;
                 }
             }
             Err(_) => {}

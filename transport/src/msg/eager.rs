@@ -39,7 +39,7 @@ impl PointToPoint {
                 self.peers[peer].queued.pop_front();
                 continue;
             };
-            let (tag, context, buf, sync) = (s.tag, s.context, s.buf, s.sync);
+            let (tag, context, buf, sync) = (s.tag, s.context, s.buf.clone(), s.sync);
             let started = if buf.len() <= self.cfg.eager_limit {
                 let mut h = Header::new(MsgKind::Eager);
                 h.tag = tag;
@@ -235,7 +235,7 @@ impl PointToPoint {
         let Some(Req::Recv(r)) = self.reqs.get(rid) else {
             return;
         };
-        let buf = r.buf;
+        let buf = r.buf.clone();
         let n = size.min(buf.len());
         buf.write(
             0,

@@ -96,6 +96,9 @@ pub struct MsgCounters {
     pub held_slots: u64,
     /// Rendezvous receives moved by both sides at once (split rendezvous).
     pub rndv_split: u64,
+    /// Rendezvous sends and receives whose gapped buffer moved in place, run by run
+    /// (scatter-gather rendezvous, `msg/rndv.rs`).
+    pub rndv_scatter_gather: u64,
 }
 
 /// The message layer of one rank.

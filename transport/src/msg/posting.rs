@@ -55,7 +55,13 @@ impl PointToPoint {
         let credits = p.to_return.min(u16::MAX as u32);
         h.credits = credits as u16;
         let total = HEADER_BYTES + payload;
-        if total <= self.max_inline {
+        // Inline takes one run of user memory; a payload spread over runs of a buffer with
+        // gaps is gathered into a send slot instead.
+        let one_run = match &src {
+            Payload::User(ub, off, len) => *len == 0 || ub.piece_at(*off).len >= *len as u64,
+            _ => true,
+        };
+        if total <= self.max_inline && one_run {
             // Inline: the NIC copies the header and the payload at post time.
             let header = h.encode();
             let (addr, len) = match src {

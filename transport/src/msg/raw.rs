@@ -4,7 +4,7 @@
 //! The user-buffer types the layer holds ([`UserBuf`], [`UserBufMut`]) are defined at the
 //! buffer-mode layer and re-exported here, where the API has always named them.
 
-pub use crate::buffer_mode::user_buf::{UserBuf, UserBufMut};
+pub use crate::buffer_mode::user_buf::{Layout, UserBuf, UserBufMut};
 use crate::error::Result;
 use crate::nic::{Nic, RecvWr, SendWr};
 

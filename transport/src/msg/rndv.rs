@@ -9,6 +9,18 @@
 //! back to copying for one transfer. The receiver decides how much it takes (`eff`, less than
 //! `size` when its buffer is shorter: the message is truncated and nothing past the buffer is
 //! written) and says when it is done (`ALL_DONE`).
+//!
+//! **Scatter-gather rendezvous** (issue 14). A buffer with gaps (a derived datatype,
+//! [`Layout`](crate::buffer_mode::Layout)) in a zero-copy transfer moves in place, run by run,
+//! as MPI libraries move non-contiguous datatypes over RDMA instead of packing them: the
+//! mode registers the buffer's whole span once (registering reads no byte, gaps included);
+//! the announcing side's chunks are its runs; the side posting the RDMA operations cuts each
+//! piece at its own runs as well, so every READ or WRITE joins one run of each side and no
+//! gap is read or written. An RGET sender announces every run at once (as many as fit in the
+//! RTS, the rest by ChunkReady) and flags the RTS `SCATTER_GATHER`, so the receiver answers
+//! only with the final ChunkDone. Whether a buffer with gaps goes this way or is packed is
+//! the caller's choice ([`PointToPoint::moves_in_place`]); in `copy` (and in a pindown
+//! transfer that fell back to copying) the bounce slots gather and scatter the runs instead.
 
 use std::collections::VecDeque;
 
@@ -16,7 +28,7 @@ use super::wire::{self, Header, MsgKind};
 use super::{
     ChunkDesc, Payload, PointToPoint, RdmaOp, RecvState, Req, RequestId, SendState, Status,
 };
-use crate::buffer_mode::{Direction, Lease, Transfer};
+use crate::buffer_mode::{Direction, Lease, Transfer, UserMemory};
 use crate::error::{Error, Result};
 use crate::msg::RndvProtocol;
 
@@ -74,6 +86,8 @@ pub(crate) struct RndvSend {
     /// The receiver's request id, once known.
     pub rreq: Option<u64>,
     pub next_key: u64,
+    /// Scatter-gather: this side moves its gapped buffer in place, run by run.
+    pub scatter_gather: bool,
 }
 
 /// The receiving side of a rendezvous.
@@ -113,6 +127,11 @@ pub(crate) struct RndvRecv {
     /// The lease of that tail, held until its FIN (apart from `leases`, which bound the
     /// reads in flight).
     pub tail_lease: Option<Lease>,
+    /// Scatter-gather: this side moves its gapped buffer in place, run by run.
+    pub scatter_gather: bool,
+    /// RGET: the sender announced its runs all at once (`SCATTER_GATHER`); it needs no
+    /// ChunkDone but the last.
+    pub peer_scatter_gather: bool,
 }
 
 /// Chunk `k` of `total` bytes cut in `chunk`-byte pieces: (offset, length).
@@ -126,12 +145,76 @@ pub(crate) fn chunk_count(total: usize, chunk: usize) -> u32 {
 }
 
 /// This side's chunk size and lease depth (one SGE carries at most 4 GiB; zero-copy
-/// transfers get 1 GiB chunks at most).
-pub(crate) fn chunking(t: &Transfer) -> (usize, usize) {
-    (
-        t.pipeline.chunk.clamp(4096, 1 << 30),
-        t.pipeline.depth.max(1),
-    )
+/// transfers get 1 GiB chunks at most). A scatter-gather side holds up to
+/// [`SCATTER_GATHER_DEPTH`] leases, views of one registration, so that its runs move
+/// concurrently.
+pub(crate) fn chunking(t: &Transfer, scatter_gather: bool) -> (usize, usize) {
+    let depth = if scatter_gather {
+        SCATTER_GATHER_DEPTH
+    } else {
+        t.pipeline.depth.max(1)
+    };
+    (t.pipeline.chunk.clamp(4096, 1 << 30), depth)
+}
+
+/// RDMA operations (or regions asked for) one scatter-gather side keeps in flight.
+pub(crate) const SCATTER_GATHER_DEPTH: usize = 64;
+
+/// Runs a gapped buffer may have to move in place (beyond it, it is packed): chunk numbers
+/// stay clear of the protocol's reserved ones.
+pub const SCATTER_GATHER_MAX_RUNS: u64 = 1 << 24;
+
+/// Chunk `k` of the first `total` message bytes of `buf`, cut in `chunk`-byte chunks, or in
+/// its runs when the side moves it scatter-gather: (message offset, offset from the buffer's
+/// start, length).
+pub(crate) fn side_chunk(
+    buf: &UserMemory,
+    scatter_gather: bool,
+    k: u32,
+    chunk: usize,
+    total: usize,
+) -> (usize, usize, usize) {
+    match buf.layout() {
+        Some(l) if scatter_gather => {
+            let p = l.piece(k as u64);
+            let len = (p.len as usize).min(total.saturating_sub(p.at as usize));
+            (p.at as usize, p.offset as usize, len)
+        }
+        _ => {
+            let (off, len) = chunk_range(k, chunk, total);
+            (off, off, len)
+        }
+    }
+}
+
+/// Chunks of the first `total` message bytes of `buf` (see [`side_chunk`]).
+pub(crate) fn side_chunk_count(
+    buf: &UserMemory,
+    scatter_gather: bool,
+    chunk: usize,
+    total: usize,
+) -> u32 {
+    match buf.layout() {
+        Some(l) if scatter_gather => l.runs_before(total as u64) as u32,
+        _ => chunk_count(total, chunk),
+    }
+}
+
+/// Where this side's next RDMA piece from message byte `at` lies: its offset from the
+/// buffer's start and at most `len` bytes, cut at the end of a run when the side moves its
+/// buffer scatter-gather.
+pub(crate) fn side_piece(
+    buf: &UserMemory,
+    scatter_gather: bool,
+    at: usize,
+    len: usize,
+) -> (usize, usize) {
+    if scatter_gather {
+        let p = buf.piece_at(at);
+        (p.offset as usize, len.min(p.len as usize))
+    } else {
+        (at, len)
+    }
 }
 
 impl PointToPoint {
@@ -152,11 +235,12 @@ impl PointToPoint {
         let Some(Req::Send(s)) = self.reqs.get(id) else {
             return Ok(true);
         };
-        let (buf, tag, context, sync) = (s.buf, s.tag, s.context, s.sync);
+        let (buf, tag, context, sync) = (s.buf.clone(), s.tag, s.context, s.sync);
         let t = self
             .mode
-            .begin(&*self.nic, buf.addr(), buf.len(), Direction::Source)?;
-        let (chunk, depth) = chunking(&t);
+            .begin(&*self.nic, buf.addr(), buf.span(), Direction::Source)?;
+        let sg = t.zero_copy && buf.is_gapped();
+        let (chunk, depth) = chunking(&t, sg);
         let get = match self.cfg.rndv {
             RndvProtocol::Get => true,
             RndvProtocol::Put => false,
@@ -164,10 +248,31 @@ impl PointToPoint {
             // faster at every size measured (README, "Choosing the defaults").
             RndvProtocol::Auto => t.zero_copy,
         };
-        let n = chunk_count(buf.len(), chunk);
+        let n = side_chunk_count(&buf, sg, chunk, buf.len());
         let mut leases = Vec::new();
         let mut descs = Vec::new();
-        if get {
+        if get && sg {
+            // Every run readable at once through one view of the whole span; the RTS
+            // describes as many as fit in it, ChunkReady the rest.
+            let lease = self
+                .mode
+                .lease(&*self.nic, &t, buf.addr(), 0, buf.span(), Direction::Source)?
+                .ok_or_else(|| {
+                    Error::InvalidArgument("a zero-copy mode refused a lease of its buffer".into())
+                })?;
+            let fit = (self.cfg.eager_limit / wire::CHUNK_DESC_BYTES) as u32;
+            for k in 0..n.min(fit) {
+                let (at, offset, len) = side_chunk(&buf, true, k, chunk, buf.len());
+                descs.push(ChunkDesc {
+                    chunk: k,
+                    offset: at as u64,
+                    addr: lease.addr + offset as u64,
+                    rkey: lease.rkey,
+                    len: len as u64,
+                });
+            }
+            leases.push((0, lease));
+        } else if get {
             // Make the first chunks readable now and describe them in the RTS.
             for k in 0..n.min(depth as u32) {
                 let (off, len) = chunk_range(k, chunk, buf.len());
@@ -196,6 +301,9 @@ impl PointToPoint {
         if get {
             h.flags |= wire::GET;
         }
+        if get && sg {
+            h.flags |= wire::SCATTER_GATHER;
+        }
         if sync {
             h.flags |= wire::SYNC;
         }
@@ -211,9 +319,9 @@ impl PointToPoint {
         if get {
             // The receiver will read the whole buffer once the RTS matches.
             self.mode
-                .about_to_move(&*self.nic, &t, buf.addr(), 0, buf.len());
+                .about_to_move(&*self.nic, &t, buf.addr(), 0, buf.span());
         }
-        let next = leases.len() as u32;
+        let next = if sg { descs.len() } else { leases.len() } as u32;
         if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
             s.state = SendState::Rndv(RndvSend {
                 t,
@@ -228,7 +336,11 @@ impl PointToPoint {
                 writes_out: 0,
                 rreq: None,
                 next_key: 0,
+                scatter_gather: sg,
             });
+            if sg {
+                self.counters.rndv_scatter_gather += 1;
+            }
         }
         self.active.push(id);
         Ok(true)
@@ -292,15 +404,21 @@ impl PointToPoint {
         let Some(Req::Recv(r)) = self.reqs.get(rid) else {
             return Ok(());
         };
-        let buf = r.buf;
+        let buf = r.buf.clone();
         let size = h.size as usize;
         let eff = size.min(buf.len());
-        let t = self
-            .mode
-            .begin(&*self.nic, buf.addr(), eff, Direction::Sink)?;
-        let (chunk, _) = chunking(&t);
+        let sg = buf.is_gapped();
+        let t = self.mode.begin(
+            &*self.nic,
+            buf.addr(),
+            if sg { buf.span() } else { eff },
+            Direction::Sink,
+        )?;
+        let sg = sg && t.zero_copy;
+        let (chunk, _) = chunking(&t, sg);
         let get = h.flags & wire::GET != 0;
-        let n = chunk_count(eff, chunk);
+        let peer_sg = get && h.flags & wire::SCATTER_GATHER != 0;
+        let n = side_chunk_count(&buf, sg, chunk, eff);
         let nothing_announced = chunks.is_empty();
         let state = RndvRecv {
             t,
@@ -323,11 +441,16 @@ impl PointToPoint {
             read_end: eff,
             split_tail: None,
             tail_lease: None,
+            scatter_gather: sg,
+            peer_scatter_gather: peer_sg,
         };
         let split = get
             && self.cfg.rndv == RndvProtocol::Auto
             && t.zero_copy
+            && !sg
+            && !peer_sg
             && super::rndv_split::splittable(&state.announced, eff, self.cfg.split_min);
+        let unannounced = state.announced_bytes < size as u64;
         if let Some(Req::Recv(r)) = self.reqs.get_mut(rid) {
             r.state = RecvState::Rndv(Box::new(state));
         }
@@ -340,9 +463,13 @@ impl PointToPoint {
         if split {
             self.start_split(rid)?;
         }
-        if get && nothing_announced {
-            // The sender had no lease free when it sent the RTS: tell it who we are, so it
-            // can announce chunks as leases free up (a ChunkDone for no chunk).
+        if sg {
+            self.counters.rndv_scatter_gather += 1;
+        }
+        if get && (nothing_announced || (peer_sg && unannounced)) {
+            // The sender had no lease free when it sent the RTS, or has more runs than the
+            // RTS could describe: tell it who we are, so it can announce more (a ChunkDone
+            // for no chunk).
             let mut m = Header::new(MsgKind::ChunkDone);
             m.chunk = NO_CHUNK;
             m.sreq = h.sreq;

@@ -8,7 +8,7 @@
 //! the receive carries ALL_DONE, which ends the send. Seed 001 calls this the Read-Read
 //! design.
 
-use super::rndv::{chunk_range, chunking, NO_CHUNK};
+use super::rndv::{chunking, side_chunk, side_piece, NO_CHUNK};
 use super::wire::{self, Header, MsgKind};
 use super::{ChunkDesc, PointToPoint, RdmaOp, RecvState, Req, RequestId, SendState};
 use crate::buffer_mode::Direction;
@@ -33,30 +33,43 @@ impl PointToPoint {
             let Some(rreq) = rs.rreq else {
                 return Ok(events);
             };
-            let (chunk, depth) = chunking(&rs.t);
+            let (chunk, depth) = chunking(&rs.t, rs.scatter_gather);
             if rs.all_done || rs.next >= rs.n || rs.leases.len() >= depth {
                 return Ok(events);
             }
-            let (k, buf, peer, t) = (rs.next, s.buf, s.peer, rs.t);
-            let (off, len) = chunk_range(k, chunk, rs.size);
-            let Some(lease) =
-                self.mode
-                    .lease(&*self.nic, &t, buf.addr(), off, len, Direction::Source)?
-            else {
-                return Ok(events);
-            };
-            self.mode.stage_out(&lease, &buf, off);
+            let (k, buf, peer, t) = (rs.next, s.buf.clone(), s.peer, rs.t);
+            let (off, mem, len) = side_chunk(&buf, rs.scatter_gather, k, chunk, rs.size);
             let mut h = Header::new(MsgKind::ChunkReady);
+            if rs.scatter_gather {
+                // A run of the span the RTS's lease made readable.
+                let Some((_, span)) = rs.leases.first() else {
+                    return Ok(events);
+                };
+                h.addr = span.addr + mem as u64;
+                h.rkey = span.rkey;
+            } else {
+                let Some(lease) =
+                    self.mode
+                        .lease(&*self.nic, &t, buf.addr(), mem, len, Direction::Source)?
+                else {
+                    return Ok(events);
+                };
+                self.mode.stage_out(&lease, &buf, off);
+                h.addr = lease.addr;
+                h.rkey = lease.rkey;
+                if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
+                    if let SendState::Rndv(rs) = &mut s.state {
+                        rs.leases.push((k as u64, lease));
+                    }
+                }
+            }
             h.chunk = k;
             h.size = off as u64; // the chunk's offset in the message
-            h.addr = lease.addr;
-            h.rkey = lease.rkey;
-            h.len = lease.len;
+            h.len = len as u64;
             h.sreq = id.0;
             h.rreq = rreq;
             if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
                 if let SendState::Rndv(rs) = &mut s.state {
-                    rs.leases.push((k as u64, lease));
                     rs.next += 1;
                 }
             }
@@ -79,15 +92,21 @@ impl PointToPoint {
             let RecvState::Rndv(rv) = &r.state else {
                 return Ok(events);
             };
-            let (chunk, depth) = chunking(&rv.t);
+            let (chunk, depth) = chunking(&rv.t, rv.scatter_gather);
             if rv.leases.len() >= depth {
                 return Ok(events);
             }
             let Some(desc) = rv.announced.front().copied() else {
                 return Ok(events);
             };
-            let (peer, buf, t, read_end, issued) =
-                (rv.peer, r.buf, rv.t, rv.read_end as u64, rv.issued);
+            let (peer, buf, t, read_end, issued, sg) = (
+                rv.peer,
+                r.buf.clone(),
+                rv.t,
+                rv.read_end as u64,
+                rv.issued,
+                rv.scatter_gather,
+            );
             let end = (desc.offset + desc.len).min(read_end);
             let piece_off = desc.offset + issued;
             if piece_off >= end {
@@ -96,12 +115,18 @@ impl PointToPoint {
                 self.next_announced(rid, desc.chunk, issued > 0);
                 continue;
             }
-            let piece_len = (chunk as u64).min(end - piece_off);
+            let (mem, piece_len) = side_piece(
+                &buf,
+                sg,
+                piece_off as usize,
+                (chunk as u64).min(end - piece_off) as usize,
+            );
+            let piece_len = piece_len as u64;
             let Some(lease) = self.mode.lease(
                 &*self.nic,
                 &t,
                 buf.addr(),
-                piece_off as usize,
+                mem,
                 piece_len as usize,
                 Direction::Sink,
             )?
@@ -191,7 +216,9 @@ impl PointToPoint {
             }
         }
         let finished = rv.landed == rv.eff;
-        let (peer, sreq, buf) = (rv.peer, rv.sreq, r.buf);
+        // A scatter-gather sender needs no ChunkDone but the last.
+        let chunk_done = chunk_done && !rv.peer_scatter_gather;
+        let (peer, sreq, buf) = (rv.peer, rv.sreq, r.buf.clone());
         self.mode.stage_in(&lease, &buf, op.offset, op.len);
         self.mode.release(&*self.nic, lease);
         if chunk_done || finished {

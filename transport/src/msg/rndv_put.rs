@@ -7,7 +7,7 @@
 //! the chunk in and asks for the next. The last CTS carries ALL_DONE. Seed 001 calls this
 //! the Read-Write design's write half.
 
-use super::rndv::{chunk_range, chunking, Cts};
+use super::rndv::{chunking, side_chunk, side_piece, Cts};
 use super::wire::{self, Header, MsgKind};
 use super::{PointToPoint, RdmaOp, RecvState, Req, RequestId, SendState};
 use crate::buffer_mode::Direction;
@@ -29,16 +29,22 @@ impl PointToPoint {
             let RecvState::Rndv(rv) = &r.state else {
                 return Ok(events);
             };
-            let (chunk, depth) = chunking(&rv.t);
+            let (chunk, depth) = chunking(&rv.t, rv.scatter_gather);
             if rv.next >= rv.n || rv.leases.len() >= depth {
                 return Ok(events);
             }
-            let (k, peer, sreq, buf, last, t) =
-                (rv.next, rv.peer, rv.sreq, r.buf, rv.next + 1 == rv.n, rv.t);
-            let (off, len) = chunk_range(k, chunk, rv.eff);
+            let (k, peer, sreq, buf, last, t) = (
+                rv.next,
+                rv.peer,
+                rv.sreq,
+                r.buf.clone(),
+                rv.next + 1 == rv.n,
+                rv.t,
+            );
+            let (off, mem, len) = side_chunk(&buf, rv.scatter_gather, k, chunk, rv.eff);
             let Some(lease) =
                 self.mode
-                    .lease(&*self.nic, &t, buf.addr(), off, len, Direction::Sink)?
+                    .lease(&*self.nic, &t, buf.addr(), mem, len, Direction::Sink)?
             else {
                 return Ok(events);
             };
@@ -82,11 +88,12 @@ impl PointToPoint {
         let RecvState::Rndv(rv) = &mut r.state else {
             return Ok(());
         };
-        let (chunk, _) = chunking(&rv.t);
-        let (off, len) = chunk_range(h.chunk, chunk, rv.eff);
+        let (chunk, _) = chunking(&rv.t, rv.scatter_gather);
+        let buf = r.buf.clone();
+        let (off, _, len) = side_chunk(&buf, rv.scatter_gather, h.chunk, chunk, rv.eff);
         rv.done += 1;
         rv.landed += len;
-        let (finished, buf) = (rv.done == rv.n, r.buf);
+        let finished = rv.done == rv.n;
         self.mode.stage_in(&lease, &buf, off, len);
         self.mode.release(&*self.nic, lease);
         if finished {
@@ -119,9 +126,9 @@ impl PointToPoint {
         }
         let mut ready = None;
         if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
-            let addr = s.buf.addr();
+            let (addr, (lo, hi)) = (s.buf.addr(), s.buf.bounds(h.size as usize, h.len as usize));
             if let SendState::Rndv(rs) = &mut s.state {
-                ready = Some((rs.t, addr));
+                ready = Some((rs.t, addr, lo, hi.saturating_sub(lo)));
                 rs.rreq = Some(h.rreq);
                 rs.pending_cts.push_back(Cts {
                     chunk: h.chunk,
@@ -134,10 +141,9 @@ impl PointToPoint {
                 });
             }
         }
-        if let Some((t, addr)) = ready {
+        if let Some((t, addr, lo, len)) = ready {
             // This side writes the region now.
-            self.mode
-                .about_to_move(&*self.nic, &t, addr, h.size as usize, h.len as usize);
+            self.mode.about_to_move(&*self.nic, &t, addr, lo, len);
         }
         self.advance_put_send(id).map(|_| ())
     }
@@ -159,20 +165,27 @@ impl PointToPoint {
             let Some(cts) = rs.pending_cts.front().copied() else {
                 break;
             };
-            let (buf, peer, t, issued) = (s.buf, s.peer, rs.t, rs.issued);
-            let (chunk, depth) = chunking(&t);
+            let (buf, peer, t, issued) = (s.buf.clone(), s.peer, rs.t, rs.issued);
+            let (chunk, depth) = chunking(&t, rs.scatter_gather);
+            let sg = rs.scatter_gather;
             let end = cts.offset + cts.len;
             let piece_off = cts.offset + issued;
             if cts.len > 0 {
                 if rs.leases.len() >= depth {
                     break;
                 }
-                let piece_len = (chunk as u64).min(end - piece_off);
+                let (mem, piece_len) = side_piece(
+                    &buf,
+                    sg,
+                    piece_off as usize,
+                    (chunk as u64).min(end - piece_off) as usize,
+                );
+                let piece_len = piece_len as u64;
                 let Some(lease) = self.mode.lease(
                     &*self.nic,
                     &t,
                     buf.addr(),
-                    piece_off as usize,
+                    mem,
                     piece_len as usize,
                     Direction::Source,
                 )?

@@ -49,7 +49,7 @@ impl PointToPoint {
         let RecvState::Rndv(rv) = &r.state else {
             return Ok(());
         };
-        let (buf, t, eff, peer, sreq) = (r.buf, rv.t, rv.eff, rv.peer, rv.sreq);
+        let (buf, t, eff, peer, sreq) = (r.buf.clone(), rv.t, rv.eff, rv.peer, rv.sreq);
         let half = split_point(eff);
         let Some(lease) = self.mode.lease(
             &*self.nic,
@@ -94,7 +94,7 @@ impl PointToPoint {
         let super::SendState::Rndv(rs) = &s.state else {
             return Ok(true);
         };
-        let (buf, peer, t) = (s.buf, s.peer, rs.t);
+        let (buf, peer, t) = (s.buf.clone(), s.peer, rs.t);
         let (off, len) = (h.size as usize, h.len as usize);
         if off.checked_add(len).is_none_or(|end| end > rs.size) {
             return Ok(false); // not a region of this message: the RPUT path refuses it
@@ -152,7 +152,7 @@ impl PointToPoint {
             return Ok(());
         };
         rv.landed += len;
-        let (finished, buf, peer, sreq) = (rv.landed == rv.eff, r.buf, rv.peer, rv.sreq);
+        let (finished, buf, peer, sreq) = (rv.landed == rv.eff, r.buf.clone(), rv.peer, rv.sreq);
         self.mode.stage_in(&lease, &buf, off, len);
         self.mode.release(&*self.nic, lease);
         if finished {

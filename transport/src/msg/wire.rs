@@ -54,8 +54,12 @@ pub const GET: u8 = 2;
 pub const ALL_DONE: u8 = 4;
 /// Flag on RTS: the header carries chunk 0's descriptor (RGET).
 pub const HAS_CHUNK: u8 = 8;
+/// Flag on RTS (RGET): the sender's buffer has gaps and moves in place, its chunks are its
+/// runs, all readable at once: the receiver answers only when it takes nothing more
+/// (`msg/rndv.rs`, scatter-gather rendezvous).
+pub const SCATTER_GATHER: u8 = 16;
 /// Every flag a message may carry.
-const KNOWN_FLAGS: u8 = SYNC | GET | ALL_DONE | HAS_CHUNK;
+const KNOWN_FLAGS: u8 = SYNC | GET | ALL_DONE | HAS_CHUNK | SCATTER_GATHER;
 /// Bytes of one chunk descriptor in the payload of an RTS.
 pub const CHUNK_DESC_BYTES: usize = 32;
 
