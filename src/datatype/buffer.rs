@@ -12,11 +12,13 @@
 #![allow(unsafe_code)]
 
 use std::borrow::{Borrow, Cow};
+use std::ffi::c_void;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use pagewire_transport::msg::raw::{Layout, UserBuf, UserBufMut};
-use std::ffi::c_void;
-use std::marker::PhantomData;
+
+use crate::error::{Error, Result};
 
 use super::{Count, Datatype, DatatypeRef, Equivalence, TypeMap, UncommittedDatatype};
 
@@ -183,6 +185,49 @@ impl<'d, 'b, D: Datatype, B: Pointer + ?Sized> View<'d, 'b, D, B> {
     }
 }
 
+impl<'d, 'b, D: Datatype> View<'d, 'b, D, [u8]> {
+    /// `count` elements of `datatype` over bytes, checked to lie inside them: the safe form
+    /// of [`View::with_count_and_datatype`] (a pagewire extension; rsmpi has only the
+    /// `unsafe` one). An error says which byte would fall outside.
+    pub fn over_bytes(buffer: &'b [u8], count: Count, datatype: &'d D) -> Result<Self> {
+        check_inside(buffer.len(), count, datatype.type_map())?;
+        Ok(View {
+            datatype,
+            count,
+            buffer,
+        })
+    }
+}
+
+/// Fails unless `count` elements of `map` from a buffer's start lie in its first `len`
+/// bytes.
+fn check_inside(len: usize, count: Count, map: &TypeMap) -> Result<()> {
+    let count = usize::try_from(count)
+        .map_err(|_| Error::InvalidArgument(format!("a count of {count} elements")))?;
+    if count == 0 || map.blocks().is_empty() {
+        return Ok(());
+    }
+    let lowest = map.blocks().iter().map(|b| b.offset).min().unwrap_or(0);
+    let end = map
+        .blocks()
+        .iter()
+        .map(|b| b.offset + b.len as isize)
+        .max()
+        .unwrap_or(0);
+    let last = (count - 1)
+        .checked_mul(map.extent())
+        .and_then(|s| isize::try_from(s).ok())
+        .and_then(|s| s.checked_add(end));
+    match last {
+        Some(last) if lowest >= 0 && last as usize <= len => Ok(()),
+        _ => Err(Error::InvalidArgument(format!(
+            "{count} elements of a datatype spanning bytes {lowest}..{end} with extent {} do \
+             not fit a buffer of {len} bytes",
+            map.extent()
+        ))),
+    }
+}
+
 unsafe impl<D: Datatype, B: Pointer + ?Sized> Pointer for View<'_, '_, D, B> {
     fn pointer(&self) -> *const c_void {
         self.buffer.pointer()
@@ -225,6 +270,19 @@ impl<'d, 'b, D: Datatype, B: PointerMut + ?Sized> MutView<'d, 'b, D, B> {
             count,
             buffer,
         }
+    }
+}
+
+impl<'d, 'b, D: Datatype> MutView<'d, 'b, D, [u8]> {
+    /// `count` elements of `datatype` over bytes, checked to lie inside them: the safe form
+    /// of [`MutView::with_count_and_datatype`] (any bytes are valid `u8`s).
+    pub fn over_bytes(buffer: &'b mut [u8], count: Count, datatype: &'d D) -> Result<Self> {
+        check_inside(buffer.len(), count, datatype.type_map())?;
+        Ok(MutView {
+            datatype,
+            count,
+            buffer,
+        })
     }
 }
 
@@ -948,5 +1006,22 @@ mod tests {
         assert!(d.downcast::<f32>().is_none());
         let bools = vec_from_packed::<bool>(&[1, 0, 1]);
         assert_eq!(bools, vec![true, false, true]);
+    }
+
+    #[test]
+    fn a_view_over_bytes_is_checked_to_lie_inside_them() {
+        use crate::datatype::UserDatatype;
+        // 3 runs of 4 bytes, 6 apart: bytes 0..16 of each element.
+        let t = UserDatatype::vector(3, 4, 6, &u8::equivalent_datatype());
+        let mut bytes = [0u8; 16];
+        assert!(View::over_bytes(&bytes[..], 1, &t).is_ok());
+        assert!(MutView::over_bytes(&mut bytes[..15], 1, &t).is_err());
+        let e = View::over_bytes(&bytes[..], 2, &t)
+            .err()
+            .expect("too small")
+            .to_string();
+        assert!(e.contains("do not fit a buffer of 16 bytes"), "{e}");
+        assert!(View::over_bytes(&bytes[..], 0, &t).is_ok());
+        assert!(View::over_bytes(&bytes[..], -1, &t).is_err());
     }
 }

@@ -167,12 +167,21 @@ impl TypeMap {
         let mut blocks = Vec::new();
         let (mut lo, mut hi) = (isize::MAX, isize::MIN);
         for &(disp, n) in &runs {
-            for j in 0..n as isize {
-                let base = disp + j * ext;
-                blocks.extend(old.blocks.iter().map(|b| Block {
-                    offset: base + b.offset,
-                    len: b.len,
-                }));
+            if old.is_contiguous() {
+                // `n` gap-free elements are one block: no need to list them one by one (a
+                // vector of a million bytes is one block per run, made in O(runs)).
+                blocks.push(Block {
+                    offset: disp,
+                    len: n * old.extent,
+                });
+            } else {
+                for j in 0..n as isize {
+                    let base = disp + j * ext;
+                    blocks.extend(old.blocks.iter().map(|b| Block {
+                        offset: base + b.offset,
+                        len: b.len,
+                    }));
+                }
             }
             lo = lo.min(disp + old.lb);
             hi = hi.max(disp + old.lb + n as isize * ext);

@@ -247,6 +247,41 @@ pub struct RunOptions {
     /// first touch of every message, by the CPU and by the NIC (ODP faults, pin-down
     /// misses), is in the timing.
     pub cold: bool,
+    /// PingPong with a buffer with gaps: the message's bytes in runs of `.0` bytes, `.1`
+    /// bytes apart (an MPI vector of bytes; issue 14's scatter-gather rendezvous).
+    pub vector: Option<(usize, usize)>,
+}
+
+/// The vector of bytes `size` message bytes make in runs of `run` bytes with `hole` bytes
+/// between them, and the bytes it spans.
+fn byte_vector(size: usize, run: usize, hole: usize) -> (pagewire::datatype::UserDatatype, usize) {
+    let run = run.clamp(1, size.max(1));
+    let count = size.div_ceil(run);
+    let t = pagewire::datatype::UserDatatype::vector(
+        count as pagewire::Count,
+        run as pagewire::Count,
+        (run + hole) as pagewire::Count,
+        &u8::equivalent_datatype(),
+    );
+    (t, count * (run + hole) - hole)
+}
+
+/// PingPong of one element of `t` (a [`byte_vector`]) in `buf`.
+fn pingpong_vector(
+    peer: &pagewire::Process<'_>,
+    me: i32,
+    buf: &mut [u8],
+    t: &pagewire::datatype::UserDatatype,
+) {
+    use pagewire::datatype::{MutView, View};
+    let fits = "the buffer spans the vector";
+    if me == 0 {
+        peer.send(&View::over_bytes(&*buf, 1, t).expect(fits));
+        peer.receive_into(&mut MutView::over_bytes(buf, 1, t).expect(fits));
+    } else {
+        peer.receive_into(&mut MutView::over_bytes(&mut *buf, 1, t).expect(fits));
+        peer.send(&View::over_bytes(&*buf, 1, t).expect(fits));
+    }
 }
 
 /// IMB's repetition rule: `min(1000, 40 MiB / size)`, 1000 for size 0.
@@ -275,7 +310,10 @@ pub fn run(u: &pagewire::Universe, kernel: Kernel, sizes: &[usize], o: RunOption
     let me = world.rank();
     let mut rows = Vec::new();
     let max = sizes.iter().copied().max().unwrap_or(0);
-    let span = o.off_cache.map_or(max.max(1), |s| s.max(max).max(1) + max);
+    let span = match o.vector {
+        Some((run, hole)) => byte_vector(max, run, hole).1.max(1),
+        None => o.off_cache.map_or(max.max(1), |s| s.max(max).max(1) + max),
+    };
     let window = o.window.max(1);
     let mut mapping = pagewire::sys::AnonMapping::new(span).expect("mmap of the buffers");
     let mut bufs: Vec<Vec<u8>> = if kernel == Kernel::Stream {
@@ -303,10 +341,15 @@ pub fn run(u: &pagewire::Universe, kernel: Kernel, sizes: &[usize], o: RunOption
             }
         };
         // Warm-up, as IMB does before each size.
+        let vector = o.vector.map(|(run, hole)| byte_vector(size, run, hole).0);
+        let once = |m: &mut pagewire::sys::AnonMapping, off: usize| match &vector {
+            Some(t) => pingpong_vector(&peer, me, m.as_mut_slice(), t),
+            None => pingpong_once(&peer, me, &mut m.as_mut_slice()[off..off + size]),
+        };
         for i in 0..reps.min(10) {
             let off = at(i);
             make_cold(&mut mapping, off);
-            pingpong_once(&peer, me, &mut mapping.as_mut_slice()[off..off + size]);
+            once(&mut mapping, off);
         }
         sync_pair(&peer, me);
         let before = RowCounters::now(u);
@@ -318,7 +361,7 @@ pub fn run(u: &pagewire::Universe, kernel: Kernel, sizes: &[usize], o: RunOption
                     let off = at(i + 10);
                     make_cold(&mut mapping, off);
                     let t0 = pagewire::time();
-                    pingpong_once(&peer, me, &mut mapping.as_mut_slice()[off..off + size]);
+                    once(&mut mapping, off);
                     t += pagewire::time() - t0;
                 }
                 (t / reps as f64 / 2.0 * 1e6, reps, 2 * reps)

@@ -501,6 +501,10 @@ pub(super) fn mrecv(msg: &mut Message, buf: &mut [u8]) -> Result<Status> {
 }
 
 pub(super) fn imrecv(msg: &mut Message, buf: UserBufMut) -> Result<Request> {
+    debug_assert!(
+        !buf.is_gapped(),
+        "the host MPI library is given packed bytes"
+    );
     let n = count(buf.len())?;
     let p = buf.addr() as usize as *mut c_void;
     // SAFETY: reads a constant that rsmpi's C shim defines.
@@ -520,6 +524,10 @@ pub(super) fn isend(
     tag: i32,
     sync: bool,
 ) -> Result<Request> {
+    debug_assert!(
+        !buf.is_gapped(),
+        "the host MPI library is given packed bytes"
+    );
     let n = count(buf.len())?;
     let p = buf.addr() as usize as *const c_void;
     // SAFETY: reads a constant that rsmpi's C shim defines.
@@ -539,6 +547,10 @@ pub(super) fn isend(
 }
 
 pub(super) fn irecv(comm: &PeerComm, buf: UserBufMut, source: i32, tag: i32) -> Result<Request> {
+    debug_assert!(
+        !buf.is_gapped(),
+        "the host MPI library is given packed bytes"
+    );
     let n = count(buf.len())?;
     let p = buf.addr() as usize as *mut c_void;
     // SAFETY: reads a constant that rsmpi's C shim defines.

@@ -33,6 +33,10 @@ struct Args {
     /// first touch — CPU page faults, ODP network page faults, pin-down misses — is timed.
     #[arg(long)]
     cold: bool,
+    /// PingPong with a buffer with gaps: each message's bytes in runs of RUN bytes, HOLE
+    /// bytes apart (an MPI vector of bytes), e.g. `16K:4K`. Not with --off-cache or --cold.
+    #[arg(long, value_parser = parse_vector, value_name = "RUN:HOLE")]
+    vector: Option<(usize, usize)>,
     /// Ranks to start when not under a launcher.
     #[arg(long, default_value_t = 2)]
     np: usize,
@@ -48,6 +52,17 @@ fn parse_size(s: &str) -> Result<usize, String> {
     }
 }
 
+fn parse_vector(s: &str) -> Result<(usize, usize), String> {
+    let (run, hole) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s}: expected RUN:HOLE, e.g. 16K:4K"))?;
+    let run = parse_size(run)?;
+    if run == 0 {
+        return Err(format!("{s}: a run of 0 bytes"));
+    }
+    Ok((run, parse_size(hole)?))
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let (min, max) = args
@@ -61,6 +76,10 @@ fn main() -> anyhow::Result<()> {
                 args.msglog
             )
         })?;
+    anyhow::ensure!(
+        args.vector.is_none() || (args.off_cache.is_none() && !args.cold),
+        "--vector runs without --off-cache and --cold"
+    );
     // A bad PAGEWIRE_* setting is reported once, here, not by every rank started below.
     pagewire::UniverseConfig::from_env()?;
     if let Some(code) = pagewire::boot::self_launch(args.np)? {
@@ -115,6 +134,7 @@ fn main() -> anyhow::Result<()> {
                 off_cache: args.off_cache,
                 pattern: args.pattern,
                 cold: args.cold,
+                vector: args.vector,
             },
         );
         if world.rank() == 0 {
