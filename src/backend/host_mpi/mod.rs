@@ -361,8 +361,9 @@ impl HostMpi {
     /// requires (the facade's request scope does).
     pub fn isend(&self, dest: usize, tag: i32, buf: UserBuf, sync: bool) -> Result<HostRequest> {
         let dest = self.peer(dest)?;
+        let len = buf.len();
         let raw = ffi::isend(self.p2p(), buf, dest, tag, sync)?;
-        Ok(HostRequest::send(raw, dest, tag, buf.len()))
+        Ok(HostRequest::send(raw, dest, tag, len))
     }
 
     /// Starts receiving into `buf` (`MPI_Irecv`); `None` source or tag are wildcards. The
@@ -375,8 +376,9 @@ impl HostMpi {
         buf: UserBufMut,
     ) -> Result<HostRequest> {
         let source = self.source(source)?;
+        let len = buf.len();
         let raw = ffi::irecv(self.p2p(), buf, source, ffi::tag_or_any(tag))?;
-        Ok(HostRequest::receive(raw, buf.len()))
+        Ok(HostRequest::receive(raw, len))
     }
 
     fn peer(&self, rank: usize) -> Result<i32> {

@@ -34,8 +34,9 @@ impl HostMessage {
     /// Starts receiving the message into `buf` (`MPI_Imrecv`). The caller keeps the buffer
     /// alive and untouched until the request completes, as `UserBufMut::new` requires.
     pub fn immediate_receive(mut self, buf: UserBufMut) -> Result<HostRequest> {
+        let len = buf.len();
         let raw = ffi::imrecv(&mut self.raw, buf)?;
-        Ok(HostRequest::receive(raw, buf.len()))
+        Ok(HostRequest::receive(raw, len))
     }
 }
 
