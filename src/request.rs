@@ -73,23 +73,39 @@ struct PointToPoint<'a> {
 
 impl PointToPoint<'_> {
     fn finish(&mut self, status: Status) -> Status {
+        self.unpack(status.count_bytes());
+        status
+    }
+
+    /// Unpacks the first `n` bytes of a scratch message into the landing.
+    fn unpack(&mut self, n: usize) {
         if let Some((scratch, landing)) = &mut self.receive {
-            let n = status.count_bytes().min(scratch.len());
+            let n = n.min(scratch.len());
             landing.unpack(&scratch[..n]);
         }
-        status
+    }
+
+    /// A truncated receive still delivers what fits (as into memory without gaps).
+    fn failed(&mut self, e: Error) -> Error {
+        if let Error::Truncated { buffer_bytes, .. } = e {
+            self.unpack(buffer_bytes);
+        }
+        e
     }
 }
 
 impl Pending for PointToPoint<'_> {
     fn wait(&mut self) -> Result<Status> {
-        let s = Pending::wait(&mut self.request)?;
-        Ok(self.finish(s))
+        match Pending::wait(&mut self.request) {
+            Ok(s) => Ok(self.finish(s)),
+            Err(e) => Err(self.failed(e)),
+        }
     }
     fn test(&mut self) -> Result<Option<Status>> {
-        match Pending::test(&mut self.request)? {
-            Some(s) => Ok(Some(self.finish(s))),
-            None => Ok(None),
+        match Pending::test(&mut self.request) {
+            Ok(Some(s)) => Ok(Some(self.finish(s))),
+            Ok(None) => Ok(None),
+            Err(e) => Err(self.failed(e)),
         }
     }
     fn cancel(&mut self) -> bool {
