@@ -309,6 +309,10 @@ impl Inner {
         else {
             return false;
         };
+        // A key the translation cache lacks takes the general path, which counts the miss.
+        if !self.own.tpt_cache().probe(sge.lkey) {
+            return false;
+        }
         let len = h.total_len;
         let target = Extent {
             addr: guard.translation.dma_addr(sge.addr),
