@@ -376,6 +376,31 @@ fn bad_keys_bounds_and_rights_fail_without_touching_memory() {
     );
 }
 
+/// With a translation cache (issue 16 study 3) a key is checked against the table before
+/// the cache is looked up: the same errors, on both paths.
+#[test]
+fn bad_keys_bounds_and_rights_fail_the_same_with_a_translation_cache() {
+    ranks(
+        "bad_keys_bounds_and_rights_fail_the_same_with_a_translation_cache",
+        2,
+        &[("PAGEWIRE_SOFT_TPT_CACHE", "4")],
+        protection_body,
+    );
+}
+
+#[test]
+fn bad_keys_fail_the_same_with_a_translation_cache_on_the_staged_path() {
+    ranks(
+        "bad_keys_fail_the_same_with_a_translation_cache_on_the_staged_path",
+        2,
+        &[
+            ("PAGEWIRE_SOFT_TPT_CACHE", "4"),
+            ("PAGEWIRE_SOFT_DMA", "staged"),
+        ],
+        protection_body,
+    );
+}
+
 /// A work request over the NIC's `max_msg_sz` (2 GiB: a completion's byte count is 32
 /// bits) is refused when posted, naming the limit, before any byte moves.
 fn oversized_body(r: &Rank) {
