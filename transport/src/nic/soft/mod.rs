@@ -385,9 +385,9 @@ impl Drop for SoftNic {
             // A what-if run says what its cache did (summed over ranks by the benchmarks'
             // scripts, tools/bench/tpt_cache.sh).
             let c = self.counters().tpt_cache;
-            eprintln!(
+            let line = format!(
                 "pagewire: rank {}: tpt-cache {entries} entries: {} hits, {} misses, {} fills \
-                 (wait {} ns real, processing {} ns modelled), stall {} ns",
+                 (wait {} ns real, processing {} ns modelled), stall {} ns\n",
                 self.inner.rank,
                 c.hits,
                 c.misses,
@@ -396,6 +396,8 @@ impl Drop for SoftNic {
                 c.fill_model_ns,
                 c.stall_ns
             );
+            // One write, so that the ranks' lines do not interleave.
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         }
         self.inner.shutdown.store(true, Release);
         self.inner.own.ring_doorbell();
