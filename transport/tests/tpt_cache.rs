@@ -5,38 +5,11 @@
 
 use pagewire_test_support::nic::{ranks, Rank};
 use pagewire_test_support::pattern;
-use pagewire_transport::nic::{Access, Nic, Opcode, RecvWr, SendWr, Sge, WcStatus};
+use pagewire_transport::nic::{Nic, Opcode, Sge, WcStatus};
 use pagewire_transport::sys::AnonMapping;
 
-fn rw() -> Access {
-    Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ
-}
-
-fn sge(addr: u64, len: usize, lkey: u32) -> Sge {
-    Sge {
-        addr,
-        len: len as u32,
-        lkey,
-    }
-}
-
-fn post_send(r: &Rank, qp: u32, wr_id: u64, opcode: Opcode, sgl: &[Sge]) {
-    // SAFETY (test): the buffers are test-owned mappings not touched until completion.
-    unsafe {
-        r.nic
-            .post_send(
-                qp,
-                &SendWr {
-                    wr_id,
-                    opcode,
-                    sgl,
-                    inline: false,
-                    signaled: true,
-                },
-            )
-            .unwrap()
-    };
-}
+mod common;
+use common::{post_recv, post_send, rw, sge};
 
 /// The cache's entries as the test's environment sets them (0: off).
 fn entries() -> usize {
@@ -81,7 +54,7 @@ fn known_pattern_body(r: &Rank) {
                     remote_addr: remote[t].0,
                     rkey: remote[t].1,
                 },
-                &[sge(src.addr() + at as u64, LEN, smr.lkey)],
+                &[sge(src.addr() + at as u64, LEN as u64, smr.lkey)],
             );
             assert_eq!(r.wait().status, WcStatus::Success, "write {i}");
         }
@@ -187,7 +160,7 @@ fn many_regions_body(r: &Rank) {
                 let reg = (k + 5 * j) % REGIONS;
                 sge(
                     bufs[reg].addr() + (piece * PIECE) as u64,
-                    PIECE / 3,
+                    (PIECE / 3) as u64,
                     mrs[reg].lkey,
                 )
             })
@@ -195,19 +168,7 @@ fn many_regions_body(r: &Rank) {
     };
     // Receives for the peer's SENDs.
     for k in 0..ROUNDS {
-        let sgl = three(k, 2 + ROUNDS + k);
-        // SAFETY (test): as in post_send.
-        unsafe {
-            r.nic
-                .post_recv(
-                    qp,
-                    &RecvWr {
-                        wr_id: 1000 + k as u64,
-                        sgl: &sgl,
-                    },
-                )
-                .unwrap()
-        };
+        post_recv(r, qp, 1000 + k as u64, &three(k, 2 + ROUNDS + k));
     }
     r.boot.barrier().unwrap();
     let mut wr = 0u64;

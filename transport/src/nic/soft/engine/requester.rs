@@ -261,30 +261,22 @@ impl Inner {
                         }
                     }
                 }
-                OpState::Rnr { retry_at, fault } => {
-                    let resolved = fault.map(|seq| peer.mem.npf_slot(remote_qpn).outcome(seq));
-                    match resolved {
-                        Some(Some(false)) => op.state = OpState::Done(WcStatus::RemoteAccessError),
-                        Some(Some(true)) => op.state = OpState::Pending,
-                        _ if clock.tick().is_some_and(|now| now >= retry_at) => {
-                            if peer.is_alive() {
-                                op.state = OpState::Pending;
-                            } else {
-                                op.state = OpState::Done(WcStatus::RetryExceeded);
+                OpState::Rnr { .. } | OpState::TranslationMiss { .. } => {
+                    if let OpState::Rnr { retry_at, fault } = op.state {
+                        let resolved = fault.map(|seq| peer.mem.npf_slot(remote_qpn).outcome(seq));
+                        op.state = match resolved {
+                            Some(Some(false)) => OpState::Done(WcStatus::RemoteAccessError),
+                            Some(Some(true)) => OpState::Pending,
+                            _ if clock.tick().is_some_and(|now| now >= retry_at) => {
+                                if peer.is_alive() {
+                                    OpState::Pending
+                                } else {
+                                    OpState::Done(WcStatus::RetryExceeded)
+                                }
                             }
-                        }
-                        _ => break,
-                    }
-                    if op.state != OpState::Pending {
-                        earlier_done &= matches!(op.state, OpState::Done(_));
-                        i += 1;
-                        continue;
-                    }
-                    op.sent = 0;
-                    continue;
-                }
-                OpState::TranslationMiss { .. } => {
-                    if !self.after_miss(op, peer, qpn, remote_qpn, clock) {
+                            _ => break,
+                        };
+                    } else if !self.after_miss(op, peer, qpn, remote_qpn, clock) {
                         break; // go-back-N: nothing after it goes out before it
                     }
                     if op.state != OpState::Pending {
