@@ -329,6 +329,13 @@ impl SoftNic {
         self.inner.own.tpt_cache().entries()
     }
 
+    /// One line for reports on the translation cache (`tpt-cache: N entries ...`, with what
+    /// it models), or `None` when the NIC has none.
+    pub fn describe_tpt_cache(&self) -> Option<String> {
+        let n = self.tpt_cache_entries();
+        (n > 0).then(|| tpt_cache::describe(n))
+    }
+
     /// One line: how this NIC pins registered memory, and whether regions stay bound to
     /// their pages (`PAGEWIRE_VERBOSE=1` prints it).
     pub fn describe_pinning(&self) -> String {
