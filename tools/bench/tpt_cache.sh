@@ -10,15 +10,16 @@
 # in the pindown buffer mode (each user buffer its own registration, its own key), with the
 # memlock limit lifted so that no transfer falls back to copying. The copy and odp modes,
 # whose transfers name a handful of keys, are run once at the smallest size for comparison.
-# Every configuration runs 3 times, the configurations taking turns (so that a change of the
-# machine's load touches all alike), and the best of the 3 counts: per message size the least
+# Every configuration runs 5 times, the configurations taking turns (so that a change of the
+# machine's load touches all alike), and the best of the 5 counts: per message size the least
 # t_avg, and the highest b_eff. The cache-off configuration is run twice over: the second
 # ("off-again") shows the noise left in the slowdown figures.
 # Slowdown = time with the cache / time with it off in this run of the script: IMB's is the
 # geometric mean over the message sizes of t_avg ratios (and the largest ratio); b_eff's is
 # b_eff(off) / b_eff(cache). Miss rate = misses / lookups summed over both ranks' caches and
-# the 3 runs (warm-up included).
-# Prints a Markdown table (summary.md) beside the raw outputs (raw/) and two plots.
+# the 5 runs (warm-up included).
+# Prints a Markdown table (summary.md) beside the raw outputs (raw.tar.gz) and two plots
+# (slowdown.svg, miss-rate.svg; their points in sweep.txt).
 # Usage: tools/bench/tpt_cache.sh [OUTDIR]   (default: target/bench/tpt-cache)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,9 +30,9 @@ echo "# $(date -u +%FT%TZ) $(uname -sr), $(nproc) cores, load before: $(cut -d' 
 export PAGEWIRE_MEMLOCK_LIMIT=unlimited
 sizes="4 16 64 256 1024 4096"
 
-reps="1 2 3"
+reps="1 2 3 4 5"
+rm -rf "$out/raw" "$out/raw.tar.gz"
 mkdir -p "$out/raw"
-rm -f "$out"/raw/*.txt
 
 # run KIND NAME ENTRIES MODE REP: one benchmark run into $out/raw/KIND-NAME-rREP.txt (stdout
 # and stderr: the NIC names its profile and prints its cache's counters there).
@@ -141,4 +142,6 @@ target/release/pw-plot --title "Translation cache (seed 004): miss rate, pindown
   --x-label "cache entries" --y-label "misses per lookup [%]" --out "$out/miss-rate.svg" \
   "IMB PingPong+Allreduce=$out/sweep.txt:1:2" "b_eff=$out/sweep.txt:1:3" \
   "seed 004 Fig. 5: 2 % (most applications)=4:2,4096:2"
+# The raw outputs (100 files, 1 MB) go into one archive: tar xzf raw.tar.gz to read them.
+tar czf "$out/raw.tar.gz" -C "$out" raw && rm -r "$out/raw"
 cat "$out/machine.txt"
