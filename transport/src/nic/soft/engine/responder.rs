@@ -309,10 +309,6 @@ impl Inner {
         else {
             return false;
         };
-        // A key the translation cache lacks takes the general path, which counts the miss.
-        if !self.own.tpt_cache().probe(sge.lkey) {
-            return false;
-        }
         let len = h.total_len;
         let target = Extent {
             addr: guard.translation.dma_addr(sge.addr),
@@ -322,6 +318,11 @@ impl Inner {
             && len > 0
             && self.missing_span(&self.peers[self.rank], target).is_some()
         {
+            return false;
+        }
+        // A key the translation cache lacks takes the general path, which counts the miss
+        // (the last check before the copy, so that a hit is counted once).
+        if !self.own.tpt_cache().probe(sge.lkey) {
             return false;
         }
         if guard.translation.detached() {
