@@ -300,7 +300,10 @@ pub fn run(
         mr: cfg.mr,
         cold: cfg.cold,
         provider,
-        profile: nic.profile().describe().to_string(),
+        profile: match nic.describe_tpt_cache() {
+            Some(cache) => format!("{}; {cache}", nic.profile().describe()),
+            None => nic.profile().describe().to_string(),
+        },
         npf: npf_rows,
         results,
         client: mine,

@@ -4,45 +4,13 @@
 use pagewire_test_support::nic::{launch, ranks, Rank};
 use pagewire_test_support::{pattern, OUT, ROLE};
 use pagewire_transport::nic::{
-    Access, Advice, Nic, Opcode, RecvWr, Region, SendWr, Sge, WcOpcode, WcStatus, PAGE_SIZE,
+    Access, Advice, Nic, Opcode, Region, SendWr, Sge, WcOpcode, WcStatus, PAGE_SIZE,
 };
 use pagewire_transport::sys::{vm_locked_and_resident, AnonMapping};
 use pagewire_transport::Error;
 
-fn rw() -> Access {
-    Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ
-}
-
-fn sge(addr: u64, len: u64, lkey: u32) -> Sge {
-    Sge {
-        addr,
-        len: len as u32,
-        lkey,
-    }
-}
-
-fn post_send(r: &Rank, qp: u32, wr_id: u64, opcode: Opcode, sgl: &[Sge]) {
-    // SAFETY (test): the buffers are test-owned mappings not touched until completion.
-    unsafe {
-        r.nic
-            .post_send(
-                qp,
-                &SendWr {
-                    wr_id,
-                    opcode,
-                    sgl,
-                    inline: false,
-                    signaled: true,
-                },
-            )
-            .unwrap()
-    };
-}
-
-fn post_recv(r: &Rank, qp: u32, wr_id: u64, sgl: &[Sge]) {
-    // SAFETY (test): as above.
-    unsafe { r.nic.post_recv(qp, &RecvWr { wr_id, sgl }).unwrap() };
-}
+mod common;
+use common::{post_recv, post_send, rw, sge};
 
 /// Sizes from 0 B to 64 MiB, each at a random offset, moved by WRITE, READ and SEND between
 /// two ranks; every byte checked on the other side.
@@ -372,6 +340,31 @@ fn bad_keys_bounds_and_rights_fail_without_touching_memory() {
         "bad_keys_bounds_and_rights_fail_without_touching_memory",
         2,
         &[],
+        protection_body,
+    );
+}
+
+/// With a translation cache (issue 16 study 3) a key is checked against the table before
+/// the cache is looked up: the same errors, on both paths.
+#[test]
+fn bad_keys_bounds_and_rights_fail_the_same_with_a_translation_cache() {
+    ranks(
+        "bad_keys_bounds_and_rights_fail_the_same_with_a_translation_cache",
+        2,
+        &[("PAGEWIRE_SOFT_TPT_CACHE", "4")],
+        protection_body,
+    );
+}
+
+#[test]
+fn bad_keys_fail_the_same_with_a_translation_cache_on_the_staged_path() {
+    ranks(
+        "bad_keys_fail_the_same_with_a_translation_cache_on_the_staged_path",
+        2,
+        &[
+            ("PAGEWIRE_SOFT_TPT_CACHE", "4"),
+            ("PAGEWIRE_SOFT_DMA", "staged"),
+        ],
         protection_body,
     );
 }

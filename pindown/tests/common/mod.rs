@@ -19,6 +19,7 @@ pub fn soft_nic(memlock: u64, pin: PinMethod) -> SoftNic {
             odp_check: OdpCheck::Monitor,
             pin,
             profile: SoftProfile::Real,
+            tpt_cache: 0,
         },
     )
     .expect("soft NIC")

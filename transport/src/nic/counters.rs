@@ -3,6 +3,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use super::tpt_cache_counters::{LiveTptCacheCounters, TptCacheCounters};
+
 /// How payload bytes travelled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DataPath {
@@ -133,6 +135,7 @@ pub struct Counters {
     pub(crate) deregistration_histogram: [AtomicU64; NPF_HISTOGRAM_BUCKETS],
     pub(crate) detached_regions: AtomicU64,
     pub(crate) detached_bytes: AtomicU64,
+    pub(crate) tpt_cache: LiveTptCacheCounters,
 }
 
 impl Counters {
@@ -225,6 +228,7 @@ impl Counters {
             }),
             detached_regions: self.detached_regions.load(Relaxed),
             detached_bytes: self.detached_bytes.load(Relaxed),
+            tpt_cache: self.tpt_cache.snapshot(),
         }
     }
 }
@@ -302,6 +306,8 @@ pub struct CountersSnapshot {
     /// Payload bytes the NIC moved to or from pages the application no longer maps
     /// (through detached regions): data the application will never see, or stale data sent.
     pub detached_bytes: u64,
+    /// The NIC's bounded translation cache (all zero when it is off, the default).
+    pub tpt_cache: TptCacheCounters,
 }
 
 impl CountersSnapshot {
@@ -339,6 +345,7 @@ impl CountersSnapshot {
         w.extend_from_slice(&self.registration_histogram);
         w.extend_from_slice(&self.deregistration_histogram);
         w.extend_from_slice(&self.npf_latency.0);
+        w.extend_from_slice(&self.tpt_cache.to_words());
         w.iter().flat_map(|v| v.to_le_bytes()).collect()
     }
 
@@ -347,7 +354,8 @@ impl CountersSnapshot {
         const SCALARS: usize = 26;
         const H: usize = NPF_HISTOGRAM_BUCKETS;
         const L: usize = NPF_LATENCY_BUCKETS;
-        if b.len() != (SCALARS + 3 * H + L) * 8 {
+        const T: usize = TptCacheCounters::WORDS;
+        if b.len() != (SCALARS + 3 * H + L + T) * 8 {
             return None;
         }
         let w: Vec<u64> = b
@@ -385,6 +393,9 @@ impl CountersSnapshot {
             npf_histogram: std::array::from_fn(|i| w[SCALARS + i]),
             registration_histogram: std::array::from_fn(|i| w[SCALARS + H + i]),
             deregistration_histogram: std::array::from_fn(|i| w[SCALARS + 2 * H + i]),
+            tpt_cache: TptCacheCounters::from_words(&std::array::from_fn(|i| {
+                w[SCALARS + 3 * H + L + i]
+            })),
         })
     }
 
@@ -495,6 +506,7 @@ impl CountersSnapshot {
             }),
             detached_regions: self.detached_regions - earlier.detached_regions,
             detached_bytes: self.detached_bytes - earlier.detached_bytes,
+            tpt_cache: self.tpt_cache.since(&earlier.tpt_cache),
         }
     }
 }

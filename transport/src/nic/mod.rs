@@ -14,6 +14,7 @@
 pub mod counters;
 mod region;
 pub mod soft;
+pub mod tpt_cache_counters;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 

@@ -33,6 +33,10 @@ pub(crate) enum Nak {
     /// Receiver not ready: no receive posted, or (with `fault`) a receive-side network page
     /// fault filed as sequence number `fault` in the responder's slot for this queue pair.
     Rnr { fault: Option<u64> },
+    /// The request was dropped: a key it names missed the responder's translation cache
+    /// (`tpt_cache.rs`). It stands for the loss the requester's retransmission timer would
+    /// notice (the rings lose nothing); the requester retransmits when that timer fires.
+    TranslationMiss,
     /// The request failed with this status (a wire code of `WcStatus`).
     Error(u16),
 }
@@ -60,6 +64,7 @@ impl<'a> AckLine<'a> {
     pub(crate) fn nak(&self, msn: u64, why: Nak) {
         let (info, fault) = match why {
             Nak::Rnr { fault: None } => (1u64 << 16, 0),
+            Nak::TranslationMiss => (2u64 << 16, 0),
             Nak::Rnr { fault: Some(seq) } => (3u64 << 16, seq),
             Nak::Error(code) => (code as u64, 0),
         };
@@ -86,6 +91,7 @@ impl<'a> AckLine<'a> {
         let why = match info >> 16 {
             0 => Nak::Error(info as u16),
             1 => Nak::Rnr { fault: None },
+            2 => Nak::TranslationMiss,
             _ => Nak::Rnr {
                 fault: Some(self.w[NAK_FAULT_SEQ].load(Relaxed)),
             },
@@ -113,6 +119,9 @@ mod tests {
         line.nak(3, Nak::Rnr { fault: Some(42) });
         let (s2, _, why) = line.nak_since(s1).unwrap();
         assert_eq!(why, Nak::Rnr { fault: Some(42) });
+        line.nak(4, Nak::TranslationMiss);
+        let (s2, _, why) = line.nak_since(s2).unwrap();
+        assert_eq!(why, Nak::TranslationMiss);
         line.nak(4, Nak::Error(5));
         assert_eq!(line.nak_since(s2).unwrap().1, 4);
         assert_eq!(line.nak_since(s2).unwrap().2, Nak::Error(5));

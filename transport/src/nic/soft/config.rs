@@ -28,13 +28,16 @@ pub struct SoftConfig {
     /// Which costs the NIC charges beyond the real ones
     /// (`PAGEWIRE_SOFT_PROFILE=real|npf-model`; see [`SoftProfile`]).
     pub profile: SoftProfile,
+    /// Entries of the NIC's bounded translation cache, 0 for none: the NIC reads its table
+    /// directly (`PAGEWIRE_SOFT_TPT_CACHE`, issue 16 study 3, seed 004; see `tpt_cache.rs`).
+    pub tpt_cache: usize,
 }
 
 impl SoftConfig {
     /// Reads `PAGEWIRE_SOFT_DMA`, `PAGEWIRE_MEMLOCK_LIMIT` (bytes, with an optional
     /// K/M/G suffix, or `unlimited`), `PAGEWIRE_SOFT_ODP_CHECK` (`monitor`, `pagemap`) and
-    /// `PAGEWIRE_PIN` (`auto`, `longterm`, `mlock`) and `PAGEWIRE_SOFT_PROFILE` (`real`,
-    /// `npf-model`).
+    /// `PAGEWIRE_PIN` (`auto`, `longterm`, `mlock`), `PAGEWIRE_SOFT_PROFILE` (`real`,
+    /// `npf-model`) and `PAGEWIRE_SOFT_TPT_CACHE` (`off`, or a number of entries).
     pub fn from_env() -> Result<SoftConfig> {
         let dma = match std::env::var("PAGEWIRE_SOFT_DMA").as_deref() {
             Err(_) | Ok("") | Ok("auto") => DmaMode::Auto,
@@ -67,12 +70,16 @@ impl SoftConfig {
         let odp_check = OdpCheck::parse(std::env::var("PAGEWIRE_SOFT_ODP_CHECK").ok().as_deref())?;
         let pin = PinMethod::parse(std::env::var("PAGEWIRE_PIN").ok().as_deref())?;
         let profile = SoftProfile::parse(std::env::var("PAGEWIRE_SOFT_PROFILE").ok().as_deref())?;
+        let tpt_cache = super::tpt_cache::parse_entries(
+            std::env::var("PAGEWIRE_SOFT_TPT_CACHE").ok().as_deref(),
+        )?;
         Ok(SoftConfig {
             dma,
             memlock,
             odp_check,
             pin,
             profile,
+            tpt_cache,
         })
     }
 }

@@ -1,5 +1,6 @@
 //! The driver thread, the interrupt-handler analogue: it serves network page faults filed
-//! on this rank's memory and drives the engine while the application is not polling.
+//! on this rank's memory, fills its translation cache's misses (`tpt_cache.rs`), and drives
+//! the engine while the application is not polling.
 
 use super::*;
 
@@ -27,6 +28,7 @@ impl Inner {
                 return;
             }
             self.serve_faults();
+            self.serve_translation_misses();
             let polls = self.own.app_polls();
             let app_polling = polls != polls_seen;
             polls_seen = polls;
@@ -39,7 +41,8 @@ impl Inner {
             }
             asleep.store(1, SeqCst);
             // A fault filed or a bell rung after the checks above: go round again.
-            let faults_waiting = self.own.faults_filed() != self.faults_served.load(SeqCst);
+            let faults_waiting =
+                self.own.faults_filed() != self.faults_served.load(SeqCst) || self.misses_waiting();
             if faults_waiting || bell.load(SeqCst) != seen {
                 asleep.store(0, SeqCst);
                 continue;

@@ -1,6 +1,6 @@
 //! One rank's shared NIC memory and its layout: the header words peers read and write, the
 //! pending bitmap, the translation table, the responder-fault slots, the acknowledgement
-//! lines and the inbound rings.
+//! lines, the translation cache and its miss slots, and the inbound rings.
 
 use super::*;
 
@@ -35,7 +35,9 @@ pub(super) const TPT_OFFSET: usize = PENDING_OFFSET + PENDING_BYTES;
 pub(super) const NPF_OFFSET: usize = TPT_OFFSET + TPT_BYTES;
 pub(super) const NPF_WORDS: usize = 8;
 pub(super) const ACK_OFFSET: usize = NPF_OFFSET + MAX_QPS * NPF_WORDS * 8;
-pub(super) const RINGS_OFFSET: usize = ACK_OFFSET + MAX_QPS * ACK_LINE_BYTES;
+pub(super) const TPT_CACHE_OFFSET: usize = ACK_OFFSET + MAX_QPS * ACK_LINE_BYTES;
+pub(super) const MISS_OFFSET: usize = TPT_CACHE_OFFSET + tpt_cache::CACHE_WORDS * 8;
+pub(super) const RINGS_OFFSET: usize = MISS_OFFSET + tpt_cache::MISS_SLOTS * NPF_WORDS * 8;
 
 /// One rank's shared NIC memory: header, TPT, NPF slots, inbound rings, present bitmap.
 pub(crate) struct RankMemory {
@@ -172,6 +174,25 @@ impl RankMemory {
                 .seg
                 .words(NPF_OFFSET + qpn as usize * NPF_WORDS * 8, NPF_WORDS),
             filed: &self.seg.words(FAULTS_FILED, 1)[0],
+        }
+    }
+
+    /// This rank's translation cache (off unless `PAGEWIRE_SOFT_TPT_CACHE` is set).
+    pub(crate) fn tpt_cache(&self) -> TranslationCache<'_> {
+        TranslationCache::new(self.seg.words(TPT_CACHE_OFFSET, tpt_cache::CACHE_WORDS))
+    }
+
+    /// The slot in which translation-cache misses of queue pair `qpn` on `side` are filed
+    /// for this rank's driver: the responder-fault slot's shape, the key in its address word.
+    pub(crate) fn miss_slot(&self, qpn: u32, side: MissSide) -> NpfSlot<'_> {
+        self.miss_slot_at(tpt_cache::miss_slot_index(qpn, side))
+    }
+
+    /// Miss slot `i` (of [`tpt_cache::MISS_SLOTS`]).
+    pub(crate) fn miss_slot_at(&self, i: usize) -> NpfSlot<'_> {
+        NpfSlot {
+            w: self.seg.words(MISS_OFFSET + i * NPF_WORDS * 8, NPF_WORDS),
+            filed: self.tpt_cache().filed_word(),
         }
     }
 

@@ -48,6 +48,7 @@ pub(crate) mod ring;
 #[allow(unsafe_code)]
 mod shm;
 mod tpt;
+mod tpt_cache;
 
 pub use config::{parse_bytes, DmaMode, SoftConfig};
 pub use npf_model::SoftProfile;
@@ -82,6 +83,7 @@ use present::{PresentBits, PRESENT_BYTES};
 use ring::RING_BYTES;
 use shm::SharedSegment;
 use tpt::{Tpt, Translation, ADDRESS_SPACE_END, MAX_MRS, TPT_BYTES};
+use tpt_cache::{MissSide, TranslationCache};
 
 use layout::*;
 pub(crate) use layout::{RankMemory, MAX_QPS};
@@ -122,6 +124,10 @@ pub(crate) struct Inner {
     faults_served: AtomicU64,
     /// Held by the thread serving faults (one at a time).
     serving_faults: Mutex<()>,
+    /// Translation-cache misses filed on this rank that have been served.
+    misses_served: AtomicU64,
+    /// Held by the thread serving translation-cache misses (one at a time).
+    serving_misses: Mutex<()>,
     shutdown: AtomicBool,
 }
 
@@ -152,6 +158,8 @@ impl SoftNic {
         let own = Arc::new(RankMemory::create(&job, rank, size)?);
         let watch = PresentWatch::new(own.clone(), config.odp_check)?;
         own.seg.words(ODP_MONITORED, 1)[0].store(watch.uses_monitor() as u64, Release);
+        // Peers read it after the barrier below, before their first access.
+        own.tpt_cache().configure(config.tpt_cache);
         if let Some(tracer) = cma_ptracer(
             size,
             sys::yama_ptrace_scope(),
@@ -245,8 +253,17 @@ impl SoftNic {
             engine: Mutex::new(Engine::new(size)),
             faults_served: AtomicU64::new(0),
             serving_faults: Mutex::new(()),
+            misses_served: AtomicU64::new(0),
+            serving_misses: Mutex::new(()),
             shutdown: AtomicBool::new(false),
         });
+        if rank == 0 && config.tpt_cache > 0 {
+            eprintln!(
+                "pagewire: soft NIC profile {} + {}",
+                config.profile.name(),
+                tpt_cache::describe(config.tpt_cache)
+            );
+        }
         let d = inner.clone();
         let driver = std::thread::Builder::new()
             .name(format!("pagewire-nic-driver-{rank}"))
@@ -306,6 +323,19 @@ impl SoftNic {
         self.inner.profile
     }
 
+    /// Entries of this NIC's translation cache, 0 when it has none
+    /// (`PAGEWIRE_SOFT_TPT_CACHE`).
+    pub fn tpt_cache_entries(&self) -> usize {
+        self.inner.own.tpt_cache().entries()
+    }
+
+    /// One line for reports on the translation cache (`tpt-cache: N entries ...`, with what
+    /// it models), or `None` when the NIC has none.
+    pub fn describe_tpt_cache(&self) -> Option<String> {
+        let n = self.tpt_cache_entries();
+        (n > 0).then(|| tpt_cache::describe(n))
+    }
+
     /// One line: how this NIC pins registered memory, and whether regions stay bound to
     /// their pages (`PAGEWIRE_VERBOSE=1` prints it).
     pub fn describe_pinning(&self) -> String {
@@ -357,6 +387,25 @@ fn cma_permitted(pid: u32, probe: u64) -> bool {
 
 impl Drop for SoftNic {
     fn drop(&mut self) {
+        let entries = self.tpt_cache_entries();
+        if entries > 0 {
+            // A what-if run says what its cache did (summed over ranks by the benchmarks'
+            // scripts, tools/bench/tpt_cache.sh).
+            let c = self.counters().tpt_cache;
+            let line = format!(
+                "pagewire: rank {}: tpt-cache {entries} entries: {} hits, {} misses, {} fills \
+                 (wait {} ns real, processing {} ns modelled), stall {} ns\n",
+                self.inner.rank,
+                c.hits,
+                c.misses,
+                c.fills,
+                c.fill_wait_ns,
+                c.fill_model_ns,
+                c.stall_ns
+            );
+            // One write, so that the ranks' lines do not interleave.
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+        }
         self.inner.shutdown.store(true, Release);
         self.inner.own.ring_doorbell();
         if let Some(d) = self.driver.take() {
@@ -517,6 +566,7 @@ impl Nic for SoftNic {
     fn counters(&self) -> CountersSnapshot {
         let mut s = self.inner.counters.snapshot();
         s.invalidated_pages += self.inner.watch.invalidated_pages();
+        (s.tpt_cache.hits, s.tpt_cache.misses) = self.inner.own.tpt_cache().hits_and_misses();
         s.syscalls = sys::syscalls_made();
         s
     }

@@ -102,7 +102,7 @@ fn firmware_us(u: f64) -> f64 {
 /// Waits `d` without holding a core for most of it (the firmware, not the host CPU, is busy):
 /// sleeps all but the last 100 µs, then spins to the deadline, since a sleep may overshoot by
 /// the timer slack (50 µs by default). Returns the time actually waited in nanoseconds.
-fn wait_for(d: Duration) -> u64 {
+pub(super) fn wait_for(d: Duration) -> u64 {
     const SPIN: Duration = Duration::from_micros(100);
     let start = Instant::now();
     if d > SPIN {

@@ -41,6 +41,7 @@ impl Inner {
             .filter(|m| m.lkey == lkey)
             .ok_or(Error::UnknownKey { key: lkey })?;
         self.own.tpt().invalidate(lkey);
+        self.own.tpt_cache().evict(lkey);
         self.wait_until_unused(lkey);
         book.regions[idx] = None;
         let mut unwatch = None;

@@ -7,7 +7,7 @@ use smallvec::SmallVec;
 
 use super::{
     completion, fault_extent, Engine, Incoming, IncomingKind, KeyedExtent, QueuePair, ReadOut,
-    RecvOp,
+    RecvOp, REMOTE_KEY,
 };
 use crate::nic::soft::ack::Nak;
 use crate::nic::soft::ring::{Header, Kind, CMA_DESCRIPTOR, HAS_IMM};
@@ -158,6 +158,24 @@ impl Inner {
                     self.refuse(eng, from, qpn, h, WcStatus::RemoteAccessError);
                     return None;
                 }
+            }
+        }
+        // The keys through this NIC's translation cache (seed 004): a miss drops the request
+        // and its retransmission comes after the requester's timer. A WRITE WITH IMM whose
+        // bytes the initiator placed was looked up in this cache by the initiator already.
+        if !data_placed {
+            let mut keys: SmallVec<[(u32, u32); 2]> = SmallVec::new();
+            if kind == Kind::Send {
+                let sgl = targets.iter().enumerate().filter(|(_, t)| t.len > 0);
+                keys.extend(sgl.map(|(i, t)| (1 << i, t.key)));
+            } else if h.total_len > 0 {
+                keys.push((REMOTE_KEY, h.rkey));
+            }
+            let qp = eng.qps[qpn as usize].as_mut().expect("exists");
+            if !self.translate_incoming(qp, h.msn, &keys) {
+                qp.discard_msn = Some(h.msn);
+                self.nak(from, src_qpn, h.msn, Nak::TranslationMiss);
+                return None;
             }
         }
         // Receive-side network page faults: answer receiver-not-ready, let the driver map

@@ -4,7 +4,10 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
+use super::cache_miss::dropped;
 use super::requester::FAULT_RECHECK;
+use super::requester::NUDGE_AFTER;
+use super::translate::Untranslated;
 use super::{fault_extent, CoarseClock, Held, OpKind, OpState, SendOp};
 use crate::nic::soft::tpt::claim_tag;
 use crate::nic::soft::{Inner, Peer};
@@ -12,13 +15,16 @@ use crate::nic::{Access, DataPath, Sge, WcStatus};
 use crate::sys::{self, CmaDirection, Extent};
 
 impl Inner {
-    /// RDMA WRITE or READ by one kernel copy, after the TPT check on the target.
+    /// RDMA WRITE or READ by one kernel copy, after the TPT check on the target (through
+    /// the translation caches, if the NICs have them).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn execute_direct(
         &self,
         op: &mut SendOp,
         sges: &[Sge],
         inline: Option<&[u8]>,
         peer: &Peer,
+        qpn: u32,
         remote_qpn: u32,
         clock: &mut CoarseClock,
     ) {
@@ -40,13 +46,17 @@ impl Inner {
                     len: data.len() as u64,
                 }],
             )),
-            None => self.local_extents(sges, need_local),
+            None => self.local_extents(sges, need_local, qpn, &mut op.translated),
         };
         // The local holds last until the copy is done.
         let (_held, local) = match local {
             Ok(l) => l,
-            Err(s) => {
+            Err(Untranslated::Refused(s)) => {
                 op.state = OpState::Done(s);
+                return;
+            }
+            Err(Untranslated::Missed(wait)) => {
+                op.state = dropped(wait, 0);
                 return;
             }
         };
@@ -88,6 +98,11 @@ impl Inner {
                 return;
             }
         };
+        // The target NIC's translation cache: a miss drops the request (seed 004).
+        if let Err(wait) = self.translate_remote(peer, remote_qpn, rkey, &mut op.translated) {
+            op.state = dropped(wait, clock.fresh() + NUDGE_AFTER);
+            return;
+        }
         let remote = Extent {
             addr: guard.translation.dma_addr(raddr),
             len: op.total,

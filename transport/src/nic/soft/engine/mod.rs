@@ -27,6 +27,7 @@
 //! extents a transfer holds ([`KeyedExtent`], [`Inner::hold_own`]) and one pass.
 
 mod accept;
+mod cache_miss;
 mod direct;
 mod queue_pair;
 mod read_response;
@@ -46,7 +47,10 @@ use super::MAX_QPS;
 use crate::error::{Error, Result};
 use crate::nic::{Access, Completion, QpCaps, Sge, WcOpcode, WcStatus};
 use crate::sys::Extent;
-use queue_pair::{Incoming, IncomingKind, OpKind, OpState, QueuePair, ReadOut, RecvOp, SendOp};
+use queue_pair::{
+    Incoming, IncomingKind, MissWait, OpKind, OpState, QueuePair, ReadOut, RecvOp, SendOp,
+    REMOTE_KEY,
+};
 
 /// SENDs of at least this many bytes to a CMA-capable peer are pulled by the receiver with
 /// one kernel copy; smaller ones are copied through the ring (two CPU copies, no system
@@ -248,6 +252,8 @@ impl Engine {
             rx: None,
             discard_msn: None,
             rx_fault: None,
+            rx_translated: None,
+            rx_miss: None,
             refusing: false,
             reads_out: VecDeque::new(),
         });
@@ -420,6 +426,7 @@ impl super::Inner {
         // polling application serves faults on its memory at once, and the driver thread
         // serves them while the application computes.
         self.serve_faults();
+        self.serve_translation_misses();
         let due = eng
             .inbox
             .due(self.own.pending(), |src| self.own.ring_from(src));

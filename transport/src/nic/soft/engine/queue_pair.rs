@@ -48,6 +48,12 @@ pub(crate) struct QueuePair {
     pub(super) discard_msn: Option<u64>,
     /// The last receive-side fault filed: (msn, fault sequence number).
     pub(super) rx_fault: Option<(u64, u64)>,
+    /// The keys of request `.0` translated through the cache so far (`.1`: bit `i` for
+    /// receive entry `i`, [`REMOTE_KEY`] for the key it names).
+    pub(super) rx_translated: Option<(u64, u32)>,
+    /// The last translation-cache miss filed for a request: (msn, sequence number in this
+    /// rank's responder miss slot of the queue pair, its key's bit).
+    pub(super) rx_miss: Option<(u64, u64, u32)>,
     /// An error NAK was sent: nothing more is accepted (the requester's queue pair is in
     /// the error state once it reads it).
     pub(super) refusing: bool,
@@ -86,7 +92,33 @@ pub(super) enum OpState {
         retry_at: u64,
         fault: Option<u64>,
     },
+    /// Dropped by a translation-cache miss (`tpt_cache.rs`) at `since_ns` (monotonic):
+    /// goes out again once `wait` allows.
+    TranslationMiss {
+        retry_at: u64,
+        since_ns: u64,
+        wait: MissWait,
+    },
     Done(WcStatus),
+}
+
+/// In [`SendOp::translated`] and [`QueuePair::rx_translated`]: the request's remote key
+/// (bits `0..16` are its scatter-gather entries).
+pub(super) const REMOTE_KEY: u32 = 1 << 31;
+
+/// What a request dropped by a translation-cache miss waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum MissWait {
+    /// Its own NIC's driver to fill the entry of `bit` (miss `seq` in its requester slot):
+    /// the NIC holds the request and sends it as soon as it is filled.
+    Local { seq: u64, bit: u32 },
+    /// The target's driver to fill the entry of `bit` (miss `seq` in the target's responder
+    /// slot), and the retransmission timer (`retry_at`): the retransmission finds the entry
+    /// filled, or is dropped again and the timer restarts.
+    Remote { seq: u64, bit: u32 },
+    /// The retransmission timer, after the target dropped it (the staged path, where the
+    /// target's engine looks up its own cache).
+    Dropped,
 }
 
 /// A send work request in the send queue. Plain data: its scatter-gather entries and
@@ -109,6 +141,9 @@ pub(super) struct SendOp {
     /// The payload is `sq_inline[at .. at + total]`.
     pub(super) inline_at: Option<u32>,
     pub(super) rnr_count: u32,
+    /// The keys translated through the caches so far: bit `i` for scatter-gather entry
+    /// `i`, [`REMOTE_KEY`] for the remote key. Each is looked up once per request.
+    pub(super) translated: u32,
     pub(super) signaled: bool,
     /// The payload of a WRITE WITH IMM already went by CMA; only the immediate is left.
     pub(super) data_placed: bool,

@@ -5,8 +5,10 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
+use super::cache_miss::dropped;
 use super::{
-    completion, nanos, total_len, Engine, OpKind, OpState, QueuePair, SendOp, MAX_MSG_BYTES,
+    completion, nanos, total_len, Engine, MissWait, OpKind, OpState, QueuePair, SendOp,
+    MAX_MSG_BYTES,
 };
 use crate::error::{Error, Result};
 use crate::nic::soft::ack::Nak;
@@ -18,8 +20,9 @@ use crate::nic::{Opcode, SendWr, WcOpcode, WcStatus};
 const LIVENESS_AFTER: u64 = nanos(Duration::from_millis(5));
 /// How long a request may wait for its acknowledgement before the peer's driver thread is
 /// woken (when the peer's application is not polling and its driver sleeps): the soft NIC's
-/// retransmission timer (ns).
-const NUDGE_AFTER: u64 = nanos(Duration::from_micros(200));
+/// retransmission timer (ns). Also when a request dropped by a translation-cache miss at the
+/// target goes out again (`cache_miss.rs`).
+pub(super) const NUDGE_AFTER: u64 = nanos(Duration::from_micros(200));
 /// Fallback retry time when a filed fault is not answered, the owner may be gone (ns).
 pub(super) const FAULT_RECHECK: u64 = nanos(Duration::from_millis(100));
 
@@ -120,6 +123,7 @@ impl Inner {
             sges,
             inline_at,
             rnr_count: 0,
+            translated: 0,
             signaled: wr.signaled,
             data_placed: false,
         });
@@ -165,26 +169,30 @@ impl Inner {
         if !matches!(op.state, OpState::AwaitingResponse | OpState::Transmitting) {
             return;
         }
-        let fault = match why {
+        op.state = match why {
             Nak::Error(code) => {
                 op.state = OpState::Done(WcStatus::from_code(code));
                 return;
             }
-            Nak::Rnr { fault } => fault,
-        };
-        op.rnr_count += 1;
-        self.counters.rnr_retries.fetch_add(1, Relaxed);
-        op.state = if limit != 7 && op.rnr_count > limit as u32 {
-            OpState::Done(WcStatus::RnrRetryExceeded)
-        } else {
-            let wait = if fault.is_some() {
-                FAULT_RECHECK
-            } else {
-                timer as u64 * 1000
-            };
-            OpState::Rnr {
-                retry_at: clock.fresh() + wait,
-                fault,
+            // Dropped by a translation-cache miss at the target: retransmitted when the
+            // retransmission timer fires.
+            Nak::TranslationMiss => dropped(MissWait::Dropped, clock.fresh() + NUDGE_AFTER),
+            Nak::Rnr { fault } => {
+                op.rnr_count += 1;
+                self.counters.rnr_retries.fetch_add(1, Relaxed);
+                if limit != 7 && op.rnr_count > limit as u32 {
+                    OpState::Done(WcStatus::RnrRetryExceeded)
+                } else {
+                    let wait = if fault.is_some() {
+                        FAULT_RECHECK
+                    } else {
+                        timer as u64 * 1000
+                    };
+                    OpState::Rnr {
+                        retry_at: clock.fresh() + wait,
+                        fault,
+                    }
+                }
             }
         };
         // Go back: everything after the refused request is retransmitted after it.
@@ -253,19 +261,23 @@ impl Inner {
                         }
                     }
                 }
-                OpState::Rnr { retry_at, fault } => {
-                    let resolved = fault.map(|seq| peer.mem.npf_slot(remote_qpn).outcome(seq));
-                    match resolved {
-                        Some(Some(false)) => op.state = OpState::Done(WcStatus::RemoteAccessError),
-                        Some(Some(true)) => op.state = OpState::Pending,
-                        _ if clock.tick().is_some_and(|now| now >= retry_at) => {
-                            if peer.is_alive() {
-                                op.state = OpState::Pending;
-                            } else {
-                                op.state = OpState::Done(WcStatus::RetryExceeded);
+                OpState::Rnr { .. } | OpState::TranslationMiss { .. } => {
+                    if let OpState::Rnr { retry_at, fault } = op.state {
+                        let resolved = fault.map(|seq| peer.mem.npf_slot(remote_qpn).outcome(seq));
+                        op.state = match resolved {
+                            Some(Some(false)) => OpState::Done(WcStatus::RemoteAccessError),
+                            Some(Some(true)) => OpState::Pending,
+                            _ if clock.tick().is_some_and(|now| now >= retry_at) => {
+                                if peer.is_alive() {
+                                    OpState::Pending
+                                } else {
+                                    OpState::Done(WcStatus::RetryExceeded)
+                                }
                             }
-                        }
-                        _ => break,
+                            _ => break,
+                        };
+                    } else if !self.after_miss(op, peer, qpn, remote_qpn, clock) {
+                        break; // go-back-N: nothing after it goes out before it
                     }
                     if op.state != OpState::Pending {
                         earlier_done &= matches!(op.state, OpState::Done(_));
@@ -285,8 +297,11 @@ impl Inner {
                         if !first_outstanding {
                             break; // fence: earlier requests must complete first
                         }
-                        self.execute_direct(op, sges, inline, peer, remote_qpn, clock);
-                        if matches!(op.state, OpState::Rnr { .. }) {
+                        self.execute_direct(op, sges, inline, peer, qpn, remote_qpn, clock);
+                        if matches!(
+                            op.state,
+                            OpState::Rnr { .. } | OpState::TranslationMiss { .. }
+                        ) {
                             break;
                         }
                         if op.state == OpState::Pending {
@@ -320,6 +335,9 @@ impl Inner {
                                 peer.mem.wake_driver_if_asleep();
                                 break;
                             }
+                        }
+                        if matches!(op.state, OpState::TranslationMiss { .. }) {
+                            break; // nothing went out; it waits for its own driver's fill
                         }
                         if !matches!(op.state, OpState::Done(_)) {
                             op.state = OpState::AwaitingResponse;

@@ -320,6 +320,11 @@ impl Inner {
         {
             return false;
         }
+        // A key the translation cache lacks takes the general path, which counts the miss
+        // (the last check before the copy, so that a hit is counted once).
+        if !self.own.tpt_cache().probe(sge.lkey) {
+            return false;
+        }
         if guard.translation.detached() {
             self.counters.detached_bytes.fetch_add(len, Relaxed);
         }

@@ -3,6 +3,8 @@
 
 use smallvec::SmallVec;
 
+use super::cache_miss::dropped;
+use super::translate::Untranslated;
 use super::{Held, OpKind, OpState, SendOp, SEND_CMA_MIN};
 use crate::nic::soft::dma;
 use crate::nic::soft::ring::{Header, Kind, Slot, CMA_DESCRIPTOR, FIRST, HAS_IMM, LAST, MTU};
@@ -11,7 +13,8 @@ use crate::nic::{Access, DataPath, Sge, WcStatus};
 
 impl Inner {
     /// Sends the packets of a request from where it stopped; false when the ring filled up
-    /// first. A local protection error ends the request (`Done`) and returns true.
+    /// first. A local protection error ends the request (`Done`) and returns true, as does
+    /// a miss in this NIC's translation cache (`TranslationMiss`, nothing sent).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn transmit_packets(
         &self,
@@ -33,10 +36,14 @@ impl Inner {
             } else {
                 Access::NONE
             };
-            match self.local_extents(sges, need) {
+            match self.local_extents(sges, need, qpn, &mut op.translated) {
                 Ok(l) => l,
-                Err(s) => {
+                Err(Untranslated::Refused(s)) => {
                     op.state = OpState::Done(s);
+                    return true;
+                }
+                Err(Untranslated::Missed(wait)) => {
+                    op.state = dropped(wait, 0);
                     return true;
                 }
             }

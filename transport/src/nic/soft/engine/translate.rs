@@ -5,30 +5,46 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use smallvec::SmallVec;
 
-use super::{fault_extent, Held};
+use super::{fault_extent, Held, MissWait};
 use crate::nic::counters::NpfTiming;
 use crate::nic::soft::{Inner, Peer};
 use crate::nic::{Access, Sge, WcStatus, PAGE_SIZE};
 use crate::sys::{self, Extent};
 
+/// Why a local scatter-gather list was not translated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Untranslated {
+    /// It fails its checks: the request ends with this status.
+    Refused(WcStatus),
+    /// A key missed this NIC's translation cache: the request waits for the fill.
+    Missed(MissWait),
+}
+
 impl Inner {
-    /// Checks a local scatter-gather list against this NIC's table and resolves requester
-    /// network page faults on its ODP parts in one batch. Returns the extents, and the holds
-    /// that keep their regions registered while the caller moves their bytes.
+    /// Checks a local scatter-gather list against this NIC's table (through its translation
+    /// cache, if it has one: each entry of request `translated` once, a miss filed on queue
+    /// pair `qpn`) and resolves requester network page faults on its ODP parts in one batch.
+    /// Returns the extents, and the holds that keep their regions registered while the
+    /// caller moves their bytes.
     pub(super) fn local_extents(
         &self,
         sgl: &[Sge],
         need: Access,
-    ) -> Result<(Held<'_>, SmallVec<[Extent; 2]>), WcStatus> {
+        qpn: u32,
+        translated: &mut u32,
+    ) -> Result<(Held<'_>, SmallVec<[Extent; 2]>), Untranslated> {
         let tpt = self.own.tpt();
         let (mut held, mut out) = (Held::new(), SmallVec::new());
-        for s in sgl {
+        let refused = Untranslated::Refused(WcStatus::LocalProtectionError);
+        for (i, s) in sgl.iter().enumerate() {
             if s.len == 0 {
                 continue;
             }
             let guard = tpt
                 .acquire(s.lkey, s.addr, s.len as u64, need)
-                .map_err(|_| WcStatus::LocalProtectionError)?;
+                .map_err(|_| refused)?;
+            self.translate_local(qpn, s.lkey, 1 << i, translated)
+                .map_err(Untranslated::Missed)?;
             let e = Extent {
                 addr: guard.translation.dma_addr(s.addr),
                 len: s.len as u64,
@@ -45,7 +61,7 @@ impl Inner {
                         range.len,
                         need.contains(Access::LOCAL_WRITE),
                     ) {
-                        return Err(WcStatus::LocalProtectionError);
+                        return Err(refused);
                     }
                     let os_ns = sys::monotonic_ns() - t0;
                     let model_ns = self.profile.charge_npf_hardware();
