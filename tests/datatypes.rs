@@ -254,6 +254,7 @@ fn wide_vectors_move_in_place_by_scatter_gather_and_leave_the_gaps_in_every_mode
             ("PAGEWIRE_RNDV", rndv),
             ("PAGEWIRE_EAGER_LIMIT", eager),
             ("PAGEWIRE_SG_MIN_RUN", sg_min_run),
+            ("PAGEWIRE_SG_MIN_BYTES", "0"),
             ("PAGEWIRE_MEMLOCK_LIMIT", "unlimited"),
         ];
         ranks(

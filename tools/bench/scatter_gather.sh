@@ -4,7 +4,8 @@
 # (scatter-gather rendezvous in pindown and odp; the slots gather and scatter in copy), and
 # the same bytes without gaps, on the built-in launcher and the soft NIC, 2 ranks, memlock
 # limit lifted. `pw-msgperf pingpong --msglog 16:22 --iters 300 --vector RUN:1K` with
-# `PAGEWIRE_SG_MIN_RUN=off` (always pack) and `=0` (always in place), RUN 4K, 16K, 64K, 256K.
+# `PAGEWIRE_SG_MIN_RUN=off` (always pack) and `PAGEWIRE_SG_MIN_RUN=0 PAGEWIRE_SG_MIN_BYTES=0`
+# (always in place), RUN 4K, 16K, 64K, 256K.
 # Prints a Markdown table of time per message (µs) and in-place / packed ratios; keeps the
 # raw outputs.
 # Usage: tools/bench/scatter_gather.sh [OUTDIR]   (default: target/bench/scatter-gather)
@@ -18,7 +19,7 @@ modes="pindown odp copy"
 runs="4K 16K 64K 256K"
 run() { # FILE MODE SG_MIN_RUN [--vector RUN:HOLE]
   local f=$1 mode=$2 sg=$3; shift 3
-  PAGEWIRE_MEMLOCK_LIMIT=unlimited PAGEWIRE_MODE=$mode PAGEWIRE_SG_MIN_RUN=$sg \
+  PAGEWIRE_MEMLOCK_LIMIT=unlimited PAGEWIRE_MODE=$mode PAGEWIRE_SG_MIN_RUN=$sg PAGEWIRE_SG_MIN_BYTES=0 \
     target/release/pw-msgperf pingpong --msglog 16:22 --iters 300 "$@" > "$out/$f.txt" 2> /dev/null
 }
 for mode in $modes; do

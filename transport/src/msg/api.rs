@@ -39,7 +39,8 @@ impl PointToPoint {
     /// message, or a rendezvous in `copy`: the slots gather and scatter its runs, one copy
     /// fewer than packing); in a zero-copy mode when the NIC can move its runs in place
     /// (scatter-gather rendezvous, `msg/rndv.rs`) for less than packing costs: runs of
-    /// [`MsgConfig::sg_min_run`] bytes on average at least, at most
+    /// [`MsgConfig::sg_min_run`] bytes on average at least in a buffer of
+    /// [`MsgConfig::sg_min_bytes`] at least (measured: README, "Choosing the defaults"), at most
     /// [`SCATTER_GATHER_MAX_RUNS`](super::rndv::SCATTER_GATHER_MAX_RUNS) of them, each under
     /// 1 GiB, and a span (what registering it pins) at most 4 times the bytes that travel.
     /// Each side decides for its own buffer; the protocol works with either choice on the
@@ -51,6 +52,7 @@ impl PointToPoint {
         }
         let runs = layout.run_count();
         runs <= super::rndv::SCATTER_GATHER_MAX_RUNS
+            && len >= self.cfg.sg_min_bytes as u64
             && len / runs.max(1) >= self.cfg.sg_min_run as u64
             && layout.longest_run() < 1 << 30
             && layout.span() <= len.saturating_mul(4)

@@ -16,6 +16,10 @@ pub const DEFAULT_SPLIT_MIN: usize = 64 << 10;
 /// and a scatter-gather rendezvous is not split, so packing wins below runs of this size.
 pub const DEFAULT_SG_MIN_RUN: usize = 256 << 10;
 
+/// Default of [`MsgConfig::sg_min_bytes`]: measured (README, "Choosing the defaults"); below
+/// it packing stays in the CPU caches and wins.
+pub const DEFAULT_SG_MIN_BYTES: usize = 4 << 20;
+
 /// Which rendezvous protocol large messages use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RndvProtocol {
@@ -52,6 +56,8 @@ pub struct MsgConfig {
     /// when its runs average at least this many bytes, and is packed otherwise
     /// (`PAGEWIRE_SG_MIN_RUN`, `off` = always pack; see [`super::PointToPoint::moves_in_place`]).
     pub sg_min_run: usize,
+    /// ... and when it holds at least this many bytes (`PAGEWIRE_SG_MIN_BYTES`).
+    pub sg_min_bytes: usize,
 }
 
 /// What a blocked rank does between polls that found nothing (`PAGEWIRE_WAIT`).
@@ -79,13 +85,14 @@ impl Default for MsgConfig {
             unexpected_budget: 4 << 20,
             wait: WaitPolicy::Auto,
             sg_min_run: DEFAULT_SG_MIN_RUN,
+            sg_min_bytes: DEFAULT_SG_MIN_BYTES,
         }
     }
 }
 
 impl MsgConfig {
     /// Defaults overridden by `PAGEWIRE_EAGER_LIMIT`, `PAGEWIRE_RNDV`,
-    /// `PAGEWIRE_RNDV_SPLIT_MIN`, `PAGEWIRE_SG_MIN_RUN`, `PAGEWIRE_WAIT`,
+    /// `PAGEWIRE_RNDV_SPLIT_MIN`, `PAGEWIRE_SG_MIN_RUN`, `PAGEWIRE_SG_MIN_BYTES`, `PAGEWIRE_WAIT`,
     /// `PAGEWIRE_EAGER_CREDITS` and `PAGEWIRE_UNEXPECTED_BUDGET`.
     pub fn from_env() -> Result<MsgConfig> {
         use crate::env::bytes as env_usize;
@@ -116,6 +123,9 @@ impl MsgConfig {
                 }
             }
             Err(_) => {}
+        }
+        if let Some(v) = env_usize("PAGEWIRE_SG_MIN_BYTES")? {
+            c.sg_min_bytes = v;
         }
         c.wait = match std::env::var("PAGEWIRE_WAIT").as_deref() {
             Err(_) | Ok("") | Ok("auto") => WaitPolicy::Auto,
