@@ -162,7 +162,7 @@ pub(crate) const SCATTER_GATHER_DEPTH: usize = 64;
 
 /// Runs a gapped buffer may have to move in place (beyond it, it is packed): chunk numbers
 /// stay clear of the protocol's reserved ones.
-pub const SCATTER_GATHER_MAX_RUNS: u64 = 1 << 24;
+pub(crate) const SCATTER_GATHER_MAX_RUNS: u64 = 1 << 24;
 
 /// Chunk `k` of the first `total` message bytes of `buf`, cut in `chunk`-byte chunks, or in
 /// its runs when the side moves it scatter-gather: (message offset, offset from the buffer's
