@@ -4,7 +4,7 @@
 //! With the cache off every lookup is one load that finds it off.
 
 use super::{CoarseClock, MissWait, OpState, QueuePair, SendOp};
-use crate::nic::soft::engine::requester::NUDGE_AFTER;
+use crate::nic::soft::engine::NUDGE_AFTER;
 use crate::nic::soft::tpt_cache::MissSide;
 use crate::nic::soft::{Inner, Peer};
 use crate::nic::WcStatus;

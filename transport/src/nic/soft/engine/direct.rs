@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::cache_miss::dropped;
 use super::requester::FAULT_RECHECK;
-use super::requester::NUDGE_AFTER;
 use super::translate::Untranslated;
+use super::NUDGE_AFTER;
 use super::{fault_extent, CoarseClock, Held, OpKind, OpState, SendOp};
 use crate::nic::soft::tpt::claim_tag;
 use crate::nic::soft::{Inner, Peer};

@@ -58,6 +58,12 @@ use queue_pair::{
 /// as long as the system call and its copy (README, "Choosing the defaults").
 pub(crate) const SEND_CMA_MIN: u64 = 64 << 10;
 
+/// How long a request may wait for its acknowledgement before the peer's driver thread is
+/// woken (when the peer's application is not polling and its driver sleeps): the soft NIC's
+/// retransmission timer (ns). Also when a request dropped by a translation-cache miss at the
+/// target goes out again (`cache_miss.rs`).
+pub(super) const NUDGE_AFTER: u64 = nanos(std::time::Duration::from_micros(200));
+
 /// The most bytes one work request carries (`max_msg_sz`; 2 GiB, as rxe reports): a
 /// completion's byte count is 32 bits.
 pub(crate) const MAX_MSG_BYTES: u64 = 1 << 31;

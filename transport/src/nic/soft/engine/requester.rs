@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::cache_miss::dropped;
 use super::{
     completion, nanos, total_len, Engine, MissWait, OpKind, OpState, QueuePair, SendOp,
-    MAX_MSG_BYTES,
+    MAX_MSG_BYTES, NUDGE_AFTER,
 };
 use crate::error::{Error, Result};
 use crate::nic::soft::ack::Nak;
@@ -18,11 +18,6 @@ use crate::nic::{Opcode, SendWr, WcOpcode, WcStatus};
 
 /// How long a request may wait on a peer before its liveness is checked (ns).
 const LIVENESS_AFTER: u64 = nanos(Duration::from_millis(5));
-/// How long a request may wait for its acknowledgement before the peer's driver thread is
-/// woken (when the peer's application is not polling and its driver sleeps): the soft NIC's
-/// retransmission timer (ns). Also when a request dropped by a translation-cache miss at the
-/// target goes out again (`cache_miss.rs`).
-pub(super) const NUDGE_AFTER: u64 = nanos(Duration::from_micros(200));
 /// Fallback retry time when a filed fault is not answered, the owner may be gone (ns).
 pub(super) const FAULT_RECHECK: u64 = nanos(Duration::from_millis(100));
 
