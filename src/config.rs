@@ -69,6 +69,9 @@ impl UniverseConfig {
                 ))
             }
         };
+        if transport == TransportKind::Pagewire {
+            check_stack_settings()?;
+        }
         Ok(UniverseConfig {
             transport,
             mode,
@@ -88,4 +91,21 @@ pub(crate) fn no_mpi_feature() -> Error {
          (PAGEWIRE_TRANSPORT=soft)"
             .into(),
     )
+}
+
+/// Checks the settings that pagewire's stack reads only once it starts: the soft NIC's
+/// (`PAGEWIRE_SOFT_*`, `PAGEWIRE_PIN`, `PAGEWIRE_MEMLOCK_LIMIT`), the pin-down cache's
+/// strategy and policy, and the collectives' tuning. So a program that starts its own ranks
+/// (`self_launch`) can report a bad value once, before it starts them, instead of once per
+/// rank; the ranks read the same values again when they start.
+fn check_stack_settings() -> Result<()> {
+    use pagewire_transport::nic::{soft::SoftConfig, ProviderKind};
+    if ProviderKind::from_env()? == ProviderKind::Soft {
+        SoftConfig::from_env()?;
+    }
+    let setting = |e: String| Error::InvalidArgument(e);
+    pagewire_pindown::Strategy::from_env().map_err(|e| setting(e.to_string()))?;
+    pagewire_pindown::Policy::from_env().map_err(|e| setting(e.to_string()))?;
+    pagewire_collectives::tuning::Tuning::from_env().map_err(|e| setting(e.to_string()))?;
+    Ok(())
 }

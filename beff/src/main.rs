@@ -90,6 +90,8 @@ fn time_seed() -> i64 {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let started = std::time::Instant::now();
+    // A bad PAGEWIRE_* setting is reported once, here, not by every rank started below.
+    pagewire::UniverseConfig::from_env()?;
     if args.bench.mode == Some(ModeChoice::All) {
         return all_modes(&args);
     }

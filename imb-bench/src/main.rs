@@ -156,6 +156,8 @@ fn main() -> anyhow::Result<()> {
              mpirun -np 2 imb-bench --transport mpi PingPong"
         );
     }
+    // A bad PAGEWIRE_* setting is reported once, here, not by every rank started below.
+    pagewire::UniverseConfig::from_env()?;
     if args.bench.mode == Some(ModeChoice::All) {
         return all_modes(&args, &normalised);
     }

@@ -400,3 +400,43 @@ fn mode_all_prints_the_modes_side_by_side() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_bad_setting_is_reported_once_before_any_rank_starts() {
+    for (name, value, expected) in [
+        (
+            "PAGEWIRE_SOFT_TPT_CACHE",
+            "6",
+            "PAGEWIRE_SOFT_TPT_CACHE=6: expected off",
+        ),
+        (
+            "PAGEWIRE_SG_MIN_RUN",
+            "lots",
+            "PAGEWIRE_SG_MIN_RUN=lots: expected a number of bytes",
+        ),
+        (
+            "PAGEWIRE_PINDOWN_STRATEGY",
+            "fmr",
+            "PAGEWIRE_PINDOWN_STRATEGY",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_imb-bench"))
+            .args(["PingPong", "-msglog", "0:2", "--no-progress"])
+            .env(name, value)
+            .env_remove("RUST_BACKTRACE")
+            .env_remove("RUST_LIB_BACKTRACE")
+            .output()
+            .expect("run imb-bench");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}={value}: {stderr}");
+        assert_eq!(
+            stderr.matches(expected).count(),
+            1,
+            "{name}={value}: {stderr}"
+        );
+        assert!(
+            !stderr.contains("pwrun:"),
+            "{name}={value}: a rank was started: {stderr}"
+        );
+    }
+}

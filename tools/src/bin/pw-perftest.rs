@@ -52,6 +52,8 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // A bad PAGEWIRE_* setting is reported once, here, not by both ranks started below.
+    SoftConfig::from_env()?;
     if let Some(code) = boot::self_launch(2)? {
         std::process::exit(code);
     }
