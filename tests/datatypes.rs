@@ -498,3 +498,64 @@ fn immediate_collectives_overlap_with_computation_and_point_to_point() {
         );
     }
 }
+
+/// The sender dies while a scatter-gather rendezvous is in flight: the receive ends with an
+/// error naming the dead peer, not a hang, and no gap of its buffer was written.
+fn sender_dies_mid_scatter_gather(u: &pagewire::Universe) {
+    let world = u.world();
+    let peer = world.process_at_rank(1 - world.rank());
+    // 64 runs of 128 KiB (8 MiB), 4,000 bytes apart.
+    let (run, hole, blocks) = (32 * RUN, HOLE, 64);
+    let t = UserDatatype::vector(
+        blocks as Count,
+        run as Count,
+        (run + hole) as Count,
+        &i32::equivalent_datatype(),
+    );
+    let len = blocks * (run + hole) - hole;
+    if world.rank() == 1 {
+        let send = vec![1i32; len];
+        let sv = unsafe { View::with_count_and_datatype(&send[..], 1, &t) };
+        request::scope(|scope| {
+            let _req = peer.immediate_send(scope, &sv);
+            // Die with the rendezvous started and nothing finished.
+            std::process::exit(0);
+        })
+    } else {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let mut recv = vec![GAP; len];
+        let r = {
+            let mut rv = unsafe { MutView::with_count_and_datatype(&mut recv[..], 1, &t) };
+            peer.try_receive_into_with_tag(&mut rv, None)
+        };
+        assert!(
+            matches!(r, Err(pagewire::Error::Communication { peer: 1, .. })),
+            "{r:?}"
+        );
+        for (i, &x) in recv.iter().enumerate() {
+            if i % (run + hole) >= run {
+                assert_eq!(x, GAP, "gap element {i} written");
+            }
+        }
+        std::process::exit(0); // no collective finalise with a dead peer
+    }
+}
+
+#[test]
+fn a_sender_dying_mid_scatter_gather_is_an_error_and_leaves_the_gaps() {
+    for (mode, rndv) in [("pindown", "get"), ("odp", "put")] {
+        let env = [
+            ("PAGEWIRE_MODE", mode),
+            ("PAGEWIRE_RNDV", rndv),
+            ("PAGEWIRE_SG_MIN_RUN", "0"),
+            ("PAGEWIRE_SG_MIN_BYTES", "0"),
+            ("PAGEWIRE_MEMLOCK_LIMIT", "unlimited"),
+        ];
+        ranks(
+            "a_sender_dying_mid_scatter_gather_is_an_error_and_leaves_the_gaps",
+            2,
+            &env,
+            sender_dies_mid_scatter_gather,
+        );
+    }
+}
