@@ -206,14 +206,14 @@ pub(crate) fn side_chunk_count(
 pub(crate) fn side_piece(
     buf: &UserMemory,
     scatter_gather: bool,
-    at: usize,
-    len: usize,
-) -> (usize, usize) {
+    at: u64,
+    len: u64,
+) -> (usize, u64) {
     if scatter_gather {
-        let p = buf.piece_at(at);
-        (p.offset as usize, len.min(p.len as usize))
+        let p = buf.piece_at(at as usize);
+        (p.offset as usize, len.min(p.len))
     } else {
-        (at, len)
+        (at as usize, len)
     }
 }
 

@@ -115,13 +115,8 @@ impl PointToPoint {
                 self.next_announced(rid, desc.chunk, issued > 0);
                 continue;
             }
-            let (mem, piece_len) = side_piece(
-                &buf,
-                sg,
-                piece_off as usize,
-                (chunk as u64).min(end - piece_off) as usize,
-            );
-            let piece_len = piece_len as u64;
+            let (mem, piece_len) =
+                side_piece(&buf, sg, piece_off, (chunk as u64).min(end - piece_off));
             let Some(lease) = self.mode.lease(
                 &*self.nic,
                 &t,

@@ -5,6 +5,7 @@
 
 use super::{CoarseClock, MissWait, OpState, QueuePair, SendOp};
 use crate::nic::soft::engine::NUDGE_AFTER;
+use crate::nic::soft::layout::RankMemory;
 use crate::nic::soft::tpt_cache::MissSide;
 use crate::nic::soft::{Inner, Peer};
 use crate::nic::WcStatus;
@@ -19,6 +20,26 @@ pub(super) fn dropped(wait: MissWait, retry_at: u64) -> OpState {
     }
 }
 
+/// `key` (a request's entry `bit`) through the cache of the rank owning `mem`, unless the
+/// request translated it already; a miss is filed in that rank's `side` slot of `qpn` and
+/// its driver woken, and its sequence number returned.
+fn through_cache(
+    mem: &RankMemory,
+    qpn: u32,
+    side: MissSide,
+    key: u32,
+    bit: u32,
+    translated: &mut u32,
+) -> Result<(), u64> {
+    if *translated & bit != 0 || mem.tpt_cache().lookup(key) {
+        *translated |= bit;
+        return Ok(());
+    }
+    let seq = mem.miss_slot(qpn, side).file(key as u64, 0, false);
+    mem.wake_driver_if_asleep();
+    Err(seq)
+}
+
 impl Inner {
     /// Requester: `key` (the request's entry `bit`) through this NIC's own cache, unless the
     /// request translated it already. A miss is filed for the driver, which is woken.
@@ -29,16 +50,8 @@ impl Inner {
         bit: u32,
         translated: &mut u32,
     ) -> Result<(), MissWait> {
-        if *translated & bit != 0 || self.own.tpt_cache().lookup(key) {
-            *translated |= bit;
-            return Ok(());
-        }
-        let seq = self
-            .own
-            .miss_slot(qpn, MissSide::Requester)
-            .file(key as u64, 0, false);
-        self.own.wake_driver_if_asleep();
-        Err(MissWait::Local { seq, bit })
+        through_cache(&self.own, qpn, MissSide::Requester, key, bit, translated)
+            .map_err(|seq| MissWait::Local { seq, bit })
     }
 
     /// The target's key `rkey` through the target's cache, this engine playing the target
@@ -52,16 +65,15 @@ impl Inner {
         translated: &mut u32,
     ) -> Result<(), MissWait> {
         let bit = super::REMOTE_KEY;
-        if *translated & bit != 0 || peer.mem.tpt_cache().lookup(rkey) {
-            *translated |= bit;
-            return Ok(());
-        }
-        let seq = peer
-            .mem
-            .miss_slot(remote_qpn, MissSide::Responder)
-            .file(rkey as u64, 0, false);
-        peer.mem.wake_driver_if_asleep();
-        Err(MissWait::Remote { seq, bit })
+        through_cache(
+            &peer.mem,
+            remote_qpn,
+            MissSide::Responder,
+            rkey,
+            bit,
+            translated,
+        )
+        .map_err(|seq| MissWait::Remote { seq, bit })
     }
 
     /// A request waiting after a miss: false while it must wait on; true once its state
