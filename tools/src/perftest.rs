@@ -26,7 +26,10 @@
 
 mod measure;
 mod npf;
+mod send_stream;
 mod setup;
+
+pub use send_stream::{FaultKind, InjectedFaults, StreamReport};
 
 use std::time::{Duration, Instant};
 
@@ -61,11 +64,18 @@ pub enum TestKind {
     /// SEND/RECV ping-pong latency, half round trip (`ib_send_lat`).
     #[value(name = "send_lat", alias = "send-lat")]
     SendLat,
+    /// SEND/RECV stream bandwidth as the receiver sees it (`ib_send_bw`), optionally with
+    /// receive-side network page faults injected (`--rnpf-every`) or a cold receive ring.
+    #[value(name = "send_bw", alias = "send-bw")]
+    SendBw,
 }
 
 impl TestKind {
     fn is_bw(self) -> bool {
-        matches!(self, TestKind::WriteBw | TestKind::ReadBw)
+        matches!(
+            self,
+            TestKind::WriteBw | TestKind::ReadBw | TestKind::SendBw
+        )
     }
 
     fn title(self) -> &'static str {
@@ -75,6 +85,7 @@ impl TestKind {
             TestKind::ReadBw => "RDMA_Read BW Test",
             TestKind::ReadLat => "RDMA_Read Latency Test",
             TestKind::SendLat => "Send Latency Test",
+            TestKind::SendBw => "Send BW Test",
         }
     }
 }
@@ -122,6 +133,12 @@ pub struct PerftestConfig {
     pub resident: bool,
     /// Outstanding work requests in bandwidth tests (perftest's `tx_depth`).
     pub tx_depth: usize,
+    /// `send_bw`: receives posted at once (perftest's `rx_depth`).
+    pub rx_depth: usize,
+    /// `send_bw`: receive-side faults to inject.
+    pub rnpf: Option<InjectedFaults>,
+    /// `send_bw`: the receive ring starts unmapped (no warm-up pass).
+    pub cold_ring: bool,
 }
 
 /// One size's result.
@@ -178,6 +195,12 @@ pub struct PerftestReport {
     pub provider: String,
     /// The soft NIC's cost profile (`PAGEWIRE_SOFT_PROFILE`).
     pub profile: String,
+    /// What the receiving NIC does on a receive-side fault (`PAGEWIRE_SOFT_RNPF`).
+    pub receive_fault: String,
+    /// `send_bw`: the injected faults, if any.
+    pub rnpf: Option<InjectedFaults>,
+    /// `send_bw`: the receiver's view of each size.
+    pub streams: Vec<StreamReport>,
     /// The network page faults of each size, by side.
     pub npf: Vec<npf::NpfRow>,
     /// Per-size results.
@@ -247,6 +270,19 @@ pub fn run(
     let start_counters = nic.counters();
     let mut results = Vec::new();
     let mut npf_rows = Vec::new();
+    let mut streams = Vec::new();
+    anyhow::ensure!(
+        cfg.test == TestKind::SendBw || (cfg.rnpf.is_none() && !cfg.cold_ring),
+        "--rnpf-every and --cold-ring are options of send_bw"
+    );
+    anyhow::ensure!(
+        cfg.test != TestKind::SendBw || !cfg.cold,
+        "send_bw has no --cold; use --cold-ring or --rnpf-every"
+    );
+    anyhow::ensure!(
+        cfg.mr != MrMode::Pinned || (cfg.rnpf.is_none() && !cfg.cold_ring),
+        "receive faults need unpinned memory: use --mr odp or --mr implicit-odp"
+    );
     for &size in &cfg.sizes {
         let before = nic.counters();
         anyhow::ensure!(
@@ -259,6 +295,12 @@ pub fn run(
             TestKind::WriteLat => write_latency(&ctx, cfg, size, iters)?,
             TestKind::ReadLat => read_latency(&ctx, cfg, size, iters)?,
             TestKind::SendLat => send_latency(&ctx, cfg, size, iters)?,
+            TestKind::SendBw => {
+                send_stream::send_bandwidth(&ctx, cfg, size, iters)?.map(|(r, stream)| {
+                    streams.push(stream);
+                    r
+                })
+            }
         };
         boot.barrier()?;
         // Both sides' faults of this size (collective; the server's arrive as bytes).
@@ -304,6 +346,9 @@ pub fn run(
             Some(cache) => format!("{}; {cache}", nic.profile().describe()),
             None => nic.profile().describe().to_string(),
         },
+        receive_fault: nic.receive_fault().describe(),
+        rnpf: cfg.rnpf.clone(),
+        streams,
         npf: npf_rows,
         results,
         client: mine,
@@ -341,6 +386,21 @@ fn counter_items(c: &CountersSnapshot) -> Vec<(&'static str, &'static str, f64)>
         ),
         ("rnr_retries", "RNR retries", c.rnr_retries as f64),
         ("rnr_nacks_sent", "RNR NACKs sent", c.rnr_nacks_sent as f64),
+        (
+            "rnpf_dropped",
+            "requests dropped on a fault",
+            c.receive_fault.dropped as f64,
+        ),
+        (
+            "rnpf_backed_up",
+            "messages via the backup ring",
+            c.receive_fault.backed_up as f64,
+        ),
+        (
+            "timeout_retransmits",
+            "retransmissions after timeout",
+            c.receive_fault.timeout_retransmits as f64,
+        ),
         (
             "invalidated_pages",
             "invalidated pages",
@@ -443,6 +503,9 @@ pub fn print(report: &PerftestReport, iters_note: bool) {
     );
     println!(" the same-run median memcpy time (latency tests); memcpy copies into a fresh mapping under --cold.");
     println!("{dash}");
+    if report.test == TestKind::SendBw {
+        print_streams(report, &dash);
+    }
     npf::print(&report.npf, &report.profile, &dash);
     println!(
         " NIC counters over the run        {:>16} {:>16}",
@@ -464,5 +527,51 @@ pub fn print(report: &PerftestReport, iters_note: bool) {
             .map_or("-".to_string(), |p| format!("{p:?}"))
     };
     println!(" {:<32} {:>16} {:>16}", "data path", path(c), path(s));
+    println!("{dash}");
+}
+
+/// `send_bw`'s receiver view: the policy, the injected faults and, for a cold ring, the
+/// throughput over time.
+fn print_streams(report: &PerftestReport, dash: &str) {
+    println!(" Receive faults  : {}", report.receive_fault);
+    match &report.rnpf {
+        Some(f) => println!(
+            " Injected        : one receive in {} on never-mapped memory, {} faults",
+            f.every,
+            match f.kind {
+                FaultKind::Minor => "minor (pages in memory)",
+                FaultKind::Major => "major (pages of a file on disk, not cached)",
+            }
+        ),
+        None => println!(" Injected        : none"),
+    }
+    println!(
+        " {:<10} {:<12} {:>8} {:>16} {:>14} {:>20}",
+        "#bytes", "#messages", "#faults", "seconds", "MB/sec", "steady after[ms]"
+    );
+    for s in &report.streams {
+        println!(
+            " {:<10} {:<12} {:>8} {:>16.6} {:>14.2} {:>20}",
+            s.bytes,
+            s.messages,
+            s.faults,
+            s.seconds,
+            (s.bytes * s.messages) as f64 / s.seconds.max(1e-9) / 1e6,
+            s.steady_after_ms
+                .map_or("-".to_string(), |t| format!("{t:.2}"))
+        );
+        if s.cached_at_start > 0 {
+            println!(
+                " note: {} pages of the major-fault file were in the page cache at the start",
+                s.cached_at_start
+            );
+        }
+    }
+    if let Some(s) = report.streams.iter().find(|s| s.timeline.len() > 1) {
+        println!(" #timeline (receiver, {} B): t_end[ms] MB/sec", s.bytes);
+        for (t, mbs) in &s.timeline {
+            println!(" #t {t:.3} {mbs:.2}");
+        }
+    }
     println!("{dash}");
 }

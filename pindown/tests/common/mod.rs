@@ -20,6 +20,7 @@ pub fn soft_nic(memlock: u64, pin: PinMethod) -> SoftNic {
             pin,
             profile: SoftProfile::Real,
             tpt_cache: 0,
+            receive_fault: Default::default(),
         },
     )
     .expect("soft NIC")

@@ -3,7 +3,7 @@
 //! on two ranks through the built-in one.
 
 use clap::Parser;
-use pagewire_tools::perftest::{self, MrMode, PerftestConfig, TestKind};
+use pagewire_tools::perftest::{self, FaultKind, InjectedFaults, MrMode, PerftestConfig, TestKind};
 use pagewire_transport::boot;
 use pagewire_transport::nic::soft::{SoftConfig, SoftNic};
 
@@ -45,6 +45,23 @@ struct Args {
     /// Outstanding work requests in bandwidth tests.
     #[arg(long, short = 't', default_value_t = 128)]
     tx_depth: usize,
+    /// send_bw: receives posted at once (perftest's rx_depth).
+    #[arg(long, default_value_t = 512)]
+    rx_depth: usize,
+    /// send_bw: one receive in N lands on memory the NIC has never mapped, a receive-side
+    /// network page fault (handled as PAGEWIRE_SOFT_RNPF says).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    rnpf_every: Option<u64>,
+    /// send_bw: the kind of injected fault.
+    #[arg(long, value_enum, default_value_t = FaultKind::Minor, requires = "rnpf_every")]
+    rnpf_kind: FaultKind,
+    /// send_bw: where the file of major faults is made (a directory on a disk, not tmpfs).
+    #[arg(long, default_value = ".", requires = "rnpf_every")]
+    rnpf_dir: std::path::PathBuf,
+    /// send_bw: the receive ring starts unmapped, without the warm-up pass (seed 000
+    /// Fig. 4's cold ring); prints the receiver's throughput over time.
+    #[arg(long)]
+    cold_ring: bool,
     /// Print the results as JSON instead of tables.
     #[arg(long)]
     json: bool,
@@ -71,6 +88,13 @@ fn main() -> anyhow::Result<()> {
         cold: args.cold,
         resident: args.resident,
         tx_depth: args.tx_depth,
+        rx_depth: args.rx_depth,
+        rnpf: args.rnpf_every.map(|every| InjectedFaults {
+            every: every as usize,
+            kind: args.rnpf_kind,
+            dir: args.rnpf_dir.clone(),
+        }),
+        cold_ring: args.cold_ring,
     };
     let placement = pagewire_tools::placement::gather_boot(&*boot)?;
     if let Some(mut report) = perftest::run(&*boot, &nic, &cfg)? {

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use super::receive_fault_counters::{LiveReceiveFaultCounters, ReceiveFaultCounters};
 use super::tpt_cache_counters::{LiveTptCacheCounters, TptCacheCounters};
 
 /// How payload bytes travelled.
@@ -136,6 +137,7 @@ pub struct Counters {
     pub(crate) detached_regions: AtomicU64,
     pub(crate) detached_bytes: AtomicU64,
     pub(crate) tpt_cache: LiveTptCacheCounters,
+    pub(crate) receive_fault: LiveReceiveFaultCounters,
 }
 
 impl Counters {
@@ -229,6 +231,7 @@ impl Counters {
             detached_regions: self.detached_regions.load(Relaxed),
             detached_bytes: self.detached_bytes.load(Relaxed),
             tpt_cache: self.tpt_cache.snapshot(),
+            receive_fault: self.receive_fault.snapshot(),
         }
     }
 }
@@ -308,6 +311,9 @@ pub struct CountersSnapshot {
     pub detached_bytes: u64,
     /// The NIC's bounded translation cache (all zero when it is off, the default).
     pub tpt_cache: TptCacheCounters,
+    /// The receive-fault policy's drops, backup-ring stores and timer retransmissions (all
+    /// zero under the default `rnr` policy).
+    pub receive_fault: ReceiveFaultCounters,
 }
 
 impl CountersSnapshot {
@@ -346,6 +352,7 @@ impl CountersSnapshot {
         w.extend_from_slice(&self.deregistration_histogram);
         w.extend_from_slice(&self.npf_latency.0);
         w.extend_from_slice(&self.tpt_cache.to_words());
+        w.extend_from_slice(&self.receive_fault.to_words());
         w.iter().flat_map(|v| v.to_le_bytes()).collect()
     }
 
@@ -355,7 +362,8 @@ impl CountersSnapshot {
         const H: usize = NPF_HISTOGRAM_BUCKETS;
         const L: usize = NPF_LATENCY_BUCKETS;
         const T: usize = TptCacheCounters::WORDS;
-        if b.len() != (SCALARS + 3 * H + L + T) * 8 {
+        const R: usize = ReceiveFaultCounters::WORDS;
+        if b.len() != (SCALARS + 3 * H + L + T + R) * 8 {
             return None;
         }
         let w: Vec<u64> = b
@@ -395,6 +403,9 @@ impl CountersSnapshot {
             deregistration_histogram: std::array::from_fn(|i| w[SCALARS + 2 * H + i]),
             tpt_cache: TptCacheCounters::from_words(&std::array::from_fn(|i| {
                 w[SCALARS + 3 * H + L + i]
+            })),
+            receive_fault: ReceiveFaultCounters::from_words(&std::array::from_fn(|i| {
+                w[SCALARS + 3 * H + L + T + i]
             })),
         })
     }
@@ -507,6 +518,7 @@ impl CountersSnapshot {
             detached_regions: self.detached_regions - earlier.detached_regions,
             detached_bytes: self.detached_bytes - earlier.detached_bytes,
             tpt_cache: self.tpt_cache.since(&earlier.tpt_cache),
+            receive_fault: self.receive_fault.since(&earlier.receive_fault),
         }
     }
 }

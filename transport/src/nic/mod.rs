@@ -12,6 +12,7 @@
 //! error state and flushes what follows, as on hardware.
 
 pub mod counters;
+pub mod receive_fault_counters;
 mod region;
 pub mod soft;
 pub mod tpt_cache_counters;

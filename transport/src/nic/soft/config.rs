@@ -31,13 +31,18 @@ pub struct SoftConfig {
     /// Entries of the NIC's bounded translation cache, 0 for none: the NIC reads its table
     /// directly (`PAGEWIRE_SOFT_TPT_CACHE`, issue 16 study 3, seed 004; see `tpt_cache.rs`).
     pub tpt_cache: usize,
+    /// What the NIC does on a receive-side network page fault (`PAGEWIRE_SOFT_RNPF`,
+    /// `PAGEWIRE_SOFT_ACK_TIMEOUT`, `PAGEWIRE_SOFT_BACKUP_RING`; issue 16 study 1, seed 000
+    /// §4-5; see [`ReceiveFaultSettings`]).
+    pub receive_fault: ReceiveFaultSettings,
 }
 
 impl SoftConfig {
     /// Reads `PAGEWIRE_SOFT_DMA`, `PAGEWIRE_MEMLOCK_LIMIT` (bytes, with an optional
     /// K/M/G suffix, or `unlimited`), `PAGEWIRE_SOFT_ODP_CHECK` (`monitor`, `pagemap`) and
     /// `PAGEWIRE_PIN` (`auto`, `longterm`, `mlock`), `PAGEWIRE_SOFT_PROFILE` (`real`,
-    /// `npf-model`) and `PAGEWIRE_SOFT_TPT_CACHE` (`off`, or a number of entries).
+    /// `npf-model`), `PAGEWIRE_SOFT_TPT_CACHE` (`off`, or a number of entries) and the
+    /// receive-fault settings ([`ReceiveFaultSettings::from_env`]).
     pub fn from_env() -> Result<SoftConfig> {
         let dma = match std::env::var("PAGEWIRE_SOFT_DMA").as_deref() {
             Err(_) | Ok("") | Ok("auto") => DmaMode::Auto,
@@ -73,6 +78,7 @@ impl SoftConfig {
         let tpt_cache = super::tpt_cache::parse_entries(
             std::env::var("PAGEWIRE_SOFT_TPT_CACHE").ok().as_deref(),
         )?;
+        let receive_fault = ReceiveFaultSettings::from_env()?;
         Ok(SoftConfig {
             dma,
             memlock,
@@ -80,6 +86,7 @@ impl SoftConfig {
             pin,
             profile,
             tpt_cache,
+            receive_fault,
         })
     }
 }

@@ -43,6 +43,7 @@ mod npf_model;
 mod odp_watch;
 mod pin;
 mod present;
+mod receive_fault;
 mod regions;
 pub(crate) mod ring;
 #[allow(unsafe_code)]
@@ -54,6 +55,7 @@ pub use config::{parse_bytes, DmaMode, SoftConfig};
 pub use npf_model::SoftProfile;
 pub use odp_watch::OdpCheck;
 pub use pin::{MemlockLimit, PinMethod};
+pub use receive_fault::{ReceiveFaultPolicy, ReceiveFaultSettings, BACKUP_RING_MAX_MESSAGES};
 
 use std::fs::File;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
@@ -111,6 +113,8 @@ pub(crate) struct Inner {
     pub caps: Capabilities,
     /// Which costs beyond the real ones the NIC charges.
     pub profile: SoftProfile,
+    /// What the NIC does on a receive-side network page fault (one policy per job).
+    pub receive_fault: ReceiveFaultSettings,
     pub counters: Counters,
     pub own: Arc<RankMemory>,
     /// Keeps `own`'s present bits true against address-space changes.
@@ -240,6 +244,7 @@ impl SoftNic {
             rank,
             caps,
             profile: config.profile,
+            receive_fault: config.receive_fault,
             counters: Counters::default(),
             own,
             watch,
@@ -263,6 +268,9 @@ impl SoftNic {
                 config.profile.name(),
                 tpt_cache::describe(config.tpt_cache)
             );
+        }
+        if rank == 0 && config.receive_fault != ReceiveFaultSettings::default() {
+            eprintln!("pagewire: soft NIC {}", config.receive_fault.describe());
         }
         let d = inner.clone();
         let driver = std::thread::Builder::new()
@@ -327,6 +335,11 @@ impl SoftNic {
     /// (`PAGEWIRE_SOFT_TPT_CACHE`).
     pub fn tpt_cache_entries(&self) -> usize {
         self.inner.own.tpt_cache().entries()
+    }
+
+    /// What this NIC does on a receive-side network page fault (`PAGEWIRE_SOFT_RNPF`).
+    pub fn receive_fault(&self) -> ReceiveFaultSettings {
+        self.inner.receive_fault
     }
 
     /// One line for reports on the translation cache (`tpt-cache: N entries ...`, with what
@@ -495,10 +508,29 @@ impl Nic for SoftNic {
                 caps.max_sge, caps.max_inline, self.inner.caps.max_sge, self.inner.caps.max_inline
             )));
         }
-        self.inner
+        // The backup ring (`receive_fault.rs`): pinned by a registration of the NIC's own,
+        // as the driver of seed 000 Fig. 5 owns its ring.
+        let backup = if self.inner.receive_fault.policy == ReceiveFaultPolicy::Backup {
+            let bytes = self.inner.receive_fault.backup_ring_bytes as usize;
+            let mem = sys::AnonMapping::new(bytes)
+                .map_err(|e| Error::os("mapping the backup ring of a queue pair", e))?;
+            let region = self
+                .inner
+                .register(mem.addr(), mem.len() as u64, Access::LOCAL_WRITE)?;
+            Some(engine::BackupRing::new(mem, region.lkey))
+        } else {
+            None
+        };
+        let lkey = backup.as_ref().map(engine::BackupRing::lkey);
+        let made = self
+            .inner
             .engine
             .lock()
-            .create_qp(peer, send_cq, recv_cq, caps)
+            .create_qp(peer, send_cq, recv_cq, caps, backup);
+        if let (Err(_), Some(lkey)) = (&made, lkey) {
+            let _ = self.inner.deregister(lkey);
+        }
+        made
     }
 
     fn endpoint(&self, qpn: u32) -> Result<Endpoint> {

@@ -10,6 +10,7 @@ use super::{
     RecvOp, REMOTE_KEY,
 };
 use crate::nic::soft::ack::Nak;
+use crate::nic::soft::receive_fault::ReceiveFaultPolicy;
 use crate::nic::soft::ring::{Header, Kind, CMA_DESCRIPTOR, HAS_IMM};
 use crate::nic::soft::Inner;
 use crate::nic::{Access, Sge, WcOpcode, WcStatus};
@@ -43,6 +44,8 @@ impl Inner {
         // The parts of `targets` that lie in ODP regions (checked for faults below).
         let mut odp_targets: SmallVec<[Extent; 2]> = SmallVec::new();
         let mut take_recv = false;
+        // Set when the message is stored in the backup ring.
+        let mut parked = None;
         match kind {
             Kind::Send | Kind::WriteImm => {
                 let Some(&r) = qp.rq.front() else {
@@ -224,19 +227,49 @@ impl Inner {
                         return None;
                     }
                 }
-                let write = kind != Kind::ReadRequest;
-                // Filed on this rank's own memory: the next pass (this application's or
-                // the driver thread's) serves it.
-                let seq = me.mem.npf_slot(qpn).file(range.addr, range.len, write);
-                let qp = eng.qps[qpn as usize].as_mut().expect("exists");
-                qp.rx_fault = Some((h.msn, seq));
-                qp.discard_msn = Some(h.msn);
-                self.nak(from, src_qpn, h.msn, Nak::Rnr { fault: Some(seq) });
-                return None;
+                // The receive-fault policy (`receive_fault.rs`): a SEND under `backup` is
+                // stored in the ring if there is room.
+                let policy = self.receive_fault.policy;
+                let backup = policy == ReceiveFaultPolicy::Backup && kind == Kind::Send;
+                let ring = if backup { qp.backup.as_mut() } else { None };
+                if let Some(p) = ring.and_then(|ring| ring.reserve(h.total_len, range)) {
+                    let rf = &self.counters.receive_fault;
+                    rf.backed_up.fetch_add(1, Relaxed);
+                    rf.backup_bytes.fetch_add(h.total_len, Relaxed);
+                    parked = Some(p);
+                } else {
+                    let write = kind != Kind::ReadRequest;
+                    // Filed on this rank's own memory: the next pass (this application's or
+                    // the driver thread's) serves it.
+                    let seq = me.mem.npf_slot(qpn).file(range.addr, range.len, write);
+                    let qp = eng.qps[qpn as usize].as_mut().expect("exists");
+                    qp.rx_fault = Some((h.msn, seq));
+                    qp.discard_msn = Some(h.msn);
+                    let silent = match policy {
+                        ReceiveFaultPolicy::Rnr => false,
+                        ReceiveFaultPolicy::Drop => kind != Kind::ReadRequest,
+                        ReceiveFaultPolicy::Backup => backup, // the ring is full
+                    };
+                    if silent {
+                        let rf = &self.counters.receive_fault;
+                        rf.dropped.fetch_add(1, Relaxed);
+                        if backup {
+                            rf.backup_full.fetch_add(1, Relaxed);
+                        }
+                    } else {
+                        self.nak(from, src_qpn, h.msn, Nak::Rnr { fault: Some(seq) });
+                    }
+                    return None;
+                }
             }
         }
         let qp = eng.qps[qpn as usize].as_mut().expect("exists");
         qp.rx_fault = None;
+        // A parked message's bytes go to the backup ring; its receive waits in `recv`.
+        let targets = match (&parked, qp.backup.as_ref()) {
+            (Some(p), Some(ring)) => smallvec::smallvec![ring.keyed(p.at, h.total_len)],
+            _ => targets,
+        };
         match kind {
             Kind::ReadRequest => {
                 qp.reads_out.push_back(ReadOut {
@@ -259,6 +292,7 @@ impl Inner {
                 need: Access::REMOTE_WRITE,
                 total: h.total_len,
                 recv: None,
+                parked: None,
             }),
             Kind::Send | Kind::WriteImm => {
                 let (r, sges) = take_receive(qp);
@@ -280,6 +314,7 @@ impl Inner {
                     },
                     total: h.total_len,
                     recv: Some((r, sges)),
+                    parked,
                 })
             }
             Kind::ReadResponse => unreachable!(),

@@ -9,6 +9,7 @@ use super::requester::FAULT_RECHECK;
 use super::translate::Untranslated;
 use super::NUDGE_AFTER;
 use super::{fault_extent, CoarseClock, Held, OpKind, OpState, SendOp};
+use crate::nic::soft::receive_fault::ReceiveFaultPolicy;
 use crate::nic::soft::tpt::claim_tag;
 use crate::nic::soft::{Inner, Peer};
 use crate::nic::{Access, DataPath, Sge, WcStatus};
@@ -120,6 +121,17 @@ impl Inner {
                     .npf_slot(remote_qpn)
                     .file(range.addr, range.len, write);
                 peer.mem.wake_driver_if_asleep();
+                if write && self.receive_fault.policy == ReceiveFaultPolicy::Drop {
+                    // Under `drop` the target discards it without a word: it goes out again
+                    // when the retransmission timer fires (`receive_fault.rs`).
+                    self.counters.receive_fault.dropped.fetch_add(1, Relaxed);
+                    let after = self.receive_fault.retransmit_after_ns().expect("drop");
+                    op.state = OpState::Rnr {
+                        retry_at: clock.fresh() + after,
+                        fault: None,
+                    };
+                    return;
+                }
                 op.rnr_count += 1;
                 self.counters.rnr_retries.fetch_add(1, Relaxed);
                 op.state = OpState::Rnr {

@@ -27,6 +27,7 @@
 //! extents a transfer holds ([`KeyedExtent`], [`Inner::hold_own`]) and one pass.
 
 mod accept;
+mod backup_ring;
 mod cache_miss;
 mod direct;
 mod queue_pair;
@@ -47,6 +48,7 @@ use super::MAX_QPS;
 use crate::error::{Error, Result};
 use crate::nic::{Access, Completion, QpCaps, Sge, WcOpcode, WcStatus};
 use crate::sys::Extent;
+pub(crate) use backup_ring::BackupRing;
 use queue_pair::{
     Incoming, IncomingKind, MissWait, OpKind, OpState, QueuePair, ReadOut, RecvOp, SendOp,
     REMOTE_KEY,
@@ -193,6 +195,7 @@ impl Engine {
         send_cq: u32,
         recv_cq: u32,
         caps: QpCaps,
+        backup: Option<BackupRing>,
     ) -> Result<u32> {
         for cq in [send_cq, recv_cq] {
             if self.cqs.get(cq as usize).is_none_or(Option::is_none) {
@@ -262,6 +265,8 @@ impl Engine {
             rx_miss: None,
             refusing: false,
             reads_out: VecDeque::new(),
+            backup,
+            held: VecDeque::new(),
         });
         Ok(qpn)
     }
@@ -337,8 +342,12 @@ impl Engine {
             }
         }
         let cq = qp.recv_cq;
+        let held = backup_ring::flush_held(&mut qp.held, qpn);
         qp.rq_sges.clear();
         let flushed: SmallVec<[u64; 16]> = qp.rq.drain(..).map(|r| r.wr_id).collect();
+        for c in held {
+            self.push_completion(cq, c);
+        }
         for &wr_id in &flushed {
             self.push_completion(
                 cq,
@@ -450,7 +459,7 @@ impl super::Inner {
             self.progress_qp(eng, qpn);
             let idle = eng.qps[qpn as usize]
                 .as_ref()
-                .is_none_or(|q| q.sq.is_empty() && q.reads_out.is_empty());
+                .is_none_or(|q| q.sq.is_empty() && q.reads_out.is_empty() && q.held.is_empty());
             if idle {
                 if let Some(q) = eng.qps[qpn as usize].as_mut() {
                     q.busy = false;
@@ -479,6 +488,7 @@ impl super::Inner {
     }
 
     fn progress_qp(&self, eng: &mut Engine, qpn: u32) {
+        self.drain_held(eng, qpn);
         self.send_read_responses(eng, qpn);
         self.check_acknowledgements(eng, qpn);
         self.complete_front(eng, qpn);

@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 
 use smallvec::SmallVec;
 
+use super::backup_ring::{BackupRing, HeldReceive, Parked};
 use super::KeyedExtent;
 use crate::error::{Error, Result};
 use crate::nic::{Access, QpCaps, Sge, WcStatus};
@@ -59,6 +60,10 @@ pub(crate) struct QueuePair {
     pub(super) refusing: bool,
     /// READ responses being sent (staged path).
     pub(super) reads_out: VecDeque<ReadOut>,
+    /// The backup ring (receive-fault policy `backup` only).
+    pub(super) backup: Option<BackupRing>,
+    /// Receive completions held behind messages parked in the backup ring, in order.
+    pub(super) held: VecDeque<HeldReceive>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,6 +146,8 @@ pub(super) struct SendOp {
     /// The payload is `sq_inline[at .. at + total]`.
     pub(super) inline_at: Option<u32>,
     pub(super) rnr_count: u32,
+    /// Times it went out again because its acknowledgement did not come in time.
+    pub(super) timeouts: u32,
     /// The keys translated through the caches so far: bit `i` for scatter-gather entry
     /// `i`, [`REMOTE_KEY`] for the remote key. Each is looked up once per request.
     pub(super) translated: u32,
@@ -175,6 +182,8 @@ pub(super) struct Incoming {
     pub(super) total: u64,
     /// The receive it consumed and its entries (put back if the message is abandoned).
     pub(super) recv: Option<(RecvOp, SmallVec<[Sge; 2]>)>,
+    /// Stored in the backup ring (its receive faulted; `targets` is the ring).
+    pub(super) parked: Option<Parked>,
 }
 
 pub(super) struct ReadOut {

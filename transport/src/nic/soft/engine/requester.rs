@@ -18,6 +18,9 @@ use crate::nic::{Opcode, SendWr, WcOpcode, WcStatus};
 
 /// How long a request may wait on a peer before its liveness is checked (ns).
 const LIVENESS_AFTER: u64 = nanos(Duration::from_millis(5));
+/// Times a request goes out again after its retransmission timer fired before it fails
+/// with a retry-exceeded completion (IB's `retry_cnt` at its maximum, 7).
+const TRANSPORT_RETRIES: u32 = 7;
 /// Fallback retry time when a filed fault is not answered, the owner may be gone (ns).
 pub(super) const FAULT_RECHECK: u64 = nanos(Duration::from_millis(100));
 
@@ -118,6 +121,7 @@ impl Inner {
             sges,
             inline_at,
             rnr_count: 0,
+            timeouts: 0,
             translated: 0,
             signaled: wr.signaled,
             data_placed: false,
@@ -142,13 +146,21 @@ impl Inner {
         let acked = line.acked();
         if acked != qp.acked {
             qp.acked = acked;
+            // Progress restarts the retransmission timer of what is still outstanding (as
+            // an HCA's timer runs from the last acknowledgement).
+            let now = self
+                .receive_fault
+                .retransmit_after_ns()
+                .map(|_| clock.now());
             for op in qp.sq.iter_mut() {
                 let accepted = op.msn.is_some_and(|m| m < acked);
-                if accepted
-                    && op.state == OpState::AwaitingResponse
-                    && !matches!(op.kind, OpKind::Read { .. })
-                {
+                if op.state != OpState::AwaitingResponse {
+                    continue;
+                }
+                if accepted && !matches!(op.kind, OpKind::Read { .. }) {
                     op.state = OpState::Done(WcStatus::Success);
+                } else if let Some(now) = now {
+                    op.since = now;
                 }
             }
         }
@@ -238,6 +250,38 @@ impl Inner {
             match op.state {
                 OpState::Done(_) => {}
                 OpState::AwaitingResponse => {
+                    // The retransmission timer, under the receive-fault policies whose
+                    // NICs discard requests (`drop`, `backup` when its ring is full): it
+                    // runs for the oldest request not yet acknowledged, and the go-back
+                    // starts from it.
+                    let timed_out = first_outstanding
+                        && self
+                            .receive_fault
+                            .retransmit_after_ns()
+                            .is_some_and(|after| clock.now().saturating_sub(op.since) > after);
+                    if timed_out && op.msn.is_some() {
+                        op.timeouts += 1;
+                        self.counters
+                            .receive_fault
+                            .timeout_retransmits
+                            .fetch_add(1, Relaxed);
+                        if op.timeouts > TRANSPORT_RETRIES {
+                            op.state = OpState::Done(WcStatus::RetryExceeded);
+                        } else {
+                            // Go back to it: it and everything after it go out again.
+                            for later in sq.iter_mut().skip(i) {
+                                if matches!(
+                                    later.state,
+                                    OpState::AwaitingResponse | OpState::Transmitting
+                                ) {
+                                    later.state = OpState::Pending;
+                                    later.sent = 0;
+                                }
+                            }
+                            *cursor = (*cursor).min(i);
+                            continue;
+                        }
+                    }
                     if let Some(now) = clock.tick() {
                         if now.saturating_sub(op.since) > NUDGE_AFTER {
                             // The responder has not taken it: if its application is not
@@ -336,7 +380,11 @@ impl Inner {
                         }
                         if !matches!(op.state, OpState::Done(_)) {
                             op.state = OpState::AwaitingResponse;
-                            op.since = clock.now();
+                            // A running retransmission timer starts from the true time.
+                            op.since = match self.receive_fault.retransmit_after_ns() {
+                                Some(_) => clock.fresh(),
+                                None => clock.now(),
+                            };
                             op.checked_alive = op.since;
                             if !peer.cma && !matches!(op.kind, OpKind::Send { .. }) {
                                 // One-sided work for the peer's engine.

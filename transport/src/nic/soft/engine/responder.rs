@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use smallvec::SmallVec;
 
+use super::backup_ring::HeldReceive;
 use super::{completion, total_len, Engine, Incoming, IncomingKind, QueuePair, RecvOp};
 use crate::error::{Error, Result};
 use crate::nic::soft::ack::Nak;
@@ -18,8 +19,11 @@ use crate::nic::soft::Inner;
 use crate::nic::{Access, DataPath, RecvWr, WcOpcode, WcStatus};
 use crate::sys::{self, CmaDirection, Extent};
 
-/// Puts back the receive an abandoned message had taken.
+/// Puts back the receive an abandoned message had taken, and its room in the backup ring.
 fn restore_receive(qp: &mut QueuePair, rx: Incoming) {
+    if let (Some(p), Some(ring)) = (&rx.parked, qp.backup.as_mut()) {
+        ring.unreserve(p);
+    }
     if let Some((r, sges)) = rx.recv {
         for s in sges.iter().rev() {
             qp.rq_sges.push_front(*s);
@@ -276,10 +280,19 @@ impl Inner {
             )),
             IncomingKind::Write => None,
         };
-        if let Some(c) = c {
-            eng.push_completion(recv_cq, c);
+        match (c, rx.parked, rx.recv.take()) {
+            (Some(completion), Some(parked), Some((_, sges))) => {
+                // In the backup ring: acknowledged now, placed once its fault is resolved.
+                qp.held.push_back(HeldReceive::Parked {
+                    completion,
+                    sges,
+                    parked,
+                });
+                eng.mark_busy(qpn);
+            }
+            (Some(c), ..) => eng.complete_receive(qpn, c),
+            (None, ..) => {}
         }
-        rx.recv = None;
         self.ack(from, h.src_qpn, msn_end);
     }
 
@@ -337,10 +350,10 @@ impl Inner {
         qp.rq_sges.pop_front();
         qp.rx_fault = None;
         qp.expected_msn += 1;
-        let (msn_end, recv_cq) = (qp.expected_msn, qp.recv_cq);
+        let msn_end = qp.expected_msn;
         let imm = (h.flags & HAS_IMM != 0).then_some(h.imm);
-        eng.push_completion(
-            recv_cq,
+        eng.complete_receive(
+            qpn,
             completion(
                 r.wr_id,
                 WcStatus::Success,
