@@ -10,7 +10,8 @@
 //! that lands in it faults once: a *minor* fault on anonymous pages the CPU has written
 //! (resident; the fault only maps them), a *major* fault on pages of a file on disk that
 //! were dropped from the page cache (the fault reads them back). The receive ring itself is
-//! warmed by one untimed pass of SENDs unless `--cold-ring`.
+//! mapped for the NIC before the stream by a prefetch (`ibv_advise_mr`), unless
+//! `--cold-ring`; so is the sender's buffer.
 
 use super::*;
 use pagewire_transport::sys::EvictedFileMapping;
@@ -156,10 +157,8 @@ pub(super) fn send_bandwidth(
         return Ok(None);
     }
     let src = Registered::new(ctx, size, cfg.mr, true)?;
-    if !cfg.cold_ring {
-        ctx.boot.barrier()?; // the receiver has posted its warm-up receives
-        send_stream(ctx, &src, size, rx_depth, cfg.tx_depth)?;
-        ctx.boot.barrier()?;
+    if cfg.mr != MrMode::Pinned {
+        src.prefetch(0, size, false)?;
     }
     ctx.boot.barrier()?; // the receives are posted: go
     send_stream(ctx, &src, size, iters, cfg.tx_depth)?;
@@ -259,15 +258,9 @@ fn receive(
             }
         }
     };
-    if !cfg.cold_ring {
-        for i in 0..rx_depth {
-            post_recv(ctx, i as u64, &[slot(i)])?;
-        }
-        ctx.boot.barrier()?;
-        for _ in 0..rx_depth {
-            ctx.wait()?;
-        }
-        ctx.boot.barrier()?;
+    if !cfg.cold_ring && cfg.mr != MrMode::Pinned {
+        // Warm: the NIC maps the whole ring before the stream (`ibv_advise_mr`).
+        ring.prefetch(0, size * rx_depth, true)?;
     }
     let every = cfg.rnpf.as_ref().map_or(usize::MAX, |f| f.every.max(1));
     let mut injected = 0usize;
