@@ -14,7 +14,7 @@
 //! `--cold-ring`; so is the sender's buffer.
 
 use super::*;
-use pagewire_transport::sys::EvictedFileMapping;
+use pagewire_transport::sys::{self, EvictedFileMapping};
 
 /// The kind of receive-side fault `--rnpf-every` injects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -49,7 +49,8 @@ pub struct StreamReport {
     /// Pages of the major-fault file still in the page cache when the stream started (0:
     /// every such fault read the disk).
     pub cached_at_start: usize,
-    /// From the start signal to the last receive completion, seconds.
+    /// From the sender's start to the last receive completion, seconds (one host's
+    /// monotonic clock).
     pub seconds: f64,
     /// Receive throughput over time: (end of window in ms since the start, MB/s in it).
     pub timeline: Vec<(f64, f64)>,
@@ -161,7 +162,10 @@ pub(super) fn send_bandwidth(
         src.prefetch(0, size, false)?;
     }
     ctx.boot.barrier()?; // the receives are posted: go
+                         // The stream starts now (the host's monotonic clock, which both ranks read).
+    let start_ns = sys::monotonic_ns();
     send_stream(ctx, &src, size, iters, cfg.tx_depth)?;
+    ctx.boot.allgather(&start_ns.to_le_bytes())?;
     let all = ctx.boot.allgather(&[])?;
     let words: Vec<f64> = all[1]
         .chunks_exact(8)
@@ -284,16 +288,23 @@ fn receive(
         _ => 0,
     };
     ctx.boot.barrier()?;
-    let t0 = Instant::now();
-    let mut stamps_ms = Vec::with_capacity(iters);
-    while stamps_ms.len() < iters {
+    // Completion times on the host's monotonic clock; the sender's start comes after the
+    // stream (this rank's NIC may take messages before this thread leaves the barrier).
+    let mut stamps_ns = Vec::with_capacity(iters);
+    while stamps_ns.len() < iters {
         ctx.wait()?;
-        stamps_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+        stamps_ns.push(sys::monotonic_ns());
         if next < iters {
             post_next(next)?;
             next += 1;
         }
     }
+    let all = ctx.boot.allgather(&[])?;
+    let start_ns = u64::from_le_bytes(all[0][..8].try_into()?);
+    let stamps_ms: Vec<f64> = stamps_ns
+        .iter()
+        .map(|&t| t.saturating_sub(start_ns) as f64 / 1e6)
+        .collect();
     let seconds = stamps_ms.last().copied().unwrap_or(0.0) / 1e3;
     let report = StreamReport {
         bytes: size,
