@@ -329,12 +329,14 @@ mod tests {
         stamps.extend((1..=40).map(|i| 10.0 + i as f64 * 0.1));
         let w = windows(&stamps, 7, 64 << 10);
         assert_eq!(w.len(), 7);
-        // 2 ms bins: 2 messages (131 KB) in the first, 20 in the last.
+        // 2 ms bins: the first holds the message at 1 ms (64 KiB in 2 ms), the sixth the
+        // 20 from 10.1 to 12 ms; the last one also takes the run's final stamp.
         assert!(
-            (w[0].0 - 2.0).abs() < 1e-9 && (w[0].1 - 65.536).abs() < 1e-6,
+            (w[0].0 - 2.0).abs() < 1e-9 && (w[0].1 - 32.768).abs() < 1e-6,
             "{w:?}"
         );
-        assert!((w[6].1 - 655.36).abs() < 1e-6, "{w:?}");
+        assert!((w[5].1 - 655.36).abs() < 1e-6, "{w:?}");
+        assert!((w[6].1 - 688.128).abs() < 1e-6, "{w:?}");
         assert_eq!(steady_after(&w), Some(12.0));
         let report = StreamReport {
             bytes: 65536,

@@ -1,5 +1,6 @@
 //! The first packet of a request at the responder: key, length and page checks, the
-//! receive it takes, and receive-side network page faults (answered receiver-not-ready).
+//! receive it takes, and receive-side network page faults (answered as the job's
+//! receive-fault policy says, `receive_fault.rs`).
 
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -181,8 +182,9 @@ impl Inner {
                 return None;
             }
         }
-        // Receive-side network page faults: answer receiver-not-ready, let the driver map
-        // the pages, and take the retransmission (seed 000 section 4, "rNPFs").
+        // Receive-side network page faults (seed 000 §4-5, "rNPFs"): file the fault for the
+        // driver and, by the job's policy, answer receiver-not-ready, drop the request
+        // silently, or park a SEND in the backup ring and take it now.
         if !odp_targets.is_empty() && !data_placed {
             let span =
                 odp_targets

@@ -20,7 +20,10 @@
 //!   taken (no receive posted, or its pages are not present) is answered receiver-not-ready
 //!   and every later packet of the queue pair is dropped until the requester goes back and
 //!   retransmits from it (go-back-N, as RC does). A request's first packet is checked in
-//!   [`accept`]; staged READs are answered in [`read_response`].
+//!   [`accept`]; staged READs are answered in [`read_response`]. A receive-side page fault
+//!   is answered as the job's policy says (`receive_fault.rs`): receiver-not-ready, a silent
+//!   drop that the requester's retransmission timer recovers, or a SEND parked in the
+//!   queue pair's [`backup_ring`] and placed once the fault is resolved.
 //!
 //! A queue pair's state (its send and receive queues, the messages in flight) is in
 //! [`queue_pair`]; this file holds the engine, its completion queues and clock, the keyed
