@@ -56,7 +56,11 @@ struct Args {
     /// anonymous memory, which the cgroup cannot reclaim without swap (to show why not).
     #[arg(long, value_enum, default_value_t = StoreKind::File)]
     odp_store: StoreKind,
-    /// Directory for the odp runs' store files (a disk file system, not tmpfs).
+    /// The memory behind the stores of the pindown runs: anonymous (the study's), or a
+    /// file on disk, to see how the soft NIC pins a shared file mapping.
+    #[arg(long, value_enum, default_value_t = StoreKind::Anon)]
+    pindown_store: StoreKind,
+    /// Directory for the store files (a disk file system, not tmpfs).
     #[arg(long, default_value = "/var/tmp")]
     store_dir: PathBuf,
     /// Write each job's raw output and the cgroup's statistics into this directory.
@@ -155,15 +159,22 @@ fn run_study(args: &Args) -> anyhow::Result<i32> {
         switch_at,
         window,
         odp_store: args.odp_store,
+        pindown_store: args.pindown_store,
         store_dir: args.store_dir.clone(),
         exe: std::env::current_exe()?,
     };
     // A bad PAGEWIRE_* setting is reported once, here, not by every rank.
     pagewire::UniverseConfig::from_env()?;
-    if args.modes.contains(&StudyMode::Odp) && cfg.odp_store == StoreKind::File {
+    let file_stores = (args.modes.contains(&StudyMode::Odp) && cfg.odp_store == StoreKind::File)
+        || (args.modes.contains(&StudyMode::Pindown) && cfg.pindown_store == StoreKind::File);
+    if file_stores {
         driver::check_store_dir(&cfg.store_dir)?;
     }
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let memory = |k: StoreKind| match k {
+        StoreKind::File => "a shared file mapping",
+        StoreKind::Anon => "anonymous memory",
+    };
     println!(
         "# pw-workset: seed 000 §6.1 Fig. 7 — budget {:.0} MiB (cgroup limit {:.0} MiB with {:.0} MiB for the processes), items of {} B, working sets {:.0} MiB and {:.0} MiB, switch at {} s of {} s, soft NIC profile {}",
         mib(cfg.budget),
@@ -177,13 +188,11 @@ fn run_study(args: &Args) -> anyhow::Result<i32> {
         std::env::var("PAGEWIRE_SOFT_PROFILE").unwrap_or_else(|_| "real".into()),
     );
     println!(
-        "# stores: pindown {} items each (half the budget, anonymous, pinned whole); odp {} items each (the largest working set, {}, unpinned)",
+        "# stores: pindown {} items each (half the budget, {}, pinned whole); odp {} items each (the largest working set, {}, unpinned)",
         cfg.capacity_items(StudyMode::Pindown),
+        memory(cfg.pindown_store),
         cfg.capacity_items(StudyMode::Odp),
-        match cfg.odp_store {
-            StoreKind::File => "a shared file mapping",
-            StoreKind::Anon => "anonymous memory",
-        }
+        memory(cfg.odp_store),
     );
     println!(
         "# load average before: {}",

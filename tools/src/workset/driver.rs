@@ -60,6 +60,9 @@ pub struct StudyConfig {
     pub window: Duration,
     /// The store's memory in `odp` runs (a file; `anon` shows why not).
     pub odp_store: StoreKind,
+    /// The store's memory in `pindown` runs (anonymous; `file` shows what pinning a
+    /// shared file mapping does).
+    pub pindown_store: StoreKind,
     /// Where the file stores and the start signals go (a disk file system).
     pub store_dir: PathBuf,
     /// This program, started as the jobs.
@@ -241,7 +244,7 @@ fn run_jobs(
 ) -> Result<(Vec<JobRun>, u64)> {
     let capacity_items = cfg.capacity_items(mode);
     let store = match mode {
-        StudyMode::Pindown => StoreKind::Anon,
+        StudyMode::Pindown => cfg.pindown_store,
         StudyMode::Odp => cfg.odp_store,
     };
     let mut children = Children(Vec::new());
@@ -459,6 +462,25 @@ pub fn print_summary(cfg: &StudyConfig, runs: &[ModeRun]) {
             f(m[1][1]),
             f(m[2][0]),
             f(m[2][1])
+        );
+    }
+    println!("# hit ratio (hits / GETs) in the same phases; expected with a uniform key choice: min(1, store items / working-set items)");
+    println!("# mode      growing_before  growing_after  shrinking_before  shrinking_after");
+    for run in runs {
+        let w = run.windows();
+        let secs = cfg.window.as_secs_f64();
+        let ratio = |job: JobKind, p: usize| {
+            let w: Vec<Window> = w.iter().copied().filter(|x| x.job == job).collect();
+            report::hit_ratio(&w, secs, phases[p].0, phases[p].1)
+                .map_or("-".to_string(), |r| format!("{:.1}%", 100.0 * r))
+        };
+        println!(
+            "  {:<9} {:>15} {:>14} {:>17} {:>16}",
+            run.mode.name(),
+            ratio(JobKind::Growing, 0),
+            ratio(JobKind::Growing, 1),
+            ratio(JobKind::Shrinking, 0),
+            ratio(JobKind::Shrinking, 1)
         );
     }
     let get = |mode| combined.iter().find(|(m, _)| *m == mode).map(|(_, c)| *c);

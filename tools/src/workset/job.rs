@@ -206,6 +206,8 @@ fn serve(u: &pagewire::Universe, cfg: &JobConfig) -> Result<()> {
         }
     }
     let (minflt, majflt) = page_faults();
+    // VmLck counts mlock'ed pages only: long-term pins do not show there.
+    let (vm_locked, vm_rss) = pagewire::sys::vm_locked_and_resident().unwrap_or((0, 0));
     let (p2p, mode) = u
         .try_with_p2p(|p| (p.nic_counters(), p.mode_counters()))
         .map_err(Error::Pagewire)?;
@@ -214,7 +216,7 @@ fn serve(u: &pagewire::Universe, cfg: &JobConfig) -> Result<()> {
          minflt={} majflt={} npf_requester={} npf_responder={} npf_pages={} npf_failed={} \
          prefetch_pages={} rnr_retries={} invalidated_pages={} pinned_peak={} \
          registrations={} pindown_hits={} pindown_misses={} pindown_fallbacks={} \
-         registered_peak={}",
+         registered_peak={} vm_locked={vm_locked} vm_rss={vm_rss}",
         cfg.job.name(),
         u.mode_name(),
         match cfg.store {
@@ -306,6 +308,17 @@ fn request(u: &pagewire::Universe, cfg: &JobConfig) -> Result<()> {
         let t = (elapsed.as_nanos() / window_ns) as u64;
         if t != current.t {
             println!("{}", current.line());
+            // Windows in which no reply arrived (a stall longer than a window) are printed
+            // empty, so each window holds exactly the replies that arrived in it.
+            for empty in current.t + 1..t {
+                let idle = Window {
+                    t: empty,
+                    hits: 0,
+                    misses: 0,
+                    ..current
+                };
+                println!("{}", idle.line());
+            }
             current = Window {
                 t,
                 hits: 0,

@@ -124,6 +124,21 @@ pub fn mean_hits_per_sec(windows: &[Window], window_secs: f64, from: f64, to: f6
     })
 }
 
+/// The share of GETs that hit, over the windows whose start lies in `[from, to)` seconds;
+/// `None` without any GET.
+pub fn hit_ratio(windows: &[Window], window_secs: f64, from: f64, to: f64) -> Option<f64> {
+    let (hits, gets) = windows
+        .iter()
+        .filter(|w| {
+            let start = w.t as f64 * window_secs;
+            start >= from && start + window_secs <= to + 1e-9
+        })
+        .fold((0u64, 0u64), |(h, g), w| {
+            (h + w.hits, g + w.hits + w.misses)
+        });
+    (gets > 0).then(|| hits as f64 / gets as f64)
+}
+
 /// The two steady phases the summary compares: the second half of the time before the
 /// switch and the second half of the time after it (the first halves hold the warm-up of
 /// the timing and the transition after the switch, seed 000 Fig. 7's "short transition
@@ -180,5 +195,9 @@ mod tests {
         // Half-second windows: 100 hits each is 200 hits/s.
         assert_eq!(mean_hits_per_sec(&ws, 0.5, 1.5, 2.5), Some(200.0));
         assert_eq!(mean_hits_per_sec(&ws, 1.0, 20.0, 30.0), None);
+        let mut missing = ws.clone();
+        missing[3].misses = 100;
+        assert_eq!(hit_ratio(&missing, 1.0, a.0, a.1), Some(0.6));
+        assert_eq!(hit_ratio(&missing, 1.0, 20.0, 30.0), None);
     }
 }
