@@ -197,7 +197,8 @@ mod tests {
         assert_eq!(mean_hits_per_sec(&ws, 1.0, 20.0, 30.0), None);
         let mut missing = ws.clone();
         missing[3].misses = 100;
-        assert_eq!(hit_ratio(&missing, 1.0, a.0, a.1), Some(0.6));
+        // Windows 3 and 4: 200 hits of 300 GETs.
+        assert_eq!(hit_ratio(&missing, 1.0, a.0, a.1), Some(200.0 / 300.0));
         assert_eq!(hit_ratio(&missing, 1.0, 20.0, 30.0), None);
     }
 }
