@@ -27,17 +27,20 @@ pub enum Prerequisite {
     NoRdmaDevice,
     /// An RDMA device with on-demand paging (RC ODP, and implicit ODP where asked for).
     RdmaOdp,
+    /// A cgroup v1 memory controller this process may make cgroups in (`pw-workset`).
+    MemoryCgroup,
 }
 
 impl Prerequisite {
     /// Every prerequisite, what `all` names.
-    pub const ALL: [Prerequisite; 6] = [
+    pub const ALL: [Prerequisite; 7] = [
         Prerequisite::Mpirun,
         Prerequisite::HugePages,
         Prerequisite::LongtermPin,
         Prerequisite::PrivateMounts,
         Prerequisite::NoRdmaDevice,
         Prerequisite::RdmaOdp,
+        Prerequisite::MemoryCgroup,
     ];
 
     /// Its name in [`REQUIRE`].
@@ -49,6 +52,7 @@ impl Prerequisite {
             Prerequisite::PrivateMounts => "private-mounts",
             Prerequisite::NoRdmaDevice => "no-rdma-device",
             Prerequisite::RdmaOdp => "rdma-odp",
+            Prerequisite::MemoryCgroup => "memory-cgroup",
         }
     }
 
@@ -76,6 +80,10 @@ impl Prerequisite {
             Prerequisite::RdmaOdp => {
                 "an RDMA device whose driver supports on-demand paging (e.g. mlx5); \
                  PAGEWIRE_DEVICE chooses it"
+            }
+            Prerequisite::MemoryCgroup => {
+                "a kernel with the cgroup v1 memory controller mounted at \
+                 /sys/fs/cgroup/memory, and root (to make a cgroup and set its limit)"
             }
         }
     }

@@ -1,5 +1,5 @@
 //! The error of the tools library's shared benchmark infrastructure ([`crate::plot`],
-//! [`crate::mode_all`]).
+//! [`crate::mode_all`]) and of the working-set study ([`crate::workset`]).
 
 use std::path::PathBuf;
 
@@ -62,6 +62,16 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    /// The working-set study (`pw-workset`) failed.
+    #[error("{0}")]
+    Workset(String),
+    /// A memory cgroup could not be set up or read.
+    #[error("memory cgroup: {0}")]
+    Cgroup(String),
+    /// There is no cgroup v1 memory controller, or it may not be used here: the study is
+    /// skipped.
+    #[error("cgroup v1 memory controller not available or not permitted: {0}")]
+    CgroupUnavailable(String),
     /// pagewire's configuration or launcher.
     #[error(transparent)]
     Pagewire(#[from] pagewire::Error),

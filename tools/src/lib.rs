@@ -2,7 +2,8 @@
 //! `pw-perftest` (the `pwrun` launcher itself lives in `pagewire_transport::boot`), and the
 //! infrastructure the benchmarks share: plots ([`plot`]) and `--mode all` ([`mode_all`]).
 // Posting work requests is `unsafe` at the NIC boundary (as in verbs); the two calls that do
-// it are the only exceptions, each with its SAFETY argument.
+// it are the only exceptions besides the file mapping of `workset::file_mapping` (mmap,
+// msync, munmap), each with its SAFETY argument.
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -13,5 +14,6 @@ pub mod perftest;
 pub mod placement;
 pub mod plot;
 pub mod timestamp;
+pub mod workset;
 
 pub use error::{Error, Result};
