@@ -2,8 +2,8 @@
 //! `pw-perftest` (the `pwrun` launcher itself lives in `pagewire_transport::boot`), and the
 //! infrastructure the benchmarks share: plots ([`plot`]) and `--mode all` ([`mode_all`]).
 // Posting work requests is `unsafe` at the NIC boundary (as in verbs); the two calls that do
-// it are the only exceptions besides the file mapping of `workset::file_mapping` (mmap,
-// msync, munmap), each with its SAFETY argument.
+// it are the only exceptions, each with its SAFETY argument (file mappings are wrapped in
+// `pagewire_transport::sys::FileMapping`).
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 

@@ -13,7 +13,6 @@
 
 pub mod cgroup;
 pub mod driver;
-pub mod file_mapping;
 pub mod job;
 pub mod plot;
 pub mod report;

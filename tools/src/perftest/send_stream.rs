@@ -14,7 +14,7 @@
 //! `--cold-ring`; so is the sender's buffer.
 
 use super::*;
-use pagewire_transport::sys::{self, EvictedFileMapping};
+use pagewire_transport::sys::{self, FileMapping};
 
 /// The kind of receive-side fault `--rnpf-every` injects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -127,7 +127,7 @@ enum FaultPool<'a> {
     /// The registration drops (deregisters) before the mapping goes.
     Major {
         _region: Option<Region<&'a SoftNic>>,
-        map: EvictedFileMapping,
+        map: FileMapping,
         lkey: u32,
     },
 }
@@ -240,7 +240,7 @@ fn receive(
             FaultPool::Minor(Registered::new(ctx, size * faults, cfg.mr, true)?)
         }
         Some(f) => {
-            let m = EvictedFileMapping::create(&f.dir, size * faults).map_err(|e| {
+            let m = FileMapping::evicted_in(&f.dir, size * faults).map_err(|e| {
                 anyhow::anyhow!("the file for major faults in {}: {e}", f.dir.display())
             })?;
             let region = match ctx.implicit {

@@ -19,10 +19,10 @@ use std::time::{Duration, Instant};
 
 use pagewire::traits::*;
 
-use super::file_mapping::FileMapping;
 use super::report::Window;
 use super::schedule::{JobKind, Schedule};
 use crate::error::{Error, Result};
+use pagewire_transport::sys::FileMapping;
 
 /// What memory backs a server's item store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]

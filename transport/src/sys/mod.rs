@@ -5,9 +5,11 @@
 //! `process_vm_readv`/`process_vm_writev` (CMA) between processes and with
 //! [`guarded_copy`] inside one, so an unmapped address becomes `EFAULT`, not a crash.
 
+mod file_mapping;
 mod guarded_copy;
 mod longterm_pin;
 
+pub use file_mapping::FileMapping;
 pub use guarded_copy::{guarded_copy, install as install_fault_guard};
 pub use longterm_pin::{LongTermPin, LongTermPins, PinnedSnapshot, MAX_PIN_CHUNK, PIN_SLOTS};
 
@@ -554,130 +556,6 @@ impl Drop for UnmappedHole {
         // SAFETY: unmapping the original range again; munmap of the already-unmapped hole
         // is a no-op.
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
-    }
-}
-
-/// A file on disk mapped shared whose pages were written out and dropped from the page
-/// cache, so the first touch of each page is a major fault: a read from the disk (the
-/// receive-fault study's "major" faults, issue 16 study 1; seed 000 Fig. 10). The file is
-/// unlinked at once; it lives as long as the mapping.
-#[derive(Debug)]
-pub struct EvictedFileMapping {
-    ptr: *mut u8,
-    len: usize,
-    _file: File,
-}
-
-// SAFETY: the mapping is owned by this value; it hands out addresses only.
-unsafe impl Send for EvictedFileMapping {}
-// SAFETY: as above.
-unsafe impl Sync for EvictedFileMapping {}
-
-impl EvictedFileMapping {
-    /// Creates a file of `len` bytes (rounded up to pages) in `dir`, writes it, syncs it,
-    /// drops its pages from the page cache and maps it shared. Fails on a `tmpfs`, whose
-    /// pages cannot leave memory without swap.
-    pub fn create(dir: &std::path::Path, len: usize) -> io::Result<EvictedFileMapping> {
-        use std::io::Write;
-        use std::os::unix::ffi::OsStrExt;
-        const TMPFS_MAGIC: i64 = 0x0102_1994;
-        let len = (len.max(1) as u64).div_ceil(PAGE_SIZE) as usize * PAGE_SIZE as usize;
-        let cdir = std::ffi::CString::new(dir.as_os_str().as_bytes())
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))?;
-        // SAFETY: statfs fills the zeroed struct we own from a valid C string.
-        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        if unsafe { libc::statfs(cdir.as_ptr(), &mut st) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if st.f_type as i64 == TMPFS_MAGIC {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!(
-                    "{} is on a tmpfs, whose pages stay in memory: major faults need a \
-                     directory on a disk",
-                    dir.display()
-                ),
-            ));
-        }
-        let path = dir.join(format!(
-            ".pagewire-evicted-{}-{:x}",
-            std::process::id(),
-            monotonic_ns()
-        ));
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)?;
-        let _ = std::fs::remove_file(&path);
-        let chunk = vec![0xa5u8; 1 << 20];
-        let mut left = len;
-        while left > 0 {
-            let n = left.min(chunk.len());
-            file.write_all(&chunk[..n])?;
-            left -= n;
-        }
-        file.sync_all()?;
-        // SAFETY: advice on our own file descriptor; it only drops clean cached pages.
-        let rc = unsafe {
-            libc::posix_fadvise(file.as_raw_fd(), 0, len as i64, libc::POSIX_FADV_DONTNEED)
-        };
-        if rc != 0 {
-            return Err(io::Error::from_raw_os_error(rc));
-        }
-        // SAFETY: a shared mapping of our own file, of its length, at an address of the
-        // kernel's choosing.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(EvictedFileMapping {
-            ptr: p as *mut u8,
-            len,
-            _file: file,
-        })
-    }
-
-    /// Start address.
-    pub fn addr(&self) -> u64 {
-        self.ptr as u64
-    }
-
-    /// Length in bytes (whole pages).
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Always false: mappings have at least one page.
-    pub fn is_empty(&self) -> bool {
-        false
-    }
-
-    /// How many of its pages are in the page cache now (`mincore`).
-    pub fn cached_pages(&self) -> io::Result<usize> {
-        let mut v = vec![0u8; self.len / PAGE_SIZE as usize];
-        // SAFETY: the range is our mapping; `v` has one byte per page.
-        if unsafe { libc::mincore(self.ptr as *mut libc::c_void, self.len, v.as_mut_ptr()) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(v.iter().filter(|b| **b & 1 != 0).count())
-    }
-}
-
-impl Drop for EvictedFileMapping {
-    fn drop(&mut self) {
-        // SAFETY: unmapping our own mapping once, at drop.
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
     }
 }
 

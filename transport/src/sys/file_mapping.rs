@@ -1,5 +1,7 @@
-//! A shared mapping of a file on disk: the item store of the on-demand-paging runs of
-//! `pw-workset` (seed 000 §6.1).
+//! Shared mappings of files on disk, for the studies that need memory the kernel can take
+//! back without swap: the item store of `pw-workset`'s on-demand-paging runs (seed 000
+//! §6.1) and the never-cached pages of `pw-perftest send_bw --rnpf-kind major` (seed 000
+//! Fig. 10).
 //!
 //! Why a file: this machine has no swap, and a memory cgroup can only take back memory it
 //! can reclaim. Anonymous memory (and tmpfs or System V shared memory, which live in the
@@ -10,17 +12,18 @@
 //! the disk. That is how the kernel lends one budget to whichever process uses it, which is
 //! what the study needs from the memory behind an unpinned (ODP) store.
 //!
-//! This module wraps the system calls (`mmap`, `msync`, `munmap`) and nothing else; it is
-//! the only place in the tools crate besides the two posting calls of the perftest that
-//! uses `unsafe`, each block with its argument.
-#![allow(unsafe_code)]
+//! This module wraps the system calls (`mmap`, `msync`, `munmap`, `posix_fadvise`,
+//! `mincore`, `statfs`) and nothing else.
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-/// A read-write `MAP_SHARED` mapping of a file, unmapped on drop (the file stays).
+use super::{monotonic_ns, PAGE_SIZE};
+
+/// A read-write `MAP_SHARED` mapping of a file, unmapped on drop (the file stays, unless
+/// it was made by [`FileMapping::evicted_in`]).
 #[derive(Debug)]
 pub struct FileMapping {
     ptr: *mut u8,
@@ -41,7 +44,7 @@ impl FileMapping {
     /// a hole reads as zeros and gets a page-cache page at its first touch, charged to the
     /// memory cgroup of the process that touches it.
     pub fn create(path: &Path, len: usize) -> io::Result<FileMapping> {
-        let page = pagewire::sys::PAGE_SIZE as usize;
+        let page = PAGE_SIZE as usize;
         let len = len.max(1).div_ceil(page) * page;
         let file = OpenOptions::new()
             .read(true)
@@ -50,8 +53,70 @@ impl FileMapping {
             .truncate(true)
             .open(path)?;
         file.set_len(len as u64)?;
+        FileMapping::map(file, len, path)
+    }
+
+    /// A file of `len` bytes (rounded up to pages) made in `dir`, written, synced and
+    /// dropped from the page cache, then mapped: the first touch of each page is a major
+    /// fault, a read from the disk. The file is unlinked at once and lives as long as the
+    /// mapping. Fails on a `tmpfs`, whose pages cannot leave memory without swap.
+    pub fn evicted_in(dir: &Path, len: usize) -> io::Result<FileMapping> {
+        use std::io::Write;
+        use std::os::unix::ffi::OsStrExt;
+        const TMPFS_MAGIC: i64 = 0x0102_1994;
+        let page = PAGE_SIZE as usize;
+        let len = len.max(1).div_ceil(page) * page;
+        let cdir = std::ffi::CString::new(dir.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))?;
+        // SAFETY: statfs fills the zeroed struct we own, from a valid C string.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::statfs(cdir.as_ptr(), &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if st.f_type as i64 == TMPFS_MAGIC {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "{} is on a tmpfs, whose pages stay in memory: major faults need a \
+                     directory on a disk",
+                    dir.display()
+                ),
+            ));
+        }
+        let path = dir.join(format!(
+            ".pagewire-evicted-{}-{:x}",
+            std::process::id(),
+            monotonic_ns()
+        ));
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)?;
+        let _ = std::fs::remove_file(&path);
+        let chunk = vec![0xa5u8; 1 << 20];
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(chunk.len());
+            file.write_all(&chunk[..n])?;
+            left -= n;
+        }
+        file.sync_all()?;
+        // SAFETY: advice on our own file descriptor; it only drops clean cached pages.
+        let rc = unsafe {
+            libc::posix_fadvise(file.as_raw_fd(), 0, len as i64, libc::POSIX_FADV_DONTNEED)
+        };
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        FileMapping::map(file, len, &path)
+    }
+
+    /// Maps the first `len` bytes (whole pages, within the file) of `file` shared.
+    fn map(file: File, len: usize, path: &Path) -> io::Result<FileMapping> {
         // SAFETY: a new shared mapping of our own open file at an address of the kernel's
-        // choosing; the file is `len` bytes long, so every mapped page has file backing.
+        // choosing; the file is at least `len` bytes long, so every page has file backing.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -71,6 +136,16 @@ impl FileMapping {
             path: path.to_path_buf(),
             _file: file,
         })
+    }
+
+    /// How many of its pages are in the page cache now (`mincore`).
+    pub fn cached_pages(&self) -> io::Result<usize> {
+        let mut v = vec![0u8; self.len / PAGE_SIZE as usize];
+        // SAFETY: the range is our mapping; `v` has one byte per page.
+        if unsafe { libc::mincore(self.ptr as *mut libc::c_void, self.len, v.as_mut_ptr()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(v.iter().filter(|b| **b & 1 != 0).count())
     }
 
     /// Start address.
@@ -145,5 +220,25 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         assert_eq!(on_disk.len(), 12_288);
         assert_eq!(&on_disk[4096..4101], b"pages");
+    }
+
+    #[test]
+    fn an_evicted_file_starts_out_of_the_page_cache() {
+        let dir = std::env::current_dir().unwrap();
+        let Ok(m) = FileMapping::evicted_in(&dir, 64 << 10) else {
+            return; // a tmpfs working directory: nothing to evict
+        };
+        // The disk may keep a page or two of readahead; most must be gone.
+        assert!(
+            m.cached_pages().unwrap() <= 2,
+            "{}",
+            m.cached_pages().unwrap()
+        );
+        assert_eq!(
+            m.as_slice()[4096],
+            0xa5,
+            "the bytes come back from the disk"
+        );
+        assert!(m.cached_pages().unwrap() >= 1);
     }
 }
