@@ -7,9 +7,10 @@
 #      page cache), N = 1024, 256, 64, 16; throughput relative to the same run's no-fault
 #      optimum, per policy: rnr, backup (512 KiB ring), drop (retransmission timer 67 ms,
 #      IB timeout 14 as ib_send_bw sets it) and drop with a 1 ms timer (timeout 8).
-#   2. Fig. 4: the receive ring starts cold (never mapped, no warm-up pass), 64 and 512
+#   2. Fig. 4: the receive ring starts cold (never mapped, no prefetch), 64 and 512
 #      receives: total time and the time until the receiver's throughput first reaches 90 %
-#      of its steady state, per policy, next to pinned receive buffers.
+#      of its steady state, per policy (and backup with a 4 MiB ring, which holds 64 cold
+#      messages), next to pinned receive buffers.
 # Every configuration runs REPEATS times (default 3), taking turns; the median counts.
 # Usage: tools/bench/receive_faults.sh [OUTDIR]   (default: target/bench/receive-faults)
 set -euo pipefail
@@ -55,6 +56,8 @@ for r in $(seq 1 "$repeats"); do
     for p in $policies; do
       run "cold-$depth-$(file "$p")-$r" "${p%%:*}" "${p##*:}" monitor --cold-ring --rx-depth "$depth"
     done
+    # A backup ring that holds the whole cold burst (64 messages of 64 KiB).
+    PAGEWIRE_SOFT_BACKUP_RING=4M run "cold-$depth-backup4m-$r" backup 14 monitor --cold-ring --rx-depth "$depth"
     PAGEWIRE_MEMLOCK_LIMIT=unlimited target/release/pw-perftest send_bw --mr pinned -s 65536 -n "$iters" \
       --rx-depth "$depth" > "$out/raw/cold-$depth-pinned-$r.txt" 2> "$out/raw/cold-$depth-pinned-$r.err"
   done
@@ -97,10 +100,13 @@ col() { for r in $(seq 1 "$repeats"); do stream "$out/raw/$1-$r.txt" | awk -v c=
   echo "| receives posted | policy | total ms for $iters messages | steady after ms |"
   echo "|---:|---|---:|---:|"
   for depth in 64 512; do
-    for p in $policies pinned; do
-      name="cold-$depth-$(file "$p")"
-      [ "$p" = pinned ] && name="cold-$depth-pinned"
-      echo "| $depth | $( [ "$p" = pinned ] && echo "pinned (warm, no faults)" || label "$p") | $(col "$name" 4 | awk '{ printf "%.1f", $1 * 1000 }') | $(col "$name" 6) |"
+    for p in $policies backup4m pinned; do
+      case $p in
+        pinned) name="cold-$depth-pinned" what="pinned (warm, no faults)" ;;
+        backup4m) name="cold-$depth-backup4m" what="backup, 4 MiB ring" ;;
+        *) name="cold-$depth-$(file "$p")" what=$(label "$p") ;;
+      esac
+      echo "| $depth | $what | $(col "$name" 4 | awk '{ printf "%.1f", $1 * 1000 }') | $(col "$name" 6) |"
     done
   done
 } > "$out/summary.md"
@@ -124,6 +130,7 @@ target/release/pw-plot --title "Receive faults (seed 000 Fig. 10): send_bw 64 Ki
   -o "$out/relative.svg" "${series[@]}" > /dev/null
 cold=()
 for p in $policies; do cold+=("$(label "$p")=$out/raw/cold-512-$(file "$p")-1.txt:2:3:1=#t"); done
+cold+=("backup, 4 MiB ring=$out/raw/cold-512-backup4m-1.txt:2:3:1=#t")
 target/release/pw-plot --title "A cold receive ring of 512 (seed 000 Fig. 4): receiver throughput over time" \
   --x-label "time since the start [ms]" --y-label "MB/s" -o "$out/cold-ring.svg" "${cold[@]}" > /dev/null
 cat "$out/summary.md"
