@@ -8,8 +8,8 @@
 #      optimum, per policy: rnr, backup (512 KiB ring), drop (retransmission timer 67 ms,
 #      IB timeout 14 as ib_send_bw sets it) and drop with a 1 ms timer (timeout 8).
 #   2. Fig. 4: the receive ring starts cold (never mapped, no prefetch), 64 and 512
-#      receives: total time and the time until the receiver's throughput first reaches 90 %
-#      of its steady state, per policy (and backup with a 4 MiB ring, which holds 64 cold
+#      receives: total time and the time until every buffer of the ring has been filled
+#      once (the ring is warm), per policy (and backup with a 4 MiB ring, which holds 64 cold
 #      messages), next to pinned receive buffers.
 # Every configuration runs REPEATS times (default 3), taking turns; the median counts.
 # Usage: tools/bench/receive_faults.sh [OUTDIR]   (default: target/bench/receive-faults)
@@ -64,7 +64,7 @@ for r in $(seq 1 "$repeats"); do
 done
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/machine.txt"
 
-# The stream line of a run: "#bytes #messages #faults seconds MB/sec steady".
+# The stream line of a run: "#bytes #messages #faults seconds MB/sec ring-filled-ms".
 stream() { awk '/#messages/ { on = 1; next } on && $1 == 65536 && NF == 6 { print; exit }' "$1"; }
 # median of the numbers on stdin
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
@@ -97,7 +97,7 @@ col() { for r in $(seq 1 "$repeats"); do stream "$out/raw/$1-$r.txt" | awk -v c=
   echo
   echo "## A cold receive ring (seed 000 Fig. 4)"
   echo
-  echo "| receives posted | policy | total ms for $iters messages | steady after ms |"
+  echo "| receives posted | policy | total ms for $iters messages | ring filled once after ms |"
   echo "|---:|---|---:|---:|"
   for depth in 64 512; do
     for p in $policies backup4m pinned; do

@@ -547,7 +547,7 @@ fn print_streams(report: &PerftestReport, dash: &str) {
     }
     println!(
         " {:<10} {:<12} {:>8} {:>16} {:>14} {:>20}",
-        "#bytes", "#messages", "#faults", "seconds", "MB/sec", "steady after[ms]"
+        "#bytes", "#messages", "#faults", "seconds", "MB/sec", "ring filled[ms]"
     );
     for s in &report.streams {
         println!(
@@ -557,7 +557,7 @@ fn print_streams(report: &PerftestReport, dash: &str) {
             s.faults,
             s.seconds,
             (s.bytes * s.messages) as f64 / s.seconds.max(1e-9) / 1e6,
-            s.steady_after_ms
+            s.ring_filled_ms
                 .map_or("-".to_string(), |t| format!("{t:.2}"))
         );
         if s.cached_at_start > 0 {
