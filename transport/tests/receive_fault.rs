@@ -176,7 +176,7 @@ fn under_drop_every_faulting_send_is_dropped_once_and_resent_by_the_timer() {
         "under_drop_every_faulting_send_is_dropped_once_and_resent_by_the_timer",
         &[
             ("PAGEWIRE_SOFT_RNPF", "drop"),
-            ("PAGEWIRE_SOFT_ACK_TIMEOUT", "6"),
+            ("PAGEWIRE_SOFT_ACK_TIMEOUT", "10"),
         ],
     );
 }
@@ -199,7 +199,7 @@ fn under_backup_a_full_ring_drops_and_the_timer_resends() {
         &[
             ("PAGEWIRE_SOFT_RNPF", "backup"),
             ("PAGEWIRE_SOFT_BACKUP_RING", "64K"),
-            ("PAGEWIRE_SOFT_ACK_TIMEOUT", "6"),
+            ("PAGEWIRE_SOFT_ACK_TIMEOUT", "10"),
         ],
     );
 }
@@ -222,7 +222,7 @@ fn under_drop_on_the_staged_path_every_byte_arrives() {
         "under_drop_on_the_staged_path_every_byte_arrives",
         &[
             ("PAGEWIRE_SOFT_RNPF", "drop"),
-            ("PAGEWIRE_SOFT_ACK_TIMEOUT", "6"),
+            ("PAGEWIRE_SOFT_ACK_TIMEOUT", "10"),
             ("PAGEWIRE_SOFT_DMA", "staged"),
         ],
     );
