@@ -154,12 +154,19 @@ impl Inner {
                 .map(|_| clock.now());
             for op in qp.sq.iter_mut() {
                 let accepted = op.msn.is_some_and(|m| m < acked);
-                if op.state != OpState::AwaitingResponse {
+                // A request the retransmission timer sent back (Pending, Transmitting) may
+                // have been accepted the first time meanwhile: the responder ignores the
+                // copy and acknowledges nothing more, so it completes here. (After an RNR
+                // go-back nothing behind the refused request has been accepted.)
+                if !matches!(
+                    op.state,
+                    OpState::AwaitingResponse | OpState::Pending | OpState::Transmitting
+                ) {
                     continue;
                 }
                 if accepted && !matches!(op.kind, OpKind::Read { .. }) {
                     op.state = OpState::Done(WcStatus::Success);
-                } else if let Some(now) = now {
+                } else if let (Some(now), OpState::AwaitingResponse) = (now, op.state) {
                     op.since = now;
                 }
             }
