@@ -159,22 +159,6 @@ impl ModeRun {
     }
 }
 
-/// The file system type of the mount holding `dir` (from `/proc/self/mountinfo`).
-fn fs_type(dir: &Path) -> Option<String> {
-    let dir = dir.canonicalize().ok()?;
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines()
-        .filter_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            let mount_point = left.split_whitespace().nth(4)?;
-            let fstype = right.split_whitespace().next()?;
-            dir.starts_with(mount_point)
-                .then(|| (mount_point.len(), fstype.to_string()))
-        })
-        .max_by_key(|(len, _)| *len)
-        .map(|(_, t)| t)
-}
-
 /// Checks that `dir` can hold reclaimable file stores: a disk file system, not tmpfs (whose
 /// pages, like anonymous memory, cannot be reclaimed without swap).
 pub fn check_store_dir(dir: &Path) -> Result<()> {
@@ -182,13 +166,13 @@ pub fn check_store_dir(dir: &Path) -> Result<()> {
         path: dir.to_path_buf(),
         source: e,
     })?;
-    match fs_type(dir).as_deref() {
-        Some(t @ ("tmpfs" | "ramfs" | "devtmpfs")) => Err(Error::Workset(format!(
+    match pagewire_transport::sys::memory_file_system(dir) {
+        Some(t) => Err(Error::Workset(format!(
             "--store-dir {}: a {t} file system; the file stores must be on a disk file \
              system, whose page cache the cgroup can reclaim (tmpfs needs swap for that)",
             dir.display()
         ))),
-        _ => Ok(()),
+        None => Ok(()),
     }
 }
 

@@ -59,26 +59,16 @@ impl FileMapping {
     /// A file of `len` bytes (rounded up to pages) made in `dir`, written, synced and
     /// dropped from the page cache, then mapped: the first touch of each page is a major
     /// fault, a read from the disk. The file is unlinked at once and lives as long as the
-    /// mapping. Fails on a `tmpfs`, whose pages cannot leave memory without swap.
+    /// mapping. Fails on a file system in memory ([`memory_file_system`]).
     pub fn evicted_in(dir: &Path, len: usize) -> io::Result<FileMapping> {
         use std::io::Write;
-        use std::os::unix::ffi::OsStrExt;
-        const TMPFS_MAGIC: i64 = 0x0102_1994;
         let page = PAGE_SIZE as usize;
         let len = len.max(1).div_ceil(page) * page;
-        let cdir = std::ffi::CString::new(dir.as_os_str().as_bytes())
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))?;
-        // SAFETY: statfs fills the zeroed struct we own, from a valid C string.
-        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        if unsafe { libc::statfs(cdir.as_ptr(), &mut st) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if st.f_type as i64 == TMPFS_MAGIC {
+        if let Some(fs) = memory_file_system(dir) {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
                 format!(
-                    "{} is on a tmpfs, whose pages stay in memory: major faults need a \
+                    "{} is on a {fs}, whose pages stay in memory: major faults need a \
                      directory on a disk",
                     dir.display()
                 ),
@@ -191,6 +181,25 @@ impl FileMapping {
         }
         Ok(())
     }
+}
+
+/// The type of the file system holding `dir` when it keeps its files in memory (`tmpfs`,
+/// `ramfs`, `devtmpfs`), whose pages, like anonymous memory, cannot leave memory without
+/// swap; `None` for a disk file system or when `/proc/self/mountinfo` does not say.
+pub fn memory_file_system(dir: &Path) -> Option<String> {
+    let dir = dir.canonicalize().ok()?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let mount_point = left.split_whitespace().nth(4)?;
+            let fstype = right.split_whitespace().next()?;
+            dir.starts_with(mount_point)
+                .then(|| (mount_point.len(), fstype.to_string()))
+        })
+        .max_by_key(|(len, _)| *len)
+        .map(|(_, t)| t)
+        .filter(|t| matches!(t.as_str(), "tmpfs" | "ramfs" | "devtmpfs"))
 }
 
 impl Drop for FileMapping {

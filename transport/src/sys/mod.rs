@@ -9,7 +9,7 @@ mod file_mapping;
 mod guarded_copy;
 mod longterm_pin;
 
-pub use file_mapping::FileMapping;
+pub use file_mapping::{memory_file_system, FileMapping};
 pub use guarded_copy::{guarded_copy, install as install_fault_guard};
 pub use longterm_pin::{LongTermPin, LongTermPins, PinnedSnapshot, MAX_PIN_CHUNK, PIN_SLOTS};
 

@@ -80,29 +80,42 @@ impl Inner {
             );
             let write = slot.w[NPF_WRITE].load(Relaxed) != 0;
             let t0 = slot.w[NPF_TIME].load(Relaxed);
-            let taken = sys::monotonic_ns();
-            let ok = self.resolve_fault(addr, len, write);
-            let os_ns = sys::monotonic_ns().saturating_sub(taken);
-            let model_ns = if ok {
-                self.profile.charge_npf_hardware()
-            } else {
-                0
-            };
-            let pages = sys::page_span(addr, len).1 / PAGE_SIZE;
-            // Count before publishing, so whoever sees the fault resolved sees it counted.
-            self.counters.record_npf(
-                false,
-                pages,
-                NpfTiming {
-                    total_ns: sys::monotonic_ns().saturating_sub(t0),
-                    wait_ns: taken.saturating_sub(t0),
-                    os_ns,
-                    model_ns,
-                },
-            );
+            // Counted before publishing, so whoever sees the fault resolved sees it counted.
+            let ok = self.resolve_responder_fault(addr, len, write, t0);
             slot.w[NPF_STATUS].store(!ok as u64, Relaxed);
             slot.w[NPF_DONE].store(req, Release);
         }
+    }
+
+    /// The driver's handling of one responder fault taken at `taken_at_ns` (monotonic):
+    /// resolves it, charges the profile's modelled hardware time, and counts it with where
+    /// its time went. True if the pages are mapped now.
+    pub(crate) fn resolve_responder_fault(
+        &self,
+        addr: u64,
+        len: u64,
+        write: bool,
+        taken_at_ns: u64,
+    ) -> bool {
+        let taken = sys::monotonic_ns();
+        let ok = self.resolve_fault(addr, len, write);
+        let os_ns = sys::monotonic_ns().saturating_sub(taken);
+        let model_ns = if ok {
+            self.profile.charge_npf_hardware()
+        } else {
+            0
+        };
+        self.counters.record_npf(
+            false,
+            sys::page_span(addr, len).1 / PAGE_SIZE,
+            NpfTiming {
+                total_ns: sys::monotonic_ns().saturating_sub(taken_at_ns),
+                wait_ns: taken.saturating_sub(taken_at_ns),
+                os_ns,
+                model_ns,
+            },
+        );
+        ok
     }
 
     /// Maps `[addr, addr+len)` of this process and marks it present for the NIC.

@@ -12,10 +12,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use smallvec::SmallVec;
 
 use super::{completion, Engine, KeyedExtent};
-use crate::nic::counters::NpfTiming;
 use crate::nic::soft::receive_fault::BACKUP_RING_MAX_MESSAGES;
 use crate::nic::soft::{dma, Inner};
-use crate::nic::{Access, Completion, Sge, WcOpcode, WcStatus, PAGE_SIZE};
+use crate::nic::{Access, Completion, Sge, WcOpcode, WcStatus};
 use crate::sys::{self, AnonMapping, Extent};
 
 /// A queue pair's backup ring: pinned memory registered with this NIC (`lkey`), used as a
@@ -189,25 +188,7 @@ impl Inner {
     /// Resolves a parked message's fault (the driver's work, timed as a responder fault)
     /// and copies it from the ring into its receive buffer.
     fn place_parked(&self, sges: &[Sge], len: u64, p: &Parked) -> WcStatus {
-        let taken = sys::monotonic_ns();
-        let ok = self.resolve_fault(p.fault.addr, p.fault.len, true);
-        let os_ns = sys::monotonic_ns().saturating_sub(taken);
-        let model_ns = if ok {
-            self.profile.charge_npf_hardware()
-        } else {
-            0
-        };
-        self.counters.record_npf(
-            false,
-            sys::page_span(p.fault.addr, p.fault.len).1 / PAGE_SIZE,
-            NpfTiming {
-                total_ns: sys::monotonic_ns().saturating_sub(p.since_ns),
-                wait_ns: taken.saturating_sub(p.since_ns),
-                os_ns,
-                model_ns,
-            },
-        );
-        if !ok {
+        if !self.resolve_responder_fault(p.fault.addr, p.fault.len, true, p.since_ns) {
             return WcStatus::LocalProtectionError;
         }
         let keyed: SmallVec<[KeyedExtent; 2]> = sges.iter().map(KeyedExtent::from).collect();
