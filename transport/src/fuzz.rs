@@ -1,7 +1,8 @@
 //! Fuzz targets (issue 15): the ring packet decoder ([`crate::nic::soft::ring::decode`]),
-//! the message decoder ([`crate::msg::wire::decode_message`]) and the bootstrap protocol's
-//! parsers ([`crate::boot::pwrun_client::wire`]), each driven by a small deterministic
-//! mutational fuzzer on the stable toolchain.
+//! the message decoder ([`crate::msg::wire::decode_message`]), the bootstrap protocol's
+//! parsers ([`crate::boot::pwrun_client::wire`]) and the TCP wire's frame decoder
+//! ([`crate::nic::soft::tcp::frame::decode`], issue 18), each driven by a small
+//! deterministic mutational fuzzer on the stable toolchain.
 //!
 //! Each target starts from valid encodings, mutates them (bit flips, bytes and 2/4/8-byte
 //! fields set to their extremes or at random, truncation, extension, splices; one input in
@@ -362,5 +363,132 @@ fn fuzz_bootstrap_parser() {
             }
         }
         decoded
+    });
+}
+
+/// The TCP wire's frame decoder (issue 18): every frame kind as seed, streams of several
+/// frames, and the hello.
+#[test]
+#[ignore = "fuzzing: run by .ci/fuzz.sh"]
+fn fuzz_tcp_frame_decoder() {
+    use crate::nic::soft::ack::Nak;
+    use crate::nic::soft::tcp::frame::{self, Frame, Hello, HELLO_BYTES};
+    use ring::{FIRST, HAS_IMM, LAST};
+    let packet = |h: ring::Header, payload: &[u8]| {
+        let mut v = frame::packet_head(&h).to_vec();
+        v.extend_from_slice(payload);
+        v
+    };
+    let base = ring::Header {
+        dst_qpn: 3,
+        src_qpn: 4,
+        msn: 17,
+        ..ring::Header::default()
+    };
+    let mut seeds = vec![
+        packet(
+            ring::Header {
+                kind: Kind::Send as u8,
+                flags: FIRST | LAST | HAS_IMM,
+                imm: 5,
+                total_len: 40,
+                payload_len: 40,
+                ..base
+            },
+            &[0x42; 40],
+        ),
+        packet(
+            ring::Header {
+                kind: Kind::Write as u8,
+                flags: FIRST,
+                total_len: 1 << 20,
+                remote_addr: 0x7f00_0000_0000,
+                rkey: 0x1234_5601,
+                payload_len: 16,
+                ..base
+            },
+            &[7; 16],
+        ),
+        packet(
+            ring::Header {
+                kind: Kind::ReadRequest as u8,
+                flags: FIRST | LAST,
+                total_len: 1 << 30,
+                remote_addr: 0x1000,
+                rkey: 7,
+                ..base
+            },
+            &[],
+        ),
+    ];
+    for c in [
+        Frame::Ack { qpn: 2, msn_end: 9 },
+        Frame::Nak {
+            qpn: 2,
+            msn: 9,
+            why: Nak::Rnr { fault: Some(3) },
+        },
+        Frame::Nak {
+            qpn: 2,
+            msn: 9,
+            why: Nak::Error(5),
+        },
+        Frame::FaultDone {
+            qpn: 1,
+            seq: 4,
+            resolved: true,
+        },
+        Frame::Bye,
+    ] {
+        let mut v = Vec::new();
+        frame::encode_control(&c, &mut v);
+        seeds.push(v);
+    }
+    // A stream of three frames, and a hello.
+    seeds.push(seeds[..3].concat());
+    seeds.push(
+        Hello {
+            secret: [9; 32],
+            from: 1,
+            to: 0,
+        }
+        .encode()
+        .to_vec(),
+    );
+    for s in &seeds[..8] {
+        assert!(
+            matches!(frame::decode(s), Ok(Some((_, n))) if n == s.len()),
+            "seed {s:?}"
+        );
+    }
+    drive("tcp frame decoder", &seeds, 512, |input| {
+        if let Ok(b) = <&[u8; HELLO_BYTES]>::try_from(input) {
+            let _ = Hello::decode(b).map(|h| assert_eq!(&h.encode(), b, "hello round trip"));
+        }
+        // Decode the input as a stream, as a link does.
+        let mut at = 0;
+        let mut any = false;
+        while let Ok(Some((f, n))) = frame::decode(&input[at..]) {
+            assert!(n >= frame::PREFIX_BYTES && at + n <= input.len());
+            let again = match f {
+                Frame::Packet { header, payload } => {
+                    assert_eq!(header.payload_len as usize, payload.len());
+                    assert!(payload.len() <= MTU && header.flags & CMA_DESCRIPTOR == 0);
+                    assert!((header.dst_qpn as usize) < crate::nic::soft::MAX_QPS);
+                    let mut v = frame::packet_head(&header).to_vec();
+                    v.extend_from_slice(payload);
+                    v
+                }
+                other => {
+                    let mut v = Vec::new();
+                    frame::encode_control(&other, &mut v);
+                    v
+                }
+            };
+            assert_eq!(again, input[at..at + n], "round trip");
+            at += n;
+            any = true;
+        }
+        any
     });
 }

@@ -21,6 +21,7 @@ pub fn soft_nic(memlock: u64, pin: PinMethod) -> SoftNic {
             profile: SoftProfile::Real,
             tpt_cache: 0,
             receive_fault: Default::default(),
+            wire: Default::default(),
         },
     )
     .expect("soft NIC")

@@ -35,14 +35,18 @@ pub struct SoftConfig {
     /// `PAGEWIRE_SOFT_ACK_TIMEOUT`, `PAGEWIRE_SOFT_BACKUP_RING`; issue 16 study 1, seed 000
     /// §4-5; see [`ReceiveFaultSettings`]).
     pub receive_fault: ReceiveFaultSettings,
+    /// Which wire reaches each peer, and the interface TCP listens on
+    /// (`PAGEWIRE_SOFT_WIRE=auto|shm|tcp`, `PAGEWIRE_SOFT_IFACE`; issue 18, see [`WireSettings`]).
+    pub wire: WireSettings,
 }
 
 impl SoftConfig {
     /// Reads `PAGEWIRE_SOFT_DMA`, `PAGEWIRE_MEMLOCK_LIMIT` (bytes, with an optional
     /// K/M/G suffix, or `unlimited`), `PAGEWIRE_SOFT_ODP_CHECK` (`monitor`, `pagemap`) and
     /// `PAGEWIRE_PIN` (`auto`, `longterm`, `mlock`), `PAGEWIRE_SOFT_PROFILE` (`real`,
-    /// `npf-model`), `PAGEWIRE_SOFT_TPT_CACHE` (`off`, or a number of entries) and the
-    /// receive-fault settings ([`ReceiveFaultSettings::from_env`]).
+    /// `npf-model`), `PAGEWIRE_SOFT_TPT_CACHE` (`off`, or a number of entries), the
+    /// receive-fault settings ([`ReceiveFaultSettings::from_env`]) and the wire's
+    /// ([`WireSettings::from_env`]).
     pub fn from_env() -> Result<SoftConfig> {
         let dma = match std::env::var("PAGEWIRE_SOFT_DMA").as_deref() {
             Err(_) | Ok("") | Ok("auto") => DmaMode::Auto,
@@ -79,6 +83,7 @@ impl SoftConfig {
             std::env::var("PAGEWIRE_SOFT_TPT_CACHE").ok().as_deref(),
         )?;
         let receive_fault = ReceiveFaultSettings::from_env()?;
+        let wire = WireSettings::from_env()?;
         Ok(SoftConfig {
             dma,
             memlock,
@@ -87,6 +92,7 @@ impl SoftConfig {
             profile,
             tpt_cache,
             receive_fault,
+            wire,
         })
     }
 }

@@ -37,6 +37,8 @@ impl Inner {
                 if let Some(mut eng) = self.engine.try_lock() {
                     self.progress(&mut eng);
                     work = eng.has_work();
+                    // The application is not polling: no reply will carry the ACKs soon.
+                    self.flush_links(true);
                 }
             }
             asleep.store(1, SeqCst);
@@ -52,7 +54,10 @@ impl Inner {
             } else {
                 DRIVER_IDLE_SLEEP
             };
-            sys::futex_wait(bell, seen, wait);
+            match &self.wire {
+                None => sys::futex_wait(bell, seen, wait),
+                Some(w) => w.sleep(bell, seen, wait, !app_polling, &self.links_output()),
+            }
             asleep.store(0, SeqCst);
         }
     }
@@ -84,6 +89,8 @@ impl Inner {
             let ok = self.resolve_responder_fault(addr, len, write, t0);
             slot.w[NPF_STATUS].store(!ok as u64, Relaxed);
             slot.w[NPF_DONE].store(req, Release);
+            // A requester on another host cannot read the slot: it is told.
+            self.report_fault_by_link(qpn, req, ok);
         }
     }
 

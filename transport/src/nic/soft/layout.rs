@@ -105,6 +105,22 @@ impl RankMemory {
         Ok(RankMemory { seg, present, size })
     }
 
+    /// The local image of rank `rank` of a job of `size`, a peer on another host reached by
+    /// TCP (`tcp/`): memory of this process only, laid out as a segment, in which the
+    /// engine finds what it would find in a local peer's segment. Its ring from this rank is
+    /// the TCP link's send queue; its fault slots hold the outcomes the peer reports; the
+    /// rest stays zero (no TPT to read: a remote peer's keys are checked by the peer).
+    pub(super) fn local_image(rank: usize, size: usize) -> Result<RankMemory> {
+        let what = format!("local image of rank {rank}");
+        let seg = SharedSegment::anonymous(RINGS_OFFSET + size * RING_BYTES, &what)?;
+        let present = SharedSegment::anonymous(PRESENT_BYTES, &what)?;
+        let h = seg.words(0, 4);
+        h[2].store(rank as u64, Relaxed);
+        h[3].store(size as u64, Relaxed);
+        h[0].store(MAGIC, Release);
+        Ok(RankMemory { seg, present, size })
+    }
+
     pub(crate) fn tpt(&self) -> Tpt<'_> {
         Tpt::new(self.seg.words(TPT_OFFSET, TPT_BYTES / 8))
     }
@@ -242,6 +258,15 @@ impl NpfSlot<'_> {
         self.w[NPF_REQ].store(seq, Release);
         self.filed.fetch_add(1, Release);
         seq
+    }
+
+    /// Records that fault `seq` was handled (`resolved`: the pages are mapped now), as the
+    /// owner's driver does; for the image of a peer on another host, from its report.
+    pub(crate) fn record_outcome(&self, seq: u64, resolved: bool) {
+        if self.w[NPF_DONE].load(Acquire) < seq {
+            self.w[NPF_STATUS].store(!resolved as u64, Relaxed);
+            self.w[NPF_DONE].store(seq, Release);
+        }
     }
 
     /// `Some(resolved)` once fault `seq` has been handled.

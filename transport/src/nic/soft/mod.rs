@@ -30,7 +30,7 @@
 //!   (`odp_watch.rs`); without a monitor, initiators check the owner's `/proc/PID/pagemap`
 //!   before DMA into present pages. A fault on unmapped memory ends in an error completion.
 
-mod ack;
+pub(crate) mod ack;
 mod bound;
 mod config;
 #[allow(unsafe_code)]
@@ -48,6 +48,7 @@ mod regions;
 pub(crate) mod ring;
 #[allow(unsafe_code)]
 mod shm;
+pub(crate) mod tcp;
 mod tpt;
 mod tpt_cache;
 
@@ -56,6 +57,7 @@ pub use npf_model::SoftProfile;
 pub use odp_watch::OdpCheck;
 pub use pin::{MemlockLimit, PinMethod};
 pub use receive_fault::{ReceiveFaultPolicy, ReceiveFaultSettings, BACKUP_RING_MAX_MESSAGES};
+pub use tcp::{WireMode, WireSettings};
 
 use std::fs::File;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
@@ -99,12 +101,19 @@ pub(crate) struct Peer {
     pub cma: bool,
     pub process: Option<ProcessHandle>,
     pub pagemap: Option<File>,
+    /// The TCP connection to a peer on another host (`tcp/`); `mem` is then the peer's
+    /// local image, not its segment.
+    pub link: Option<Arc<tcp::TcpLink>>,
 }
 
 impl Peer {
-    /// Whether the peer's process still runs (always true for this rank itself).
+    /// Whether the peer's process still runs (always true for this rank itself); a peer on
+    /// another host while its connection stands.
     pub(crate) fn is_alive(&self) -> bool {
-        self.process.as_ref().is_none_or(|p| p.is_alive())
+        match &self.link {
+            Some(l) => !l.is_closed(),
+            None => self.process.as_ref().is_none_or(|p| p.is_alive()),
+        }
     }
 }
 
@@ -122,6 +131,11 @@ pub(crate) struct Inner {
     /// Detaches pinned regions whose range the application replaced.
     bound: BoundWatch,
     pub peers: Vec<Peer>,
+    /// The TCP links to peers on other hosts, when there are any.
+    wire: Option<tcp::TcpWire>,
+    /// The peer each queue pair was created towards (`u32::MAX`: none), for the driver's
+    /// fault outcomes to peers on other hosts.
+    qp_peers: Vec<AtomicU32>,
     regions: Mutex<RegionBook>,
     pub engine: Mutex<Engine>,
     /// Faults filed on this rank's memory that have been served.
@@ -174,19 +188,53 @@ impl SoftNic {
             let _ = sys::allow_cma_from_descendants_of(tracer);
         }
         let probe = own.seg.addr_of(0);
-        let mut mine = Vec::with_capacity(12);
+        let wire_start = tcp::WireStart::new(&config.wire, rank, size)?;
+        let mut mine = Vec::with_capacity(12 + tcp::WIRE_ADDRESS_BYTES);
         mine.extend_from_slice(&std::process::id().to_le_bytes());
         mine.extend_from_slice(&probe.to_le_bytes());
+        wire_start.address.encode(&mut mine);
         let all = boot.allgather(&mine)?;
-        let mut peers = Vec::with_capacity(size);
+        let mut addresses = Vec::with_capacity(size);
         for (r, blob) in all.iter().enumerate() {
-            if blob.len() != 12 {
-                return Err(Error::Bootstrap(format!(
-                    "rank {r} sent a malformed NIC address"
-                )));
-            }
+            let wire = (blob.len() == 12 + tcp::WIRE_ADDRESS_BYTES)
+                .then(|| tcp::WireAddress::decode(&blob[12..]))
+                .flatten()
+                .ok_or_else(|| {
+                    Error::Bootstrap(format!("rank {r} sent a malformed NIC address"))
+                })?;
             let pid = u32::from_le_bytes(blob[0..4].try_into().expect("4 bytes"));
             let probe = u64::from_le_bytes(blob[4..12].try_into().expect("8 bytes"));
+            addresses.push((pid, probe, wire));
+        }
+        let secret = addresses[0].2.secret;
+        let mut tcp_peers = Vec::new();
+        for (r, (_, _, wire)) in addresses.iter().enumerate() {
+            if wire_start.uses_tcp(config.wire.mode, rank, r, wire)? {
+                tcp_peers.push((r, wire.addr));
+            }
+        }
+        let mut streams = wire_start.connect_all(rank, &tcp_peers, &secret)?;
+        let mut peers = Vec::with_capacity(size);
+        let mut links = Vec::new();
+        for (r, &(pid, probe, _)) in addresses.iter().enumerate() {
+            if let Some(at) = streams.iter().position(|(p, _)| *p == r) {
+                let (_, stream) = streams.swap_remove(at);
+                let link =
+                    Arc::new(tcp::TcpLink::new(rank, r, stream).map_err(|e| {
+                        Error::os(format!("setting up the TCP wire to rank {r}"), e)
+                    })?);
+                links.push(link.clone());
+                peers.push(Peer {
+                    rank: r,
+                    pid: 0,
+                    mem: Arc::new(RankMemory::local_image(r, size)?),
+                    cma: false,
+                    process: None,
+                    pagemap: None,
+                    link: Some(link),
+                });
+                continue;
+            }
             let mem = if r == rank {
                 own.clone()
             } else {
@@ -213,8 +261,18 @@ impl SoftNic {
                 cma,
                 process: (r != rank).then(|| ProcessHandle::open(pid).ok()).flatten(),
                 pagemap: File::open(format!("/proc/{pid}/pagemap")).ok(),
+                link: None,
             });
         }
+        let wire = if links.is_empty() {
+            None
+        } else {
+            Some(tcp::TcpWire {
+                links,
+                wakeup: sys::Wakeup::new()
+                    .map_err(|e| Error::os("creating the TCP wire's wakeup eventfd", e))?,
+            })
+        };
         // Nobody may remove its segment before everyone has mapped it.
         boot.barrier()?;
         // Everyone has: the names can go now (the mappings keep the objects alive), so that
@@ -249,6 +307,8 @@ impl SoftNic {
             own,
             watch,
             peers,
+            wire,
+            qp_peers: (0..MAX_QPS).map(|_| AtomicU32::new(u32::MAX)).collect(),
             bound: BoundWatch::new(pins.long_term())?,
             regions: Mutex::new(RegionBook {
                 regions: vec![None; MAX_MRS],
@@ -291,6 +351,33 @@ impl SoftNic {
     /// Number of ranks the NIC is connected to (including itself).
     pub fn size(&self) -> usize {
         self.inner.peers.len()
+    }
+
+    /// Whether packets to `peer` go over TCP (a peer on another host, or
+    /// `PAGEWIRE_SOFT_WIRE=tcp`) rather than through shared memory.
+    pub fn uses_tcp(&self, peer: usize) -> bool {
+        self.inner.peers.get(peer).is_some_and(|p| p.link.is_some())
+    }
+
+    /// Why the TCP connection to `peer` failed (a malformed frame, a reset, an end of
+    /// stream without a goodbye), once it has; `None` while it stands, after an orderly
+    /// goodbye, and for a peer reached through shared memory.
+    pub fn link_failure(&self, peer: usize) -> Option<String> {
+        self.inner.peers.get(peer)?.link.as_ref()?.failure()
+    }
+
+    /// For hostile-peer tests only: writes `bytes` on the TCP connection to `peer` as they
+    /// are, after what is queued. False if `peer` is not reached by TCP or its connection is
+    /// closed.
+    #[doc(hidden)]
+    pub fn send_raw_wire_bytes(&self, peer: usize, bytes: &[u8]) -> bool {
+        let Some(p) = self.inner.peers.get(peer) else {
+            return false;
+        };
+        let Some(l) = &p.link else {
+            return false;
+        };
+        l.send_raw(&p.mem.ring_from(self.inner.rank), bytes)
     }
 
     /// Whether payloads to `peer` move by CMA (one kernel copy) rather than staged.
@@ -421,8 +508,16 @@ impl Drop for SoftNic {
         }
         self.inner.shutdown.store(true, Release);
         self.inner.own.ring_doorbell();
+        if let Some(w) = &self.inner.wire {
+            w.wakeup.signal();
+        }
         if let Some(d) = self.driver.take() {
             let _ = d.join();
+        }
+        if let Some(w) = &self.inner.wire {
+            for l in &w.links {
+                l.say_bye(&self.inner.peers[l.peer].mem.ring_from(self.inner.rank));
+            }
         }
         let keys: Vec<u32> = self
             .inner
@@ -530,6 +625,9 @@ impl Nic for SoftNic {
         if let (Err(_), Some(lkey)) = (&made, lkey) {
             let _ = self.inner.deregister(lkey);
         }
+        if let Ok(qpn) = made {
+            self.inner.qp_peers[qpn as usize].store(peer as u32, Release);
+        }
         made
     }
 
@@ -569,6 +667,8 @@ impl Nic for SoftNic {
         self.inner.on_entry();
         self.inner.own.note_app_in_nic(true);
         let r = self.inner.post_send(qpn, wr);
+        // What the post put on a TCP link goes out now, as a NIC sends on its doorbell.
+        self.inner.flush_link_of(qpn);
         self.inner.own.note_app_in_nic(false);
         r
     }
@@ -587,6 +687,7 @@ impl Nic for SoftNic {
         self.inner.progress(&mut eng);
         let n = eng.drain_cq(cq, out, max);
         drop(eng);
+        self.inner.flush_links(false);
         self.inner.own.note_app_in_nic(false);
         n.ok_or_else(|| Error::InvalidArgument(format!("no completion queue {cq}")))
     }

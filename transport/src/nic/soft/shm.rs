@@ -175,6 +175,32 @@ impl SharedSegment {
         })
     }
 
+    /// A mapping of `len` bytes that no other process can open (shared anonymous memory,
+    /// sparse): the local image of a peer on another host (`RankMemory::local_image`).
+    pub(crate) fn anonymous(len: usize, what: &str) -> Result<SharedSegment> {
+        // SAFETY: a new shared anonymous mapping at a kernel-chosen address.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::last_os(format!("mmap({what}, {len} bytes)")));
+        }
+        Ok(SharedSegment {
+            ptr: p as *mut u8,
+            len,
+            name: what.to_string(),
+            owner: std::sync::atomic::AtomicBool::new(false),
+            inode: 0,
+        })
+    }
+
     /// Removes the object's name now, if this process created it (once); the mapping stays.
     /// The owner calls it when its NIC goes down, so that the name is free at once even if
     /// something (a monitor thread finishing an event) holds the mapping a little longer.

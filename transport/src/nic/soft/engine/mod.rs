@@ -445,6 +445,7 @@ impl super::Inner {
         // serves them while the application computes.
         self.serve_faults();
         self.serve_translation_misses();
+        self.pump_links();
         let due = eng
             .inbox
             .due(self.own.pending(), |src| self.own.ring_from(src));

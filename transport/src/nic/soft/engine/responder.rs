@@ -72,7 +72,9 @@ impl Inner {
     /// Accepted every request below `msn_end` of the requester's queue pair `src_qpn` at
     /// rank `from`.
     pub(super) fn ack(&self, from: usize, src_qpn: u32, msn_end: u64) {
-        self.peers[from].mem.ack_line(src_qpn).ack(msn_end);
+        if !self.ack_by_link(from, src_qpn, msn_end) {
+            self.peers[from].mem.ack_line(src_qpn).ack(msn_end);
+        }
     }
 
     /// Refused request `msn` of the requester's queue pair `src_qpn` at rank `from`.
@@ -80,7 +82,9 @@ impl Inner {
         if matches!(why, Nak::Rnr { .. }) {
             self.counters.rnr_nacks_sent.fetch_add(1, Relaxed);
         }
-        self.peers[from].mem.ack_line(src_qpn).nak(msn, why);
+        if !self.nak_by_link(from, src_qpn, msn, why) {
+            self.peers[from].mem.ack_line(src_qpn).nak(msn, why);
+        }
     }
 
     /// Refuses request `msn` for good with `status`: the requester's queue pair will enter

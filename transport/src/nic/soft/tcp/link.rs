@@ -1,0 +1,438 @@
+//! One TCP connection to a peer on another host (issue 18): the wire that carries the ring
+//! packets, acknowledgements and fault outcomes a local peer would exchange through shared
+//! memory.
+//!
+//! - **Sending.** The engine writes a TCP peer's packets into the send ring of that peer's
+//!   local image (`RankMemory::local_image`), exactly as it writes a local peer's ring;
+//!   [`TcpLink::flush`] sends the ring's packets and the queued control frames with one
+//!   gathered `sendmsg` per batch, from the slots themselves, and frees each slot once the
+//!   socket took all of it. A socket that takes nothing more leaves the rest queued: the ring
+//!   fills and the engine waits, as for a full ring in shared memory (back-pressure).
+//! - **Receiving.** [`TcpLink::pump`] reads what has arrived into the link's buffer, decodes
+//!   and checks every frame (`frame.rs`), and places each packet into this rank's ring from
+//!   that peer, where the engine takes it as it takes a local peer's packet: so the target's
+//!   checks (the TPT, receives, receive-side faults) are the same code on both wires. ACKs
+//!   and NAKs go into this rank's acknowledgement lines, fault outcomes into the image's
+//!   fault slots. A full ring stops the reading (TCP's flow control holds the sender).
+//! - **Errors.** A frame the decoder refuses, a connection reset, or an end of stream closes
+//!   the link, with one line on stderr saying which peer and why. The peer then counts as
+//!   dead: its queue pairs' requests end with retry-exceeded completions as for a peer whose
+//!   process died (issue 15).
+
+use std::io;
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::{Acquire, Release};
+
+use parking_lot::Mutex;
+use smallvec::SmallVec;
+
+use super::frame::{self, Frame, MAX_FRAME_BYTES, PREFIX_BYTES};
+use crate::nic::soft::inbox;
+use crate::nic::soft::layout::RankMemory;
+use crate::nic::soft::ring::{Ring, ENCODED_HEADER_BYTES};
+use crate::sys::{self, Extent};
+
+/// How long a link holds ACKs, when nothing else waits to go out, for a packet to carry
+/// them (a reply, in a ping-pong): on a wire where each segment costs the kernel's whole
+/// send and receive path, a separate ACK on the critical path costs as much as the message.
+/// TCP's delayed ACK, at the scale of a NIC; NAKs and fault outcomes never wait.
+pub(crate) const ACK_DELAY_NS: u64 = 20_000;
+
+/// Ring packets one `sendmsg` carries at most.
+const SEND_BATCH: usize = 32;
+/// Bytes of a link's receive buffer: room for many small frames per `recvmsg` and always for
+/// one whole packet after a partial one.
+const RECV_BUFFER: usize = 256 * 1024;
+
+type PacketHead = [u8; PREFIX_BYTES + ENCODED_HEADER_BYTES];
+
+/// What is queued to go out, beyond the packets in the image's ring.
+#[derive(Debug, Default)]
+struct Outbound {
+    /// Encoded control frames (ACK, NAK, fault outcomes).
+    control: Vec<u8>,
+    /// Bytes of `control` sent.
+    control_sent: usize,
+    /// Bytes of the ring's oldest packet's frame sent (it goes first when non-zero).
+    ring_sent: usize,
+    /// When the oldest queued control frame was queued (monotonic ns).
+    control_since: u64,
+    /// A queued control frame must not wait (a NAK, a fault outcome, a goodbye).
+    urgent: bool,
+}
+
+/// What has arrived and not been placed yet.
+struct Inbound {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// The next frame waits for a free slot in this rank's ring from the peer.
+    blocked: bool,
+}
+
+/// The connection to one peer on another host.
+pub(crate) struct TcpLink {
+    /// The peer's rank.
+    pub peer: usize,
+    /// This rank.
+    me: usize,
+    stream: TcpStream,
+    out: Mutex<Outbound>,
+    inp: Mutex<Inbound>,
+    closed: AtomicBool,
+    /// The peer said goodbye: its end of stream is no failure.
+    said_bye: AtomicBool,
+    /// This NIC is going down: a peer's reset or closed pipe is no news.
+    leaving: AtomicBool,
+    /// Why the link closed, when it failed (not after a goodbye).
+    failure: Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for TcpLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpLink")
+            .field("peer", &self.peer)
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}
+
+/// Sums of extents' lengths.
+fn extent_bytes(e: &[Extent]) -> usize {
+    e.iter().map(|e| e.len as usize).sum()
+}
+
+impl TcpLink {
+    /// A link over `stream` (connected and authenticated): made non-blocking, with Nagle's
+    /// delay off (a packet goes out when the engine hands it over, as a NIC sends).
+    pub(crate) fn new(me: usize, peer: usize, stream: TcpStream) -> io::Result<TcpLink> {
+        stream.set_nonblocking(true)?;
+        stream.set_nodelay(true)?;
+        Ok(TcpLink {
+            peer,
+            me,
+            stream,
+            out: Mutex::new(Outbound::default()),
+            inp: Mutex::new(Inbound {
+                buf: vec![0; RECV_BUFFER],
+                start: 0,
+                end: 0,
+                blocked: false,
+            }),
+            closed: AtomicBool::new(false),
+            said_bye: AtomicBool::new(false),
+            leaving: AtomicBool::new(false),
+            failure: Mutex::new(None),
+        })
+    }
+
+    /// Whether the connection has ended (the peer counts as dead).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Acquire)
+    }
+
+    pub(crate) fn fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+
+    /// Whether anything waits to go out (packets in `ring` or control frames): the driver
+    /// then waits for the socket to take more.
+    pub(crate) fn has_output(&self, ring: &Ring<'_>) -> bool {
+        !self.is_closed()
+            && (ring.peek().is_some() || self.out.try_lock().is_none_or(|o| !o.control.is_empty()))
+    }
+
+    /// Whether reading stopped for want of room in this rank's ring from the peer.
+    pub(crate) fn input_blocked(&self) -> bool {
+        self.inp.try_lock().is_some_and(|i| i.blocked)
+    }
+
+    /// Says goodbye (this NIC is going down) and closes the link, without a word.
+    pub(crate) fn say_bye(&self, ring: &Ring<'_>) {
+        self.leaving.store(true, Release);
+        self.queue(&Frame::Bye);
+        // A socket that takes nothing now gets no more tries: the end of stream follows.
+        self.flush(ring);
+        if !self.closed.swap(true, Release) {
+            let _ = self.stream.shutdown(std::net::Shutdown::Write);
+        }
+    }
+
+    /// Closes the link for `why` (once, with one line on stderr unless either side was
+    /// going down in order).
+    fn close(&self, why: &str) {
+        let quiet = self.said_bye.load(Acquire) || self.leaving.load(Acquire);
+        if !self.closed.swap(true, Release) && !quiet {
+            *self.failure.lock() = Some(why.to_string());
+            eprintln!(
+                "pagewire: rank {}: closed the TCP connection to rank {}: {why}",
+                self.me, self.peer
+            );
+        }
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Why the link failed, if it did (a goodbye is no failure).
+    pub(crate) fn failure(&self) -> Option<String> {
+        self.failure.lock().clone()
+    }
+
+    /// Writes `bytes` on the connection as they are, after what is queued (hostile-peer
+    /// tests: what any program that connects can send). False if the link is closed.
+    pub(crate) fn send_raw(&self, ring: &Ring<'_>, bytes: &[u8]) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.has_output(ring) && std::time::Instant::now() < deadline {
+            self.flush(ring);
+        }
+        let _o = self.out.lock();
+        let mut at = 0;
+        while at < bytes.len() && !self.is_closed() && std::time::Instant::now() < deadline {
+            let rest = Extent {
+                addr: bytes[at..].as_ptr() as u64,
+                len: (bytes.len() - at) as u64,
+            };
+            match sys::send_extents(self.fd(), &[rest]) {
+                Ok(n) => at += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::yield_now();
+                }
+                Err(_) => return false,
+            }
+        }
+        at == bytes.len()
+    }
+
+    /// Queues a control frame; [`TcpLink::flush`] sends it.
+    pub(crate) fn queue(&self, f: &Frame<'_>) {
+        if !self.is_closed() {
+            let mut o = self.out.lock();
+            if o.control.is_empty() {
+                o.control_since = sys::monotonic_ns();
+            }
+            o.urgent |= !matches!(f, Frame::Ack { .. });
+            frame::encode_control(f, &mut o.control);
+        }
+    }
+
+    /// [`TcpLink::flush`], except that ACKs younger than [`ACK_DELAY_NS`] with nothing
+    /// else to go wait (unless `force`).
+    pub(crate) fn flush_unless_young(&self, ring: &Ring<'_>, force: bool) -> usize {
+        if !force && ring.peek().is_none() {
+            let o = self.out.lock();
+            let young = !o.urgent
+                && o.control_sent == 0
+                && o.ring_sent == 0
+                && (o.control.is_empty()
+                    || sys::monotonic_ns().saturating_sub(o.control_since) < ACK_DELAY_NS);
+            if young {
+                return 0;
+            }
+        }
+        self.flush(ring)
+    }
+
+    /// Sends what is queued — the packets of `ring` (the image's send ring) and the control
+    /// frames — as far as the socket takes it now; frees each packet's slot once all of it
+    /// went out. Returns the bytes sent.
+    pub(crate) fn flush(&self, ring: &Ring<'_>) -> usize {
+        if self.is_closed() {
+            return 0;
+        }
+        let mut o = self.out.lock();
+        let mut total = 0;
+        loop {
+            // The oldest packet's frame first if it is part-sent, then the control frames
+            // (they never interleave with a part-sent packet), then more packets.
+            let mut heads: SmallVec<[PacketHead; SEND_BATCH]> = SmallVec::new();
+            let mut lens: SmallVec<[usize; SEND_BATCH]> = SmallVec::new();
+            let mut payloads: SmallVec<[Extent; SEND_BATCH]> = SmallVec::new();
+            for n in 0..SEND_BATCH as u64 {
+                let Some((h, slot)) = ring.peek_nth(n) else {
+                    break;
+                };
+                heads.push(frame::packet_head(&h));
+                lens.push(PREFIX_BYTES + ENCODED_HEADER_BYTES + h.payload_len as usize);
+                payloads.push(Extent {
+                    addr: slot.payload_addr(),
+                    len: h.payload_len as u64,
+                });
+            }
+            let frame_extents = |i: usize, skip: usize| -> SmallVec<[Extent; 2]> {
+                let head = Extent {
+                    addr: heads[i].as_ptr() as u64,
+                    len: heads[i].len() as u64,
+                };
+                let mut v: SmallVec<[Extent; 2]> = SmallVec::new();
+                let mut skip = skip as u64;
+                for e in [head, payloads[i]] {
+                    if skip >= e.len {
+                        skip -= e.len;
+                    } else {
+                        v.push(Extent {
+                            addr: e.addr + skip,
+                            len: e.len - skip,
+                        });
+                        skip = 0;
+                    }
+                }
+                v
+            };
+            let mut iov: SmallVec<[Extent; 2 * SEND_BATCH + 1]> = SmallVec::new();
+            let mut next = 0;
+            if o.ring_sent > 0 {
+                iov.extend(frame_extents(0, o.ring_sent));
+                next = 1;
+            }
+            if o.control_sent < o.control.len() {
+                iov.push(Extent {
+                    addr: o.control[o.control_sent..].as_ptr() as u64,
+                    len: (o.control.len() - o.control_sent) as u64,
+                });
+            }
+            for i in next..heads.len() {
+                iov.extend(frame_extents(i, 0));
+            }
+            if iov.is_empty() {
+                return total;
+            }
+            let want = extent_bytes(&iov);
+            let mut sent = match sys::send_extents(self.fd(), &iov) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return total,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    self.close(&format!("sending failed: {e}"));
+                    return total;
+                }
+            };
+            total += sent;
+            let all = sent == want;
+            // Account for what went, in the order it was offered.
+            if o.ring_sent > 0 {
+                let rest = lens[0] - o.ring_sent;
+                if sent < rest {
+                    o.ring_sent += sent;
+                    return total;
+                }
+                sent -= rest;
+                o.ring_sent = 0;
+                ring.pop();
+            }
+            let control_left = o.control.len() - o.control_sent;
+            if control_left > 0 {
+                if sent < control_left {
+                    o.control_sent += sent;
+                    return total;
+                }
+                sent -= control_left;
+                o.control.clear();
+                o.control_sent = 0;
+                o.urgent = false;
+            }
+            for &len in &lens[next..] {
+                if sent >= len {
+                    sent -= len;
+                    ring.pop();
+                } else {
+                    o.ring_sent = sent;
+                    break;
+                }
+            }
+            if !all {
+                // The socket is full: the rest goes when it drains.
+                return total;
+            }
+        }
+    }
+
+    /// Reads what has arrived and places it: packets into `own`'s ring from the peer,
+    /// acknowledgements into `own`'s lines, fault outcomes into `image` (the peer's local
+    /// image). Whether anything was placed. Another thread pumping the link is left to it.
+    pub(crate) fn pump(&self, own: &RankMemory, image: &RankMemory) -> bool {
+        if self.is_closed() {
+            return false;
+        }
+        let Some(mut guard) = self.inp.try_lock() else {
+            return false;
+        };
+        let i = &mut *guard;
+        let ring = own.ring_from(self.peer);
+        let mut placed = false;
+        loop {
+            // Place every whole frame in the buffer.
+            i.blocked = false;
+            loop {
+                let decoded = match frame::decode(&i.buf[i.start..i.end]) {
+                    Ok(d) => d,
+                    Err(why) => {
+                        self.close(&format!("it sent a malformed frame ({why})"));
+                        return placed;
+                    }
+                };
+                let Some((f, n)) = decoded else { break };
+                match f {
+                    Frame::Packet { header, payload } => {
+                        let Some(slot) = ring.reserve() else {
+                            i.blocked = true;
+                            break;
+                        };
+                        slot.write_payload(payload);
+                        ring.publish(slot, &header);
+                        inbox::announce(&ring, own.pending(), self.peer);
+                    }
+                    Frame::Ack { qpn, msn_end } => own.ack_line(qpn).ack(msn_end),
+                    Frame::Nak { qpn, msn, why } => own.ack_line(qpn).nak(msn, why),
+                    Frame::FaultDone { qpn, seq, resolved } => {
+                        image.npf_slot(qpn).record_outcome(seq, resolved)
+                    }
+                    Frame::Bye => self.said_bye.store(true, Release),
+                }
+                i.start += n;
+                placed = true;
+            }
+            if i.blocked {
+                return placed;
+            }
+            // Make room for at least one whole frame, then read.
+            if i.start == i.end {
+                (i.start, i.end) = (0, 0);
+            } else if i.buf.len() - i.start < MAX_FRAME_BYTES {
+                i.buf.copy_within(i.start..i.end, 0);
+                (i.start, i.end) = (0, i.end - i.start);
+            }
+            let room = Extent {
+                addr: i.buf[i.end..].as_mut_ptr() as u64,
+                len: (i.buf.len() - i.end) as u64,
+            };
+            match sys::recv_extents(self.fd(), &[room]) {
+                Ok(0) => {
+                    if i.start == i.end && self.said_bye.load(Acquire) {
+                        // The peer's NIC went down in order.
+                        self.closed.store(true, Release);
+                        return placed;
+                    }
+                    let why = if i.start == i.end {
+                        "the peer closed it without a goodbye (its process ended or was killed)"
+                            .to_string()
+                    } else {
+                        format!(
+                            "the peer closed it in the middle of a frame ({} bytes of it came)",
+                            i.end - i.start
+                        )
+                    };
+                    self.close(&why);
+                    return placed;
+                }
+                Ok(n) => i.end += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return placed,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.close(&format!("receiving failed: {e}"));
+                    return placed;
+                }
+            }
+        }
+    }
+}
