@@ -1,6 +1,8 @@
-//! A program started by an MPI launcher but built without the `mpi` feature fails at
-//! bootstrap with a message that says to rebuild, instead of running as N one-rank jobs
-//! (README "Running under mpirun"). `.ci/mpi.sh` checks the same under a real `mpirun`.
+//! A program started by an MPI launcher but built without the `mpi` feature: under MPICH's
+//! hydra (`PMI_FD` set) it bootstraps through the PMI-1 client (issue 18), and a `PMI_FD`
+//! that is no connection is a clear error; under any other launcher (PMIx, Open MPI) it
+//! fails at bootstrap with a message that says to rebuild, instead of running as N one-rank
+//! jobs (README "Running under mpirun"). `.ci/mpi.sh` checks both under a real `mpiexec`.
 #![cfg(not(feature = "mpi"))]
 
 use pagewire_transport::boot::{self, Launcher};
@@ -10,10 +12,10 @@ use pagewire_transport::boot::{self, Launcher};
 fn mpi_launcher_without_the_feature_is_a_clear_error() {
     std::env::remove_var(boot::ENV_BOOT);
     assert_eq!(Launcher::detect(), Launcher::None);
-    // What MPICH's hydra sets in each rank.
+    // What MPICH's hydra sets in each rank, with a descriptor that is not open here.
     std::env::set_var("PMI_RANK", "1");
     std::env::set_var("PMI_SIZE", "2");
-    std::env::set_var("PMI_FD", "6");
+    std::env::set_var("PMI_FD", "987");
     assert_eq!(Launcher::detect(), Launcher::Mpi("PMI_RANK"));
     assert!(
         boot::under_launcher(),
@@ -21,13 +23,18 @@ fn mpi_launcher_without_the_feature_is_a_clear_error() {
     );
     assert_eq!(boot::self_launch(2).unwrap(), None);
     let e = boot::from_env().err().expect("no bootstrap").to_string();
-    assert!(e.contains("started by an MPI launcher"), "{e}");
-    assert!(e.contains("PMI_RANK is set"), "{e}");
-    assert!(e.contains("rebuild with `--features mpi`"), "{e}");
-    // Open MPI's variable alone is recognised too.
+    assert!(e.contains("PMI-1") && e.contains("PMI_FD=987"), "{e}");
+    // A PMIx launcher's variable alone (no PMI_FD): rebuild.
     for v in ["PMI_RANK", "PMI_SIZE", "PMI_FD"] {
         std::env::remove_var(v);
     }
+    std::env::set_var("PMIX_RANK", "0");
+    let e = boot::from_env().err().expect("no bootstrap").to_string();
+    assert!(e.contains("started by an MPI launcher"), "{e}");
+    assert!(e.contains("PMIX_RANK is set"), "{e}");
+    assert!(e.contains("rebuild with `--features mpi`"), "{e}");
+    // Open MPI's variable alone is recognised too.
+    std::env::remove_var("PMIX_RANK");
     std::env::set_var("OMPI_COMM_WORLD_RANK", "0");
     let e = boot::from_env().err().expect("no bootstrap").to_string();
     assert!(e.contains("OMPI_COMM_WORLD_RANK is set"), "{e}");

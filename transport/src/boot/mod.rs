@@ -1,19 +1,22 @@
 //! Rank discovery and address exchange (DESIGN.md "Launching").
 //!
 //! A rank learns its rank, the job size and a job-unique id, and can all-gather small blobs
-//! (NIC addresses) with its peers before any NIC is up. Three implementations:
+//! (NIC addresses) with its peers before any NIC is up. Four implementations:
 //! [`PwrunBootstrap`] under the built-in launcher `pwrun`, `MpiBootstrap` (feature `mpi`)
-//! under an MPI launcher (`mpirun`/`mpiexec` of MPICH or Open MPI), and
-//! [`SingletonBootstrap`] for a program started with no launcher at all (one rank).
-//! [`from_env`] picks one from the environment, in that order.
+//! under an MPI launcher (`mpirun`/`mpiexec` of MPICH or Open MPI), [`PmiBootstrap`]
+//! under MPICH's `mpiexec` (hydra) for a program built without the `mpi` feature (a PMI-1
+//! client, issue 18), and [`SingletonBootstrap`] for a program started with no launcher at
+//! all (one rank). [`from_env`] picks one from the environment, in that order.
 //!
-//! A program started by an MPI launcher but built without the `mpi` feature fails in
-//! [`from_env`] with [`Error::Bootstrap`] saying so, instead of running as N one-rank jobs.
+//! A program started by another MPI launcher (PMIx: Open MPI, `srun --mpi=pmix`; Slurm's
+//! PMI-2) but built without the `mpi` feature fails in [`from_env`] with
+//! [`Error::Bootstrap`] saying so, instead of running as N one-rank jobs.
 
 pub mod binding;
 pub mod launcher;
 #[cfg(feature = "mpi")]
 mod mpi;
+mod pmi;
 pub(crate) mod pwrun_client;
 #[allow(unsafe_code)]
 mod sys;
@@ -21,6 +24,7 @@ mod sys;
 #[cfg(feature = "mpi")]
 pub use self::mpi::{MpiBootstrap, MpiWorld};
 pub use launcher::{launch, self_launch, JobOutcome, LaunchConfig};
+pub use pmi::PmiBootstrap;
 pub use pwrun_client::PwrunBootstrap;
 
 use crate::error::{Error, Result};
@@ -138,8 +142,8 @@ pub fn under_launcher() -> bool {
 }
 
 /// The bootstrap for this process: `pwrun`'s when started under it, MPI's when started by
-/// an MPI launcher (feature `mpi`; without it, an error that says to rebuild), else a
-/// singleton.
+/// an MPI launcher (feature `mpi`; without it, PMI-1's under MPICH's hydra, which sets
+/// `PMI_FD`, and for other launchers an error that says to rebuild), else a singleton.
 pub fn from_env() -> Result<Box<dyn Bootstrap>> {
     match Launcher::detect() {
         Launcher::Pwrun => Ok(Box::new(PwrunBootstrap::connect_from_env()?)),
@@ -155,6 +159,9 @@ fn mpi_from_env(_var: &str) -> Result<Box<dyn Bootstrap>> {
 
 #[cfg(not(feature = "mpi"))]
 fn mpi_from_env(var: &str) -> Result<Box<dyn Bootstrap>> {
+    if std::env::var_os("PMI_FD").is_some() {
+        return Ok(Box::new(PmiBootstrap::connect_from_env()?));
+    }
     Err(mpi_feature_missing(var))
 }
 
@@ -162,9 +169,10 @@ fn mpi_from_env(var: &str) -> Result<Box<dyn Bootstrap>> {
 pub fn mpi_feature_missing(var: &str) -> Error {
     Error::Bootstrap(format!(
         "this process was started by an MPI launcher (mpirun/mpiexec: {var} is set), but \
-         pagewire was built without MPI support; rebuild with `--features mpi` (it needs an \
-         MPI library: Debian's libmpich-dev, libclang-dev and pkg-config), or start the \
-         program with pwrun"
+         pagewire was built without MPI support, and speaks no launcher protocol but MPICH \
+         hydra's PMI-1 (PMI_FD is not set: PMIx or PMI-2); rebuild with `--features mpi` \
+         (it needs an MPI library: Debian's libmpich-dev, libclang-dev and pkg-config), or \
+         start the program with pwrun or MPICH's mpiexec"
     ))
 }
 

@@ -10,6 +10,29 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+/// The Unix stream socket this process inherited as descriptor `fd` (the PMI-1 server's
+/// connection, `PMI_FD`), taken over: the caller owns it from now on. Fails if `fd` is not
+/// open or not a socket.
+pub(super) fn inherited_stream(fd: i32) -> io::Result<std::os::unix::net::UnixStream> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: fstat on a descriptor number only reads the kernel's table into `st`; an
+    // unopened number is EBADF.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; `st` is a valid out pointer.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a socket"));
+    }
+    // Not inherited by programs this rank starts.
+    // SAFETY: F_SETFD on an open descriptor changes only its close-on-exec flag.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    // SAFETY: the launcher handed this descriptor to this process for the PMI connection,
+    // and nothing else in it uses it: ownership moves to the stream, which closes it.
+    Ok(unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) })
+}
+
 /// Makes the child started by `cmd` receive `SIGKILL` when the launcher goes away.
 ///
 /// Linux delivers the parent-death signal when the *thread* that forked the child exits,
