@@ -189,25 +189,28 @@ mod tests {
     use std::io::{Read, Write};
     use std::os::unix::net::UnixStream;
 
+    /// The extent of `b`, for the kernel to read.
+    fn ext(b: &[u8]) -> Extent {
+        Extent {
+            addr: b.as_ptr() as u64,
+            len: b.len() as u64,
+        }
+    }
+
+    /// The extent of `b`, for the kernel to write.
+    fn ext_mut(b: &mut [u8]) -> Extent {
+        Extent {
+            addr: b.as_mut_ptr() as u64,
+            len: b.len() as u64,
+        }
+    }
+
     #[test]
     fn gathered_sends_and_scattered_receives_move_every_byte() {
         let (a, mut b) = UnixStream::pair().unwrap();
         let x = *b"hello ";
         let y = *b"world";
-        let sent = send_extents(
-            a.as_raw_fd(),
-            &[
-                Extent {
-                    addr: x.as_ptr() as u64,
-                    len: 6,
-                },
-                Extent {
-                    addr: y.as_ptr() as u64,
-                    len: 5,
-                },
-            ],
-        )
-        .unwrap();
+        let sent = send_extents(a.as_raw_fd(), &[ext(&x), ext(&y)]).unwrap();
         assert_eq!(sent, 11);
         let mut got = [0u8; 11];
         b.read_exact(&mut got).unwrap();
@@ -215,53 +218,19 @@ mod tests {
         b.write_all(b"abcdef").unwrap();
         let mut p = [0u8; 2];
         let mut q = [0u8; 8];
-        let n = recv_extents(
-            a.as_raw_fd(),
-            &[
-                Extent {
-                    addr: p.as_mut_ptr() as u64,
-                    len: 2,
-                },
-                Extent {
-                    addr: q.as_mut_ptr() as u64,
-                    len: 8,
-                },
-            ],
-        )
-        .unwrap();
+        let n = recv_extents(a.as_raw_fd(), &[ext_mut(&mut p), ext_mut(&mut q)]).unwrap();
         assert_eq!((n, &p, &q[..4]), (6, b"ab", &b"cdef"[..]));
         // Nothing more: would block, not wait.
-        let e = recv_extents(
-            a.as_raw_fd(),
-            &[Extent {
-                addr: q.as_mut_ptr() as u64,
-                len: 8,
-            }],
-        )
-        .unwrap_err();
+        let e = recv_extents(a.as_raw_fd(), &[ext_mut(&mut q)]).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         drop(b);
         assert_eq!(
-            recv_extents(
-                a.as_raw_fd(),
-                &[Extent {
-                    addr: q.as_mut_ptr() as u64,
-                    len: 8
-                }]
-            )
-            .unwrap(),
+            recv_extents(a.as_raw_fd(), &[ext_mut(&mut q)]).unwrap(),
             0,
             "closed"
         );
         // A closed peer is an error, not SIGPIPE.
-        let e = send_extents(
-            a.as_raw_fd(),
-            &[Extent {
-                addr: x.as_ptr() as u64,
-                len: 6,
-            }],
-        )
-        .unwrap_err();
+        let e = send_extents(a.as_raw_fd(), &[ext(&x)]).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
     }
 

@@ -282,30 +282,20 @@ impl<'a> Ring<'a> {
 
     /// Consumer: the oldest published packet, if any.
     pub(crate) fn peek(&self) -> Option<(Header, Slot<'a>)> {
-        let head = self.head().load(Relaxed);
-        let offset = self.slot(head);
-        let words = self.seg.words(offset, 8);
-        // Sequentially consistent: pairs with `publish` for the watched flag (see `inbox`).
-        if words[7].load(SeqCst) != head.wrapping_add(1) {
-            return None;
-        }
-        let header = Header::from_words(std::array::from_fn(|i| words[i].load(Relaxed)));
-        Some((
-            header,
-            Slot {
-                seg: self.seg,
-                offset,
-            },
-        ))
+        self.peek_nth(0)
     }
 
     /// Consumer: the `n`-th published packet after the oldest (`peek_nth(0)` is `peek`),
     /// for a consumer that looks ahead before it frees (the TCP wire's batched sends).
     pub(crate) fn peek_nth(&self, n: u64) -> Option<(Header, Slot<'a>)> {
+        if n >= SLOTS {
+            return None;
+        }
         let at = self.head().load(Relaxed).wrapping_add(n);
         let offset = self.slot(at);
         let words = self.seg.words(offset, 8);
-        if n >= SLOTS || words[7].load(SeqCst) != at.wrapping_add(1) {
+        // Sequentially consistent: pairs with `publish` for the watched flag (see `inbox`).
+        if words[7].load(SeqCst) != at.wrapping_add(1) {
             return None;
         }
         let header = Header::from_words(std::array::from_fn(|i| words[i].load(Relaxed)));

@@ -5,8 +5,9 @@
 use std::sync::atomic::Ordering::Acquire;
 
 use super::frame::Frame;
+use super::TcpLink;
 use crate::nic::soft::ack::Nak;
-use crate::nic::soft::Inner;
+use crate::nic::soft::{Inner, Peer};
 
 impl Inner {
     /// Reads every link's arrivals into this rank's rings and acknowledgement lines.
@@ -29,19 +30,18 @@ impl Inner {
         }
     }
 
+    /// The peer queue pair `qpn` was created towards, and its link, if it has one.
+    fn link_of_qp(&self, qpn: u32) -> Option<(&Peer, &TcpLink)> {
+        self.wire.as_ref()?;
+        let peer = self.qp_peers.get(qpn as usize)?.load(Acquire) as usize;
+        let p = self.peers.get(peer)?;
+        Some((p, p.link.as_deref()?))
+    }
+
     /// Sends what waits on the link of queue pair `qpn`'s peer, if it has one.
     pub(crate) fn flush_link_of(&self, qpn: u32) {
-        if self.wire.is_none() {
-            return;
-        }
-        let peer = self
-            .qp_peers
-            .get(qpn as usize)
-            .map_or(u32::MAX, |p| p.load(Acquire)) as usize;
-        if let Some(p) = self.peers.get(peer) {
-            if let Some(l) = &p.link {
-                l.flush(&p.mem.ring_from(self.rank));
-            }
+        if let Some((p, l)) = self.link_of_qp(qpn) {
+            l.flush(&p.mem.ring_from(self.rank));
         }
     }
 
@@ -82,15 +82,9 @@ impl Inner {
     /// Reports the outcome of fault `seq`, filed on this rank's queue pair `qpn` for a
     /// requester on another host, and sends it at once (the requester retries on it).
     pub(crate) fn report_fault_by_link(&self, qpn: u32, seq: u64, resolved: bool) {
-        let peer = self
-            .qp_peers
-            .get(qpn as usize)
-            .map_or(u32::MAX, |p| p.load(Acquire)) as usize;
-        if let Some(p) = self.peers.get(peer) {
-            if let Some(l) = &p.link {
-                l.queue(&Frame::FaultDone { qpn, seq, resolved });
-                l.flush(&p.mem.ring_from(self.rank));
-            }
+        if let Some((p, l)) = self.link_of_qp(qpn) {
+            l.queue(&Frame::FaultDone { qpn, seq, resolved });
+            l.flush(&p.mem.ring_from(self.rank));
         }
     }
 }
