@@ -942,6 +942,75 @@ fn a_pinned_region_stays_bound_to_its_pages_on_the_staged_path_too() {
     );
 }
 
+/// A range freed and handed out again is new memory: a region registered over it after the
+/// change is bound to the new pages, though the change's event reaches the NIC's watch only
+/// later (a pin-down cache re-registering a buffer `malloc` gave back at the same address:
+/// issue 18's zeroed rendezvous). The peer's WRITE through the new region is what the
+/// application reads, and nothing is detached.
+fn rebound_body(r: &Rank) {
+    const LEN: usize = 64 << 10;
+    let qps = r.connect_all(false);
+    let me = r.rank();
+    let qp = qps[1 - me].unwrap();
+    let mut buf = AnonMapping::new(LEN).unwrap();
+    let mut mr = r.nic.register(buf.addr(), LEN as u64, rw()).unwrap();
+    if me == 1 {
+        buf.as_mut_slice().fill(0xaa);
+        enter_nic(r);
+        buf.discard(0, LEN).unwrap();
+        // The change reaches the NIC's watch (every monitor of the process delivers it)
+        // while no NIC entry takes it; then the old region goes and a new one comes.
+        struct Ignore;
+        impl pagewire_transport::memmon::InvalidationSink for Ignore {
+            fn invalidate(&self, _: u64, _: u64, _: pagewire_transport::memmon::Cause) {}
+        }
+        pagewire_transport::memmon::monitor_from_env(std::sync::Arc::new(Ignore))
+            .unwrap()
+            .flush();
+        r.nic.deregister(mr.lkey).unwrap();
+        buf.as_mut_slice().fill(0x55);
+        mr = r.nic.register(buf.addr(), LEN as u64, rw()).unwrap();
+        enter_nic(r);
+    }
+    let remote = r.exchange(&mr);
+    if me == 0 {
+        let mut src = AnonMapping::new(LEN).unwrap();
+        src.as_mut_slice().fill(0x77);
+        let src_mr = r.nic.register(src.addr(), LEN as u64, rw()).unwrap();
+        let (raddr, rkey, _) = remote[1];
+        let write = Opcode::RdmaWrite {
+            remote_addr: raddr,
+            rkey,
+        };
+        post_send(r, qp, 1, write, &[sge(src.addr(), LEN as u64, src_mr.lkey)]);
+        assert_eq!(r.wait().status, WcStatus::Success);
+        r.nic.deregister(src_mr.lkey).unwrap();
+    }
+    r.boot.barrier().unwrap();
+    if me == 1 {
+        enter_nic(r);
+        let c = r.nic.counters();
+        assert_eq!((c.detached_regions, c.detached_bytes), (0, 0), "{c:?}");
+        assert!(
+            buf.as_slice().iter().all(|&b| b == 0x77),
+            "the WRITE landed in the pages the application maps"
+        );
+    }
+    r.nic.deregister(mr.lkey).unwrap();
+}
+
+#[test]
+fn a_region_registered_after_its_range_changed_is_bound_to_the_new_pages() {
+    for dma in ["cma", "staged"] {
+        ranks(
+            "a_region_registered_after_its_range_changed_is_bound_to_the_new_pages",
+            2,
+            &[("PAGEWIRE_PIN", "longterm"), ("PAGEWIRE_SOFT_DMA", dma)],
+            rebound_body,
+        );
+    }
+}
+
 /// ODP: a cold region faults on first touch (responder side on the target, requester side on
 /// the initiator), RSS grows only by the touched pages, prefetch makes the next access
 /// fault-free, a discarded page faults again, and an unmapped page is never written.

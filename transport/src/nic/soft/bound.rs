@@ -13,7 +13,11 @@
 //!
 //! The detach is made at the owner's next post or poll, after the monitor's flush (the
 //! same ordering contract as ODP invalidation, `odp_watch.rs`): the pinned pages cannot
-//! change meanwhile, since the application no longer maps them.
+//! change meanwhile, since the application no longer maps them. Only a change that reached
+//! the region's own watch detaches it: a range freed and handed out again at the same
+//! address, then registered anew before the next entry, is bound to its new pages (a
+//! pin-down cache re-registering a buffer `malloc` gave back; detaching it by range made
+//! a rendezvous into it arrive as zeros, issue 18).
 //!
 //! What differs from hardware, and why:
 //! - A region partly changed is detached whole: its unchanged pages keep, for the NIC, the
@@ -33,7 +37,7 @@ use parking_lot::Mutex;
 
 use crate::error::Result;
 use crate::memmon::{
-    monitor_for, Cause, InvalidationSink, MemoryMonitor, MonitorChoice, MonitorOptions,
+    monitor_for, Cause, ForkPolicy, InvalidationSink, MemoryMonitor, MonitorChoice, MonitorOptions,
     SubscriptionId,
 };
 
@@ -69,7 +73,11 @@ impl BoundWatch {
         let changes = Arc::new(ChangedRanges::default());
         let monitor = if long_term {
             let choice = MonitorChoice::parse(std::env::var("PAGEWIRE_MEMMON").ok().as_deref())?;
-            let m = monitor_for(choice, changes.clone(), MonitorOptions::default(), |_| {})?;
+            // Forks change nothing for the parent's pins (see above).
+            let options = MonitorOptions {
+                fork: ForkPolicy::Ignore,
+            };
+            let m = monitor_for(choice, changes.clone(), options, |_| {})?;
             m.is_reliable().then_some(m)
         } else {
             None
@@ -100,6 +108,15 @@ impl BoundWatch {
             m.unsubscribe(id);
             self.subscriptions.fetch_sub(1, Relaxed);
         }
+    }
+
+    /// Whether a change reached subscription `id` (as of the last [`BoundWatch::take_changes`]).
+    /// A change made before the subscription does not, though its range may overlap: the
+    /// buffer a `free()` gave back and `malloc` handed out again is a new range to the
+    /// monitor (`memmon/uffd.rs`, "Stale events"), and a region registered over it after
+    /// the change is bound to the new pages.
+    pub(crate) fn reached(&self, id: SubscriptionId) -> bool {
+        self.monitor.as_ref().is_some_and(|m| !m.is_valid(id))
     }
 
     /// The owner enters the NIC: the ranges changed since the last call (after delivering

@@ -101,7 +101,8 @@ impl Inner {
     }
 
     /// Points every live long-term-pinned region overlapping `changed` at a copy of its
-    /// pinned pages.
+    /// pinned pages, if the change reached its watch: a region registered after the change
+    /// (over the new pages of a range freed and handed out again) keeps the fast path.
     pub(super) fn detach(&self, changed: &[(u64, u64)]) {
         let mut book = self.regions.lock();
         let tpt = self.own.tpt();
@@ -115,7 +116,8 @@ impl Inner {
             let Some(h) = held[idx].as_mut() else {
                 continue;
             };
-            if !hit || h.detached.is_some() {
+            let reached = h.watch.is_some_and(|id| self.bound.reached(id));
+            if !hit || !reached || h.detached.is_some() {
                 continue;
             }
             match pins.snapshot(&h.pin) {
