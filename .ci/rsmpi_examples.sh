@@ -9,6 +9,8 @@
 #
 # Usage: .ci/rsmpi_examples.sh [--check] [RUN ...]      (default RUN: pwrun:copy)
 #   pwrun:MODE     under pagewire's launcher, buffer mode MODE (copy, pindown or odp)
+#   hosts:MODE     under `pwrun --hosts $RSMPI_HOSTS` (through PAGEWIRE_RSH), mode MODE: ranks
+#                  on several hosts, e.g. the two namespaced hosts of tools/hosts/ns-hosts
 #   mpirun:mpi     under mpirun, PAGEWIRE_TRANSPORT=mpi (every call to MPICH); needs MPICH
 #   mpirun:MODE    under mpirun, pagewire's own transport bootstrapped by MPI, mode MODE
 # The mpirun runs build pagewire with `--features mpi` into a scratch crate of their own.
@@ -92,8 +94,13 @@ need_mpi=0
 for run in "${runs[@]}"; do
   case $run in
     pwrun:copy | pwrun:pindown | pwrun:odp) need_pwrun=1 ;;
+    hosts:copy | hosts:pindown | hosts:odp)
+      need_pwrun=1
+      [ -n "${RSMPI_HOSTS:-}" ] ||
+        { echo "rsmpi_examples: $run needs RSMPI_HOSTS (a pwrun --hosts list)" >&2; exit 2; }
+      ;;
     mpirun:mpi | mpirun:copy | mpirun:pindown | mpirun:odp) need_mpi=1 ;;
-    *) echo "rsmpi_examples: unknown run '$run' (pwrun:MODE, mpirun:mpi or mpirun:MODE)" >&2; exit 2 ;;
+    *) echo "rsmpi_examples: unknown run '$run' (pwrun:MODE, hosts:MODE, mpirun:mpi or mpirun:MODE)" >&2; exit 2 ;;
   esac
 done
 if [ "$need_pwrun" = 1 ]; then
@@ -138,7 +145,7 @@ summary=()
 for run in "${runs[@]}"; do
   launcher=${run%%:*}
   what=${run#*:}
-  if [ "$launcher" = pwrun ]; then
+  if [ "$launcher" = pwrun ] || [ "$launcher" = hosts ]; then
     scratch=$target/rsmpi-examples
   else
     scratch=$target/rsmpi-examples-mpi
@@ -189,6 +196,8 @@ for run in "${runs[@]}"; do
       fi
       if [ "$launcher" = pwrun ]; then
         cmd=("$target/release/pwrun" -n "$n" --timeout "$run_timeout" -- "$bin")
+      elif [ "$launcher" = hosts ]; then
+        cmd=("$target/release/pwrun" --hosts "$RSMPI_HOSTS" -n "$n" --timeout "$run_timeout" -- "$bin")
       else
         cmd=("${mpirun[@]}" -np "$n" "$bin")
       fi

@@ -878,6 +878,13 @@ fn pindown_mode_never_uses_a_registration_after_its_memory_changed() {
 /// both buffers are prefetched when the protocol knows they are about to move, so no
 /// network page fault happens; with `off` every message faults. Both rendezvous protocols.
 ///
+/// One race is the policy's own: under RGET the sender prefetches right after its RTS has
+/// gone out, overlapping the receiver's matching (`odp/src/lib.rs`), and a receiver whose
+/// READ arrives first takes one responder fault on it (seen under load over the TCP wire,
+/// about one job in 20 with a busy CPU). So there the sender may fault once per message;
+/// the receiver, which prefetches before it asks for any byte, never does, and every
+/// buffer is prefetched all the same.
+///
 /// All four buffers stay mapped until the counters are read. Unmapping one and mapping the
 /// next could reuse its addresses, and the unmapped buffer's invalidation, which reaches the
 /// NIC's present bits through the memory monitor's thread, could then land after the new
@@ -904,10 +911,15 @@ fn odp_cold_prefetch(u: &pagewire::Universe) {
     }
     let d = u.with_p2p(|p| p.nic_counters()).since(&before);
     let faults = d.npf_requester + d.npf_responder;
+    let rget_sender = world.rank() == 0 && std::env::var("PAGEWIRE_RNDV").as_deref() == Ok("get");
     match std::env::var("PAGEWIRE_ODP_PREFETCH").as_deref() {
         Ok("off") => assert!(faults >= 4, "every cold message faults: {d:?}"),
         _ => {
-            assert_eq!(faults, 0, "prefetched buffers faulted: {d:?}");
+            if rget_sender {
+                assert!(d.npf_requester == 0 && d.npf_responder <= 4, "{d:?}");
+            } else {
+                assert_eq!(faults, 0, "prefetched buffers faulted: {d:?}");
+            }
             assert!(d.prefetch_pages >= 4 * (N as u64 / 4096), "{d:?}");
         }
     }

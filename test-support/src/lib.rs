@@ -13,6 +13,7 @@
 //!   huge pages, io_uring's long-term pins, ...) skips with one line, or fails when
 //!   [`REQUIRE`] (`PAGEWIRE_REQUIRE=mpirun,hugepages,...` or `all`) names it, as `.ci/run`
 //!   does.
+//! - **Two hosts** ([`hosts`]): a pair of namespaced hosts and their stand-in for ssh.
 //! - [`pattern`] (deterministic bytes), [`Scratch`] (a directory shared with the ranks),
 //!   [`profile_dir`], [`build_pwrun`] and [`build_examples`] (the binaries a test starts).
 #![forbid(unsafe_code)]
@@ -20,6 +21,7 @@
 
 #[cfg(feature = "facade")]
 pub mod facade;
+pub mod hosts;
 pub mod mpirun;
 pub mod nic;
 mod require;

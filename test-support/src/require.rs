@@ -29,11 +29,14 @@ pub enum Prerequisite {
     RdmaOdp,
     /// A cgroup v1 memory controller this process may make cgroups in (`pw-workset`).
     MemoryCgroup,
+    /// Two hosts made of namespaces on this machine (`tools/hosts/ns-hosts`): network,
+    /// PID, mount, UTS and IPC namespaces with a private `/dev/shm`.
+    NamespacedHosts,
 }
 
 impl Prerequisite {
     /// Every prerequisite, what `all` names.
-    pub const ALL: [Prerequisite; 7] = [
+    pub const ALL: [Prerequisite; 8] = [
         Prerequisite::Mpirun,
         Prerequisite::HugePages,
         Prerequisite::LongtermPin,
@@ -41,6 +44,7 @@ impl Prerequisite {
         Prerequisite::NoRdmaDevice,
         Prerequisite::RdmaOdp,
         Prerequisite::MemoryCgroup,
+        Prerequisite::NamespacedHosts,
     ];
 
     /// Its name in [`REQUIRE`].
@@ -53,6 +57,7 @@ impl Prerequisite {
             Prerequisite::NoRdmaDevice => "no-rdma-device",
             Prerequisite::RdmaOdp => "rdma-odp",
             Prerequisite::MemoryCgroup => "memory-cgroup",
+            Prerequisite::NamespacedHosts => "namespaced-hosts",
         }
     }
 
@@ -84,6 +89,10 @@ impl Prerequisite {
             Prerequisite::MemoryCgroup => {
                 "a kernel with the cgroup v1 memory controller mounted at \
                  /sys/fs/cgroup/memory, and root (to make a cgroup and set its limit)"
+            }
+            Prerequisite::NamespacedHosts => {
+                "run as root with iproute2, util-linux and python3 (`tools/hosts/ns-hosts \
+                 check` says what is missing)"
             }
         }
     }

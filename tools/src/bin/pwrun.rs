@@ -4,6 +4,10 @@
 //! PROGRAM [ARGS]...` starts N local ranks of PROGRAM, bound to cores or NUMA nodes, serves
 //! their bootstrap, and takes the job down when a rank fails. The heavy lifting is
 //! `pagewire_transport::boot::launch`.
+//!
+//! `pwrun --hosts h1,h2[:slots] [-n N] ...` runs the job across hosts, through an agent per
+//! host started by `PAGEWIRE_RSH` (default `ssh`): `pagewire_transport::boot::hosts`. The
+//! agents are this program too (`pwrun --agent`, `pwrun --agent-clean JOB`: not for users).
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -12,6 +16,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Result};
 use clap::{Parser, ValueEnum};
 use pagewire_transport::boot::binding::BindTo;
+use pagewire_transport::boot::hosts::{self, HostList};
 use pagewire_transport::boot::{launch, launcher, LaunchConfig};
 use pagewire_transport::Error;
 
@@ -21,19 +26,27 @@ use pagewire_transport::Error;
     name = "pwrun",
     version,
     about,
-    override_usage = "pwrun -n N [--bind-to core|numa|none] [--timeout SECONDS] [--env KEY=VALUE]... [--] PROGRAM [ARGS]...",
+    override_usage = "pwrun -n N [--bind-to core|numa|none] [--timeout SECONDS] [--env KEY=VALUE]... [--] PROGRAM [ARGS]...\n       pwrun --hosts HOST[:SLOTS],... [-n N] [OPTIONS] [--] PROGRAM [ARGS]...",
     after_help = "Exit status: 0 when every rank exits 0; else the first failing rank's \
                   status (128+N if killed by signal N), 124 on timeout, 2 on bad usage."
 )]
 struct Cli {
-    /// Number of ranks to start.
+    /// Number of ranks to start (`-np N` is taken too). With --hosts, default: the sum of
+    /// the slots.
     #[arg(
         short = 'n',
         long = "np",
         value_name = "N",
+        required_unless_present = "hosts",
         value_parser = clap::value_parser!(u32).range(1..)
     )]
-    ranks: u32,
+    ranks: Option<u32>,
+
+    /// Run the ranks on these hosts, filling each with SLOTS ranks (default 1) in turn,
+    /// through an agent per host started by the remote shell in PAGEWIRE_RSH (default
+    /// `ssh`). The hosts must share this program's path, PROGRAM and the working directory.
+    #[arg(long, value_name = "HOST[:SLOTS],...", value_parser = HostList::parse)]
+    hosts: Option<HostList>,
 
     /// Bind each rank to a core, to the CPUs of a NUMA node, or not at all. Default: core
     /// when every rank gets a core of its own, else none (with a note).
@@ -101,15 +114,24 @@ fn parse_env(s: &str) -> Result<(OsString, OsString), String> {
 fn run(cli: Cli) -> Result<i32> {
     let mut command = cli.command.into_iter();
     let program = PathBuf::from(command.next().ok_or_else(|| anyhow!("no PROGRAM given"))?);
+    let ranks = match (cli.ranks, &cli.hosts) {
+        (Some(n), _) => n as usize,
+        (None, Some(h)) => h.slots(),
+        (None, None) => unreachable!("clap requires -n without --hosts"),
+    };
     let cfg = LaunchConfig {
-        ranks: cli.ranks as usize,
+        ranks,
         program,
         args: command.collect(),
         timeout: cli.timeout,
         env: cli.env,
         bind: cli.bind_to.map_or(BindTo::Auto, BindTo::from),
     };
-    let outcome = launch(&cfg).map_err(|e| match e {
+    let outcome = match &cli.hosts {
+        Some(list) => hosts::launch_hosts(&cfg, list, &hosts::rsh_from_env()?),
+        None => launch(&cfg),
+    };
+    let outcome = outcome.map_err(|e| match e {
         Error::Launcher(msg) => anyhow!(msg),
         e => anyhow!(e),
     })?;
@@ -119,8 +141,59 @@ fn run(cli: Cli) -> Result<i32> {
     Ok(outcome.exit_code)
 }
 
+/// MPI launchers' `-np N`, which clap would read as `-n p`, as `--np N`: among pwrun's own
+/// options only, not in PROGRAM's arguments.
+fn np_as_long(args: Vec<OsString>) -> Vec<OsString> {
+    const TAKE_VALUE: [&str; 7] = [
+        "-n",
+        "--np",
+        "-np",
+        "--bind-to",
+        "--timeout",
+        "--env",
+        "--hosts",
+    ];
+    let mut out = Vec::with_capacity(args.len());
+    let mut args = args.into_iter();
+    out.extend(args.next());
+    let mut value_next = false;
+    for a in args.by_ref() {
+        let s = a.to_str().unwrap_or("");
+        if value_next {
+            value_next = false;
+        } else if s == "--" || !s.starts_with('-') {
+            out.push(a);
+            break;
+        } else {
+            value_next = TAKE_VALUE.contains(&s);
+        }
+        out.push(if s == "-np" { "--np".into() } else { a });
+    }
+    out.extend(args);
+    out
+}
+
 fn main() {
-    let cli = Cli::parse();
+    let args: Vec<OsString> = std::env::args_os().collect();
+    // The agent of a host of `pwrun --hosts`, started by the frontend.
+    match args.get(1).and_then(|a| a.to_str()) {
+        Some("--agent") if args.len() == 2 => std::process::exit(hosts::run_agent()),
+        Some("--agent-clean") if args.len() == 3 => {
+            let job = args[2].to_string_lossy();
+            match hosts::clean_host(&job) {
+                Ok(removed) => {
+                    println!("{removed}");
+                    std::process::exit(0)
+                }
+                Err(e) => {
+                    launcher::report_line(&format!("pwrun --agent-clean: {e}"));
+                    std::process::exit(2)
+                }
+            }
+        }
+        _ => {}
+    }
+    let cli = Cli::parse_from(np_as_long(args));
     let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -129,4 +202,25 @@ fn main() {
         }
     };
     std::process::exit(code);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(s: &str) -> Vec<OsString> {
+        s.split(' ').map(OsString::from).collect()
+    }
+
+    #[test]
+    fn np_is_read_as_mpirun_reads_it_before_the_program_only() {
+        assert_eq!(
+            np_as_long(words("pwrun --hosts a,b -np 4 prog -np 3")),
+            words("pwrun --hosts a,b --np 4 prog -np 3")
+        );
+        assert_eq!(
+            np_as_long(words("pwrun --env X=-np -n 2 -- prog")),
+            words("pwrun --env X=-np -n 2 -- prog")
+        );
+    }
 }

@@ -39,14 +39,16 @@ use super::sys;
 use super::{ENV_BOOT, ENV_JOB, ENV_LAUNCHER, ENV_RANK, ENV_SIZE};
 use crate::error::{Error, Result};
 
+pub(crate) mod rounds;
 mod server;
 
-use server::{serve_connection, Server};
+use server::serve_connection;
+pub(crate) use server::{Relay, Server};
 
 /// How often the supervisor looks at its children (it wakes earlier for connections).
-const POLL_INTERVAL: Duration = Duration::from_millis(10);
+pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(10);
 /// Time between `SIGTERM` and `SIGKILL` when stopping a job.
-const TERM_GRACE: Duration = Duration::from_secs(2);
+pub(crate) const TERM_GRACE: Duration = Duration::from_secs(2);
 /// Longest the launcher blocks writing to one rank before dropping its connection.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a rank's hello waits for its previous connection to be seen closed.
@@ -56,7 +58,7 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Exit code of a job that ran out of time (as `timeout(1)`).
 const EXIT_TIMED_OUT: i32 = 124;
 /// Where POSIX shared-memory objects live.
-const SHM_DIR: &str = "/dev/shm";
+pub(crate) const SHM_DIR: &str = "/dev/shm";
 
 /// Writes `line` and a newline to stderr in one `write` call. `eprintln!` writes each piece
 /// of its format separately, so the launcher's line and a rank's panic message, both going
@@ -188,7 +190,7 @@ pub fn launch(cfg: &LaunchConfig) -> Result<JobOutcome> {
     let signals = sys::SignalGuard::install()
         .map_err(|e| Error::os("sigaction(SIGINT/SIGTERM/SIGHUP)", e))?;
     let start = Instant::now();
-    let mut job = Job::start(cfg)?;
+    let mut job = Job::start(cfg, Placement::local(cfg.ranks))?;
     let end = job.supervise(start, cfg.timeout, &signals);
     let removed = job.finish(true);
     let removed_note =
@@ -246,24 +248,24 @@ pub fn self_launch(np: usize) -> Result<Option<i32>> {
     Ok(Some(outcome.exit_code))
 }
 
-/// How `cfg`'s ranks are bound. `none` needs no topology; with `auto`, a topology that
-/// cannot be read leaves the ranks unbound with a note, while an explicit `core` or `numa`
-/// fails the launch.
-fn plan_binding(cfg: &LaunchConfig) -> Result<BindPlan> {
-    if cfg.bind == BindTo::None {
+/// How `count` ranks on this host are bound under `bind`. `none` needs no topology; with
+/// `auto`, a topology that cannot be read leaves the ranks unbound with a note, while an
+/// explicit `core` or `numa` fails the launch.
+fn plan_binding(bind: BindTo, count: usize) -> Result<BindPlan> {
+    if bind == BindTo::None {
         return Ok(binding::plan(
             &Topology {
                 cores: Vec::new(),
                 nodes: Vec::new(),
                 source: "none",
             },
-            cfg.ranks,
+            count,
             BindTo::None,
         ));
     }
     match Topology::detect() {
-        Ok(topo) => Ok(binding::plan(&topo, cfg.ranks, cfg.bind)),
-        Err(e) if cfg.bind == BindTo::Auto => Ok(BindPlan {
+        Ok(topo) => Ok(binding::plan(&topo, count, bind)),
+        Err(e) if bind == BindTo::Auto => Ok(BindPlan {
             applied: BindTo::None,
             ranks: Vec::new(),
             note: Some(format!(
@@ -271,8 +273,7 @@ fn plan_binding(cfg: &LaunchConfig) -> Result<BindPlan> {
             )),
         }),
         Err(e) => Err(Error::Launcher(format!(
-            "--bind-to {}: cannot read the machine's topology: {e}",
-            cfg.bind
+            "--bind-to {bind}: cannot read the machine's topology: {e}"
         ))),
     }
 }
@@ -292,15 +293,51 @@ fn with_note(line: String, note: Option<String>) -> String {
     }
 }
 
+/// Which of a job's ranks a launcher starts, and how they are wired: all of them under
+/// `pwrun -n` ([`Placement::local`]), one host's under an agent of `pwrun --hosts`.
+pub(crate) struct Placement {
+    pub(crate) job_id: String,
+    /// Ranks in the job.
+    pub(crate) size: usize,
+    /// The ranks started here, in local order.
+    pub(crate) ranks: Vec<usize>,
+    /// The bootstrap socket's path.
+    pub(crate) socket_path: PathBuf,
+    /// Who completes the bootstrap's collectives when not this launcher.
+    pub(crate) relay: Option<Arc<dyn Relay>>,
+    /// The ranks' stdout goes to a pipe each (taken by the caller) instead of this
+    /// process's stdout; rank 0's stdin likewise.
+    pub(crate) piped: bool,
+    /// The ranks' environment is [`LaunchConfig::env`] alone, not this process's with it
+    /// (an agent's: the frontend sends the whole environment).
+    pub(crate) clear_env: bool,
+}
+
+impl Placement {
+    /// Every rank of a `ranks`-rank job, on this host, with a fresh job id.
+    fn local(ranks: usize) -> Placement {
+        let job_id = super::new_job_id();
+        Placement {
+            socket_path: std::env::temp_dir().join(format!("pagewire-{job_id}.sock")),
+            job_id,
+            size: ranks,
+            ranks: (0..ranks).collect(),
+            relay: None,
+            piped: false,
+            clear_env: false,
+        }
+    }
+}
+
 /// A running job: its socket, its children and the connection threads.
 /// Dropping it kills and reaps the children and cleans up.
-struct Job {
+pub(crate) struct Job {
     job_id: String,
     socket_path: PathBuf,
     listener: UnixListener,
-    server: Arc<Server>,
-    /// `None` once reaped.
-    children: Vec<Option<Child>>,
+    pub(crate) server: Arc<Server>,
+    /// By local index; `None` once reaped.
+    pub(crate) children: Vec<Option<Child>>,
     /// A handle on every accepted connection, to unblock its thread at the end.
     conns: Vec<UnixStream>,
     threads: Vec<JoinHandle<()>>,
@@ -308,10 +345,17 @@ struct Job {
 }
 
 impl Job {
-    /// Creates the socket and spawns every rank.
-    fn start(cfg: &LaunchConfig) -> Result<Job> {
-        let job_id = super::new_job_id();
-        let socket_path = std::env::temp_dir().join(format!("pagewire-{job_id}.sock"));
+    /// Creates the socket and spawns every rank of `placement`.
+    pub(crate) fn start(cfg: &LaunchConfig, placement: Placement) -> Result<Job> {
+        let Placement {
+            job_id,
+            size,
+            ranks,
+            socket_path,
+            relay,
+            piped,
+            clear_env,
+        } = placement;
         let listener = UnixListener::bind(&socket_path)
             .map_err(|e| Error::os(format!("bind({})", socket_path.display()), e))?;
         // Only this user may connect, whatever the umask made of the socket's mode. A
@@ -320,11 +364,11 @@ impl Job {
         std::fs::set_permissions(&socket_path, std::fs::Permissions::from_mode(0o600))
             .map_err(|e| Error::os(format!("chmod(0600, {})", socket_path.display()), e))?;
         let mut job = Job {
-            server: Arc::new(Server::new(cfg.ranks, job_id.clone())),
+            server: Arc::new(Server::new(size, ranks.clone(), job_id.clone(), relay)),
             job_id,
             socket_path,
             listener,
-            children: Vec::with_capacity(cfg.ranks),
+            children: Vec::with_capacity(ranks.len()),
             conns: Vec::new(),
             threads: Vec::new(),
             finished: false,
@@ -332,13 +376,16 @@ impl Job {
         job.listener
             .set_nonblocking(true)
             .map_err(|e| Error::os("fcntl(O_NONBLOCK) on the bootstrap socket", e))?;
-        let bind_plan = plan_binding(cfg)?;
+        let bind_plan = plan_binding(cfg.bind, ranks.len())?;
         if let Some(note) = &bind_plan.note {
             report_line(note);
         }
-        let size = cfg.ranks.to_string();
-        for rank in 0..cfg.ranks {
+        let size = size.to_string();
+        for (local, &rank) in ranks.iter().enumerate() {
             let mut cmd = Command::new(&cfg.program);
+            if clear_env {
+                cmd.env_clear();
+            }
             cmd.args(&cfg.args)
                 .envs(cfg.env.iter().map(|(k, v)| (k, v)))
                 .env(ENV_JOB, &job.job_id)
@@ -346,16 +393,20 @@ impl Job {
                 .env(ENV_SIZE, &size)
                 .env(ENV_BOOT, &job.socket_path)
                 .env(ENV_LAUNCHER, "pwrun")
-                .envs(binding::rank_env(&bind_plan, rank))
-                .stdin(if rank == 0 {
-                    Stdio::inherit()
-                } else {
-                    Stdio::null()
+                .envs(binding::rank_env(&bind_plan, local))
+                .stdin(match (rank, piped) {
+                    (0, false) => Stdio::inherit(),
+                    (0, true) => Stdio::piped(),
+                    _ => Stdio::null(),
                 })
-                .stdout(Stdio::inherit())
+                .stdout(if piped {
+                    Stdio::piped()
+                } else {
+                    Stdio::inherit()
+                })
                 .stderr(Stdio::inherit());
             sys::die_with_parent(&mut cmd);
-            binding::bind_child(&mut cmd, &bind_plan, rank)?;
+            binding::bind_child(&mut cmd, &bind_plan, local)?;
             let child = cmd.spawn().map_err(|e| {
                 let which = if rank == 0 {
                     String::new()
@@ -367,7 +418,7 @@ impl Job {
                     cfg.program.display()
                 ))
             })?;
-            job.server.set_pid(rank, child.id());
+            job.server.set_pid(local, child.id());
             job.children.push(Some(child));
         }
         Ok(job)
@@ -382,11 +433,7 @@ impl Job {
         signals: &sys::SignalGuard,
     ) -> Result<End> {
         loop {
-            let readable = sys::wait_readable(self.listener.as_fd(), POLL_INTERVAL)
-                .map_err(|e| Error::os("poll on the bootstrap socket", e))?;
-            if readable {
-                self.accept_pending()?;
-            }
+            self.serve_for(POLL_INTERVAL)?;
             let mut running = 0;
             for rank in 0..self.children.len() {
                 let Some(status) = self.try_reap(rank)? else {
@@ -414,8 +461,19 @@ impl Job {
         }
     }
 
-    /// Reaps rank `rank` if it has exited, telling the bootstrap server.
-    fn try_reap(&mut self, rank: usize) -> Result<Option<ExitStatus>> {
+    /// Waits up to `timeout` for bootstrap connections and accepts them.
+    pub(crate) fn serve_for(&mut self, timeout: Duration) -> Result<()> {
+        let readable = sys::wait_readable(self.listener.as_fd(), timeout)
+            .map_err(|e| Error::os("poll on the bootstrap socket", e))?;
+        if readable {
+            self.accept_pending()?;
+        }
+        Ok(())
+    }
+
+    /// Reaps the rank of local index `rank` if it has exited, telling the bootstrap
+    /// server.
+    pub(crate) fn try_reap(&mut self, rank: usize) -> Result<Option<ExitStatus>> {
         let Some(child) = self.children[rank].as_mut() else {
             return Ok(None);
         };
@@ -471,7 +529,7 @@ impl Job {
     /// [`TERM_GRACE`]; else SIGKILL at once), reaps them, stops the connection threads,
     /// and removes the socket and the job's shared memory. Returns how many
     /// shared-memory objects were removed. Idempotent.
-    fn finish(&mut self, graceful: bool) -> usize {
+    pub(crate) fn finish(&mut self, graceful: bool) -> usize {
         if self.finished {
             return 0;
         }
@@ -497,6 +555,9 @@ impl Job {
                 self.server.rank_exited(rank);
             }
         }
+        // What the ranks started and left behind (a shell's child, a daemon): the parent-
+        // death signal reaches only the ranks themselves.
+        kill_leftovers(&self.job_id);
         for conn in &self.conns {
             let _ = conn.shutdown(std::net::Shutdown::Both);
         }
@@ -514,8 +575,42 @@ impl Drop for Job {
     }
 }
 
+/// Kills (`SIGKILL`) every process of this user on this host that belongs to job `job`:
+/// whose environment has `PAGEWIRE_JOB=job`, which every rank has and passes on to what it
+/// starts. Returns how many.
+pub(crate) fn kill_leftovers(job: &str) -> usize {
+    let marker = format!("{ENV_JOB}={job}");
+    let me = std::process::id();
+    let uid = sys::effective_uid();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let mut killed = 0;
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let path = e.path();
+        let owned = std::fs::metadata(&path).is_ok_and(|m| {
+            use std::os::unix::fs::MetadataExt;
+            m.uid() == uid
+        });
+        let ours = owned
+            && std::fs::read(path.join("environ"))
+                .is_ok_and(|env| env.split(|&b| b == 0).any(|v| v == marker.as_bytes()));
+        if ours {
+            sys::kill_process(pid);
+            killed += 1;
+        }
+    }
+    killed
+}
+
 /// Removes every entry of `dir` whose name starts with `prefix`; returns how many.
-fn remove_shm(dir: &Path, prefix: &str) -> usize {
+pub(crate) fn remove_shm(dir: &Path, prefix: &str) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
@@ -541,7 +636,7 @@ fn remove_shm(dir: &Path, prefix: &str) -> usize {
 }
 
 /// The exit code a failed rank gives the job, and how to say it.
-fn describe(status: ExitStatus) -> (i32, String) {
+pub(crate) fn describe(status: ExitStatus) -> (i32, String) {
     match (status.code(), status.signal()) {
         (Some(code), _) => (code, format!("exited with status {code}")),
         (None, Some(sig)) => (128 + sig, format!("killed by signal {}", signal_name(sig))),
@@ -550,7 +645,7 @@ fn describe(status: ExitStatus) -> (i32, String) {
 }
 
 /// The conventional name of signal `sig` (`SIGKILL`), or `signal N` for others.
-fn signal_name(sig: i32) -> String {
+pub(crate) fn signal_name(sig: i32) -> String {
     let name = match sig {
         libc::SIGHUP => "SIGHUP",
         libc::SIGINT => "SIGINT",

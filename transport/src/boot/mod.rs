@@ -13,6 +13,7 @@
 //! [`Error::Bootstrap`] saying so, instead of running as N one-rank jobs.
 
 pub mod binding;
+pub mod hosts;
 pub mod launcher;
 #[cfg(feature = "mpi")]
 mod mpi;

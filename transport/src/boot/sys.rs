@@ -297,3 +297,15 @@ pub(super) fn bind_child_cpus(cmd: &mut Command, cpus: &[usize]) -> io::Result<(
     }
     Ok(())
 }
+
+/// Sends `SIGKILL` to process `pid` (a job's leftover, by `pwrun --agent-clean`); a
+/// process already gone is no error.
+pub(super) fn kill_process(pid: u32) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    // SAFETY: kill(2) with a positive pid and a valid signal number touches no memory.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+}

@@ -2,24 +2,54 @@
 //! hello (checked with `SO_PEERCRED`), the allgathers and barriers of the `pwrun_client`
 //! protocol, and what the supervisor learns of closed connections.
 
+use super::rounds::{Answer, Rounds};
 use super::*;
 
 /// Bootstrap state shared by the connection threads and the supervisor.
-pub(super) struct Server {
+pub(crate) struct Server {
     pub(super) job: String,
+    /// Ranks in the job.
     pub(super) size: usize,
+    /// The job's ranks served here (this launcher's children), by local index: every rank
+    /// under `pwrun -n`, this host's under an agent of `pwrun --hosts`.
+    pub(super) ranks: Vec<usize>,
     pub(super) state: Mutex<State>,
     /// Signalled when a rank's connection closes (a reconnecting rank waits for it).
     pub(super) conn_closed: Condvar,
 }
 
 pub(super) struct State {
-    pub(super) ranks: Vec<Slot>,
+    /// By local index.
+    pub(super) slots: Vec<Slot>,
     /// Accepted connections that have not said hello yet (nor closed).
     pub(super) unidentified: usize,
-    /// Number of completed collectives; the incomplete one (if any) has this index.
-    pub(super) round: u64,
     pub(super) next_conn: u64,
+    pub(super) collectives: Collectives,
+    /// Global rank -> local index.
+    local: Vec<Option<usize>>,
+    global: Vec<usize>,
+}
+
+/// Who completes the bootstrap's collectives.
+pub(super) enum Collectives {
+    /// This server: it serves every rank of the job.
+    Here(Rounds),
+    /// The frontend of `pwrun --hosts`, through `up`: this server (a host's agent) passes
+    /// its ranks' contributions and departures up and their answers down
+    /// ([`Server::answer`]). `joined` marks the local ranks waiting in a collective.
+    Relayed {
+        up: Arc<dyn Relay>,
+        joined: Vec<bool>,
+    },
+}
+
+/// Where an agent sends what its ranks do in the bootstrap (the frontend, over the
+/// agent's channel). Called under the server's lock, so in the order it happened.
+pub(crate) trait Relay: Send + Sync {
+    /// Rank `rank` joined its next collective with `data`.
+    fn joined(&self, rank: usize, data: &[u8]);
+    /// Rank `rank` has left the job (exited, its connection closed).
+    fn left(&self, rank: usize);
 }
 
 pub(super) struct Slot {
@@ -30,40 +60,59 @@ pub(super) struct Slot {
     pub(super) conn: Option<(u64, UnixStream)>,
     /// Exited with no connection left: will never contribute again.
     pub(super) left: bool,
-    /// Contribution to the incomplete collective.
-    pub(super) contrib: Option<Vec<u8>>,
 }
 
 impl Server {
-    pub(super) fn new(size: usize, job: String) -> Server {
-        let ranks = (0..size)
+    /// A server for `ranks` (global ranks, in local order) of a job of `size`; with `relay`,
+    /// an agent's, whose collectives the frontend completes.
+    pub(super) fn new(
+        size: usize,
+        ranks: Vec<usize>,
+        job: String,
+        relay: Option<Arc<dyn Relay>>,
+    ) -> Server {
+        let slots = ranks
+            .iter()
             .map(|_| Slot {
                 pid: 0,
                 exited: false,
                 conn: None,
                 left: false,
-                contrib: None,
             })
             .collect();
+        let mut local = vec![None; size];
+        for (i, &r) in ranks.iter().enumerate() {
+            local[r] = Some(i);
+        }
+        let collectives = match relay {
+            Some(up) => Collectives::Relayed {
+                up,
+                joined: vec![false; ranks.len()],
+            },
+            None => Collectives::Here(Rounds::new(size)),
+        };
         Server {
             job,
             size,
             conn_closed: Condvar::new(),
             state: Mutex::new(State {
-                ranks,
+                slots,
                 unidentified: 0,
-                round: 0,
                 next_conn: 0,
+                collectives,
+                local,
+                global: ranks.clone(),
             }),
+            ranks,
         }
     }
 
-    pub(super) fn set_pid(&self, rank: usize, pid: u32) {
-        self.state.lock().ranks[rank].pid = pid;
+    pub(super) fn set_pid(&self, local: usize, pid: u32) {
+        self.state.lock().slots[local].pid = pid;
     }
 
-    pub(super) fn pid(&self, rank: usize) -> u32 {
-        self.state.lock().ranks[rank].pid
+    pub(super) fn pid(&self, local: usize) -> u32 {
+        self.state.lock().slots[local].pid
     }
 
     /// Registers a new, not yet identified connection; returns its id.
@@ -74,8 +123,9 @@ impl Server {
         st.next_conn
     }
 
-    /// Handles a HELLO on connection `id`; replies on `stream`. Returns the rank on
-    /// success; on failure the connection stays unidentified and should be closed.
+    /// Handles a HELLO on connection `id`; replies on `stream`. Returns the rank's local
+    /// index on success; on failure the connection stays unidentified and should be
+    /// closed.
     pub(super) fn hello(&self, id: u64, stream: &UnixStream, payload: &[u8]) -> Option<usize> {
         let size = self.size;
         // Only this thread writes to a connection before it is identified.
@@ -102,7 +152,10 @@ impl Server {
         let Some(rank) = usize::try_from(h.rank).ok().filter(|&r| r < size) else {
             return refuse(format!("rank {} is out of range for {size} ranks", h.rank));
         };
-        if let Err(why) = self.check_credentials(stream, rank) {
+        let Some(local) = self.ranks.iter().position(|&r| r == rank) else {
+            return refuse(format!("rank {rank} runs on another host"));
+        };
+        if let Err(why) = self.check_credentials(stream, local) {
             report_line(&format!(
                 "pwrun: refused a bootstrap connection for rank {rank}: {why}"
             ));
@@ -112,12 +165,12 @@ impl Server {
         // A rank that dropped its bootstrap and connects again may be faster than the
         // thread noticing that its old connection closed: give that thread a moment.
         let deadline = Instant::now() + RECONNECT_PATIENCE;
-        while st.ranks[rank].conn.is_some() {
+        while st.slots[local].conn.is_some() {
             if self.conn_closed.wait_until(&mut st, deadline).timed_out() {
                 break;
             }
         }
-        if st.ranks[rank].conn.is_some() {
+        if st.slots[local].conn.is_some() {
             return refuse(format!("rank {rank} is already connected"));
         }
         let writer = match stream.try_clone() {
@@ -129,17 +182,22 @@ impl Server {
         if wire::write_frame(&mut w, wire::WELCOME, &[]).is_err() {
             return None;
         }
-        st.ranks[rank].conn = Some((id, writer));
+        st.slots[local].conn = Some((id, writer));
         st.unidentified -= 1;
         st.reevaluate();
-        Some(rank)
+        Some(local)
     }
 
-    /// Checks that the process behind `stream` may speak for `rank`: it runs as this
-    /// launcher's user, and it is the rank's process or a descendant of it (a wrapper such
-    /// as `sh -c` may start the program in a child). Where the kernel cannot name the
-    /// process (another pid namespace), the user check alone applies.
-    pub(super) fn check_credentials(&self, stream: &UnixStream, rank: usize) -> Result<(), String> {
+    /// Checks that the process behind `stream` may speak for the rank of local index
+    /// `local`: it runs as this launcher's user, and it is the rank's process or a
+    /// descendant of it (a wrapper such as `sh -c` may start the program in a child).
+    /// Where the kernel cannot name the process (another pid namespace), the user check
+    /// alone applies.
+    pub(super) fn check_credentials(
+        &self,
+        stream: &UnixStream,
+        local: usize,
+    ) -> Result<(), String> {
         let peer = sys::peer_credentials(stream.as_fd())
             .map_err(|e| format!("cannot read the connection's credentials (SO_PEERCRED): {e}"))?;
         let uid = sys::effective_uid();
@@ -149,31 +207,59 @@ impl Server {
                 peer.pid, peer.uid
             ));
         }
-        let rank_pid = self.pid(rank);
+        let rank_pid = self.pid(local);
         if peer.pid != 0 && !is_same_or_descendant(peer.pid, rank_pid) {
             return Err(format!(
-                "the connecting process (pid {}) is neither rank {rank} (pid {rank_pid}) nor \
+                "the connecting process (pid {}) is neither rank {} (pid {rank_pid}) nor \
                  a process it started",
-                peer.pid
+                peer.pid, self.ranks[local]
             ));
         }
         Ok(())
     }
 
-    /// Handles a GATHER from `rank`.
-    pub(super) fn gather(&self, rank: usize, data: Vec<u8>) {
-        let mut st = self.state.lock();
-        if st.ranks[rank].contrib.is_some() {
-            let round = st.round;
-            st.send(
-                rank,
-                wire::ERROR,
-                format!("rank {rank} joined collective #{round} twice").as_bytes(),
-            );
-            return;
+    /// Handles a GATHER from the rank of local index `local`.
+    pub(super) fn gather(&self, local: usize, data: Vec<u8>) {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let rank = st.global[local];
+        let who = st.who();
+        let answer = match &mut st.collectives {
+            Collectives::Here(rounds) => rounds.join(rank, data, who),
+            Collectives::Relayed { up, joined } => {
+                if joined[local] {
+                    Answer::Fail {
+                        ranks: vec![rank],
+                        text: format!("rank {rank} joined a collective twice"),
+                    }
+                } else {
+                    joined[local] = true;
+                    up.joined(rank, &data);
+                    Answer::Wait
+                }
+            }
+        };
+        st.apply(answer);
+    }
+
+    /// The frontend's answer to a collective (an agent's server: [`Collectives::Relayed`]).
+    pub(crate) fn answer(&self, answer: Answer) {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        if let Collectives::Relayed { joined, .. } = &mut st.collectives {
+            match &answer {
+                Answer::Complete(_) => joined.iter_mut().for_each(|j| *j = false),
+                Answer::Fail { ranks, .. } => {
+                    for &r in ranks {
+                        if let Some(Some(l)) = st.local.get(r) {
+                            joined[*l] = false;
+                        }
+                    }
+                }
+                Answer::Wait => {}
+            }
         }
-        st.ranks[rank].contrib = Some(data);
-        st.progress();
+        st.apply(answer);
     }
 
     /// Replies with a protocol error on a connection (under the lock, so it cannot
@@ -184,11 +270,11 @@ impl Server {
         let _ = wire::write_frame(&mut s, wire::ERROR, text.as_bytes());
     }
 
-    /// Connection `id` of `rank` closed.
-    pub(super) fn closed(&self, rank: usize, id: u64) {
+    /// Connection `id` of the rank of local index `local` closed.
+    pub(super) fn closed(&self, local: usize, id: u64) {
         let mut st = self.state.lock();
-        if matches!(st.ranks[rank].conn, Some((cid, _)) if cid == id) {
-            st.ranks[rank].conn = None;
+        if matches!(st.slots[local].conn, Some((cid, _)) if cid == id) {
+            st.slots[local].conn = None;
             st.reevaluate();
             self.conn_closed.notify_all();
         }
@@ -201,88 +287,74 @@ impl Server {
         st.reevaluate();
     }
 
-    /// The supervisor reaped `rank`.
-    pub(super) fn rank_exited(&self, rank: usize) {
+    /// The supervisor reaped the rank of local index `local`.
+    pub(super) fn rank_exited(&self, local: usize) {
         let mut st = self.state.lock();
-        st.ranks[rank].exited = true;
+        st.slots[local].exited = true;
         st.reevaluate();
     }
 }
 
 impl State {
-    /// Marks ranks that have left, then fails or completes the pending collective.
+    /// Marks ranks that have left, and tells whoever completes the collectives.
     pub(super) fn reevaluate(&mut self) {
         let quiet = self.unidentified == 0;
-        for slot in &mut self.ranks {
-            if !slot.left && slot.exited && slot.conn.is_none() && quiet {
-                slot.left = true;
+        for local in 0..self.slots.len() {
+            let slot = &mut self.slots[local];
+            if slot.left || !slot.exited || slot.conn.is_some() || !quiet {
+                continue;
             }
+            slot.left = true;
+            let rank = self.global[local];
+            let who = self.who();
+            let answer = match &mut self.collectives {
+                Collectives::Here(rounds) => rounds.leave(rank, who),
+                Collectives::Relayed { up, .. } => {
+                    up.left(rank);
+                    Answer::Wait
+                }
+            };
+            self.apply(answer);
         }
-        self.progress();
     }
 
-    /// Completes the pending collective if everyone joined; fails it if someone who has
-    /// not joined has left.
-    pub(super) fn progress(&mut self) {
-        if !self.ranks.iter().any(|s| s.contrib.is_some()) {
-            return;
-        }
-        if self.ranks.iter().all(|s| s.contrib.is_some()) {
-            let parts = self
-                .ranks
-                .iter()
-                .map(|s| s.contrib.as_deref().unwrap_or_default());
-            let payload = wire::encode_result(parts);
-            let total: usize = self
-                .ranks
-                .iter()
-                .map(|s| s.contrib.as_ref().map_or(0, Vec::len))
-                .sum();
-            for s in &mut self.ranks {
-                s.contrib = None;
-            }
-            let round = self.round;
-            self.round += 1;
-            match payload {
-                Some(p) => self.broadcast(wire::RESULT, &p),
-                None => self.broadcast(
-                    wire::ERROR,
-                    format!(
-                        "collective #{round}: the {total} gathered bytes exceed the {} MiB frame limit",
-                        wire::MAX_FRAME >> 20
-                    )
-                    .as_bytes(),
-                ),
-            }
-            return;
-        }
-        let missing = self
-            .ranks
+    /// Describes a rank in an error: its pid.
+    fn who(&self) -> impl Fn(usize) -> String {
+        let pids: Vec<Option<u32>> = self
+            .local
             .iter()
-            .position(|s| s.left && s.contrib.is_none());
-        if let Some(gone) = missing {
-            let text = format!(
-                "rank {gone} (pid {}) left the job before joining collective #{}",
-                self.ranks[gone].pid, self.round
-            );
-            for rank in 0..self.ranks.len() {
-                if self.ranks[rank].contrib.take().is_some() {
-                    self.send(rank, wire::ERROR, text.as_bytes());
+            .map(|l| l.map(|l| self.slots[l].pid))
+            .collect();
+        move |r| match pids.get(r).copied().flatten() {
+            Some(pid) => format!("pid {pid}"),
+            None => "on another host".into(),
+        }
+    }
+
+    /// Sends `answer` to the ranks it is for (those served here).
+    fn apply(&mut self, answer: Answer) {
+        match answer {
+            Answer::Wait => {}
+            Answer::Complete(payload) => {
+                for local in 0..self.slots.len() {
+                    self.send(local, wire::RESULT, &payload);
+                }
+            }
+            Answer::Fail { ranks, text } => {
+                for r in ranks {
+                    if let Some(Some(local)) = self.local.get(r).copied() {
+                        self.send(local, wire::ERROR, text.as_bytes());
+                    }
                 }
             }
         }
     }
 
-    pub(super) fn broadcast(&mut self, tag: u8, payload: &[u8]) {
-        for rank in 0..self.ranks.len() {
-            self.send(rank, tag, payload);
-        }
-    }
-
-    /// Sends a frame to `rank` if it is connected; a rank that cannot be written to is
-    /// disconnected (it then sees end-of-file rather than a torn frame).
-    pub(super) fn send(&mut self, rank: usize, tag: u8, payload: &[u8]) {
-        let Some((_, stream)) = &self.ranks[rank].conn else {
+    /// Sends a frame to the rank of local index `local` if it is connected; a rank that
+    /// cannot be written to is disconnected (it then sees end-of-file rather than a torn
+    /// frame).
+    pub(super) fn send(&mut self, local: usize, tag: u8, payload: &[u8]) {
+        let Some((_, stream)) = &self.slots[local].conn else {
             return;
         };
         let mut s = stream;

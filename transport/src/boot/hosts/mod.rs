@@ -1,0 +1,636 @@
+//! `pwrun --hosts h1,h2[:slots]` (issue 18): a job across hosts, started the way MPICH's
+//! hydra starts one, with an agent per host ([`agent`]) reached through `PAGEWIRE_RSH`
+//! (default `ssh`).
+//!
+//! - **Placement.** Ranks fill the hosts in the order given, `slots` at a time (1 when a
+//!   host names none), going round again if `-n` asks for more ranks than there are slots;
+//!   `-n` defaults to the sum of the slots.
+//! - **Start.** For each host with ranks, the frontend runs `PAGEWIRE_RSH HOST PWRUN
+//!   --agent`, where `PWRUN` is this program's own path (the hosts must share it, as
+//!   they share the program and the working directory), and sends it START: the job id,
+//!   its ranks, the program, its arguments, the working directory and the environment
+//!   (this process's, without host-specific variables, with `--env` on top).
+//! - **Bootstrap.** Each agent serves its ranks' bootstrap socket and relays; the frontend
+//!   completes the job's collectives ([`Rounds`], the same code as one host's) and sends
+//!   every agent the answer once. The soft NIC's addresses travel this way, so ranks on one
+//!   host reach each other through shared memory and the others through the TCP wire.
+//! - **Output.** Ranks' stdout comes to the frontend's stdout, their stderr (and the
+//!   agents') to its stderr; the frontend's stdin goes to rank 0.
+//! - **End.** Every rank exits 0: exit 0. A rank fails (non-zero, or killed): its line
+//!   `pwrun: rank R (pid P on HOST) exited with status S`, the other ranks stopped, its
+//!   status. An agent's channel ends before the job does (the agent or its host's
+//!   connection died): `pwrun: the agent on HOST ended before the job did ...`, the other
+//!   agents stopped, that host cleaned through a new `PAGEWIRE_RSH HOST PWRUN
+//!   --agent-clean JOB` ([`clean_host`]: the job's processes and `/dev/shm` objects
+//!   there), and status 255 (ssh's own for a lost connection). The agents clean their own
+//!   hosts when stopped. Timeouts and signals as under `pwrun -n`.
+
+pub(crate) mod agent;
+pub(crate) mod relay;
+
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::launcher::rounds::{Answer, Rounds};
+use super::launcher::{
+    remove_shm, report_line, signal_name, JobOutcome, LaunchConfig, POLL_INTERVAL, SHM_DIR,
+    TERM_GRACE,
+};
+use super::pwrun_client::wire;
+use super::sys;
+use crate::error::{Error, Result};
+pub use agent::run_agent;
+use relay::Start;
+
+/// The environment variable naming the remote shell (`ssh` by default; words split at
+/// spaces: `ssh -x`, or a stand-in such as `tools/hosts/ns-hosts`' `rsh`).
+pub const ENV_RSH: &str = "PAGEWIRE_RSH";
+/// How long the frontend waits for stopped agents to say BYE, beyond their ranks' grace.
+const STOP_PATIENCE: Duration = Duration::from_secs(4);
+/// How long the clean-up of a host whose agent died may take.
+const CLEAN_PATIENCE: Duration = Duration::from_secs(5);
+/// The exit status of a job whose agent was lost (ssh's for a lost connection).
+const EXIT_AGENT_LOST: i32 = 255;
+
+/// `--hosts`: host names, each with its slots (ranks per round).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostList(Vec<(String, usize)>);
+
+impl HostList {
+    /// Parses `h1,h2:2,...`: names without spaces, each at most once, slots at least 1.
+    pub fn parse(s: &str) -> std::result::Result<HostList, String> {
+        let mut hosts: Vec<(String, usize)> = Vec::new();
+        for item in s.split(',') {
+            let (name, slots) = match item.split_once(':') {
+                Some((n, k)) => {
+                    let k: usize = k
+                        .parse()
+                        .ok()
+                        .filter(|&k| k > 0)
+                        .ok_or_else(|| format!("`{item}`: slots must be a positive number"))?;
+                    (n, k)
+                }
+                None => (item, 1),
+            };
+            if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c == '\'') {
+                return Err(format!("`{item}` is not a host name"));
+            }
+            if hosts.iter().any(|(h, _)| h == name) {
+                return Err(format!("host {name} is named twice"));
+            }
+            hosts.push((name.to_string(), slots));
+        }
+        Ok(HostList(hosts))
+    }
+
+    /// Slots over all hosts: the default rank count.
+    pub fn slots(&self) -> usize {
+        self.0.iter().map(|(_, k)| k).sum()
+    }
+
+    /// The ranks of an `n`-rank job on each host (hosts without ranks left out): hosts in
+    /// order, `slots` ranks each, round again while ranks remain.
+    pub fn assign(&self, n: usize) -> Vec<(String, Vec<usize>)> {
+        let mut per: Vec<Vec<usize>> = vec![Vec::new(); self.0.len()];
+        let mut rank = 0;
+        while rank < n {
+            for (i, (_, slots)) in self.0.iter().enumerate() {
+                for _ in 0..*slots {
+                    if rank < n {
+                        per[i].push(rank);
+                        rank += 1;
+                    }
+                }
+            }
+        }
+        self.0
+            .iter()
+            .zip(per)
+            .filter(|(_, r)| !r.is_empty())
+            .map(|((h, _), r)| (h.clone(), r))
+            .collect()
+    }
+}
+
+/// The remote shell command: `PAGEWIRE_RSH` split at spaces, `ssh` by default.
+pub fn rsh_from_env() -> Result<Vec<OsString>> {
+    let v = std::env::var_os(ENV_RSH).unwrap_or_else(|| "ssh".into());
+    let words: Vec<OsString> = v
+        .as_bytes()
+        .split(|b| b.is_ascii_whitespace())
+        .filter(|w| !w.is_empty())
+        .map(|w| OsStr::from_bytes(w).to_os_string())
+        .collect();
+    if words.is_empty() {
+        return Err(Error::invalid_setting(
+            ENV_RSH,
+            "",
+            "a remote shell command such as ssh",
+        ));
+    }
+    Ok(words)
+}
+
+/// Variables not passed to other hosts: this host's and this login's own, and a launcher's
+/// (each agent sets the job's).
+fn host_specific(key: &OsStr) -> bool {
+    let k = key.as_bytes();
+    matches!(
+        k,
+        b"HOSTNAME" | b"HOST" | b"PWD" | b"OLDPWD" | b"SHLVL" | b"_" | b"DISPLAY" | b"XAUTHORITY"
+    ) || k.starts_with(b"SSH_")
+        || k.starts_with(b"PAGEWIRE_BIND")
+        || [
+            super::ENV_JOB,
+            super::ENV_RANK,
+            super::ENV_SIZE,
+            super::ENV_BOOT,
+            super::ENV_LAUNCHER,
+        ]
+        .iter()
+        .any(|v| k == v.as_bytes())
+        || super::MPI_LAUNCHER_VARS.iter().any(|v| k == v.as_bytes())
+}
+
+/// The ranks' environment: this process's without [`host_specific`] variables, `extra` on
+/// top.
+fn job_environment(extra: &[(OsString, OsString)]) -> Vec<(OsString, OsString)> {
+    let mut env: BTreeMap<OsString, OsString> = std::env::vars_os()
+        .filter(|(k, _)| !host_specific(k))
+        .collect();
+    env.extend(extra.iter().cloned());
+    env.into_iter().collect()
+}
+
+/// Quotes `s` for the remote shell (`ssh` joins its words and runs them with `sh -c`).
+fn shell_quote(s: &OsStr) -> OsString {
+    let mut q = b"'".to_vec();
+    for &b in s.as_bytes() {
+        if b == b'\'' {
+            q.extend_from_slice(b"'\\''");
+        } else {
+            q.push(b);
+        }
+    }
+    q.push(b'\'');
+    OsStr::from_bytes(&q).to_os_string()
+}
+
+/// A host's agent as the frontend holds it.
+struct Agent {
+    host: String,
+    child: Child,
+    to: Arc<Mutex<Option<ChildStdin>>>,
+    /// Its channel has ended.
+    gone: bool,
+    /// It said BYE (or failed to start its ranks, and said so).
+    finished: bool,
+    stop_sent: bool,
+}
+
+impl Agent {
+    fn send(&self, tag: u8, payload: &[u8]) {
+        let mut to = self.to.lock();
+        if let Some(w) = to.as_mut() {
+            if wire::write_frame(w, tag, payload)
+                .and_then(|()| w.flush())
+                .is_err()
+            {
+                *to = None;
+            }
+        }
+    }
+
+    fn stop(&mut self) {
+        if !self.stop_sent && !self.gone {
+            self.stop_sent = true;
+            self.send(relay::STOP, &[]);
+        }
+    }
+}
+
+/// What an agent's reader thread saw.
+enum Event {
+    Frame(u8, Vec<u8>),
+    /// The channel ended (cleanly or not).
+    End(Option<String>),
+}
+
+/// Why the job is ending.
+enum End {
+    Success,
+    RankFailed { rank: usize, exit_code: i32 },
+    AgentLost,
+    StartFailed(String),
+    TimedOut(Duration),
+    Interrupted(i32),
+}
+
+/// Runs `cfg.ranks` ranks of `cfg.program` on `hosts` through the remote shell `rsh`
+/// (module documentation). `Err` only when the job could not be started at all.
+pub fn launch_hosts(cfg: &LaunchConfig, hosts: &HostList, rsh: &[OsString]) -> Result<JobOutcome> {
+    if cfg.ranks == 0 {
+        return Err(Error::Launcher(
+            "a job needs at least one rank (got 0)".into(),
+        ));
+    }
+    let signals = sys::SignalGuard::install()
+        .map_err(|e| Error::os("sigaction(SIGINT/SIGTERM/SIGHUP)", e))?;
+    let started = Instant::now();
+    let pwrun = std::env::current_exe()
+        .map_err(|e| Error::Launcher(format!("cannot find pwrun's own path: {e}")))?;
+    let cwd = std::env::current_dir()
+        .map_err(|e| Error::Launcher(format!("cannot read the working directory: {e}")))?;
+    let job = super::new_job_id();
+    let env = job_environment(&cfg.env);
+    let placement = hosts.assign(cfg.ranks);
+    let mut host_of = vec![0usize; cfg.ranks];
+    for (i, (_, ranks)) in placement.iter().enumerate() {
+        for &r in ranks {
+            host_of[r] = i;
+        }
+    }
+
+    let (tx, rx) = mpsc::channel::<(usize, Event)>();
+    let mut agents: Vec<Agent> = Vec::with_capacity(placement.len());
+    for (i, (host, ranks)) in placement.iter().enumerate() {
+        let mut cmd = Command::new(&rsh[0]);
+        cmd.args(&rsh[1..])
+            .arg(host)
+            .arg(shell_quote(pwrun.as_os_str()))
+            .arg("--agent")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        sys::die_with_parent(&mut cmd);
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                for a in &mut agents {
+                    a.stop();
+                }
+                return Err(Error::Launcher(format!(
+                    "cannot run the remote shell {} ({ENV_RSH}) for host {host}: {e}",
+                    rsh[0].to_string_lossy()
+                )));
+            }
+        };
+        let out = child.stdout.take().expect("piped");
+        let to = Arc::new(Mutex::new(child.stdin.take()));
+        let tx = tx.clone();
+        std::thread::spawn(move || read_agent(i, out, &tx));
+        let agent = Agent {
+            host: host.clone(),
+            child,
+            to,
+            gone: false,
+            finished: false,
+            stop_sent: false,
+        };
+        let start = Start {
+            job: job.clone(),
+            size: cfg.ranks as u64,
+            host: i as u32,
+            ranks: ranks.iter().map(|&r| r as u64).collect(),
+            program: cfg.program.clone(),
+            args: cfg.args.clone(),
+            env: env.clone(),
+            cwd: cwd.clone(),
+            bind: cfg.bind,
+        };
+        agent.send(relay::START, &start.encode());
+        agents.push(agent);
+    }
+    drop(tx);
+    // The frontend's stdin goes to rank 0's agent.
+    {
+        let to = agents[host_of[0]].to.clone();
+        std::thread::spawn(move || forward_input(&to));
+    }
+
+    let mut rounds = Rounds::new(cfg.ranks);
+    let mut pids: Vec<u32> = vec![0; cfg.ranks];
+    let mut exited = vec![false; cfg.ranks];
+    let mut end: Option<End> = None;
+    let mut stop_deadline: Option<Instant> = None;
+    let mut lost: Vec<usize> = Vec::new();
+    let mut removed: u64 = 0;
+    let mut stdout = io::stdout();
+    loop {
+        if agents.iter().all(|a| a.gone) {
+            break;
+        }
+        if let Some(deadline) = stop_deadline {
+            if Instant::now() > deadline {
+                break;
+            }
+        }
+        let event = rx.recv_timeout(POLL_INTERVAL);
+        if end.is_none() {
+            if let Some(sig) = signals.pending() {
+                end = Some(End::Interrupted(sig));
+            } else if let Some(limit) = cfg.timeout {
+                if started.elapsed() >= limit {
+                    end = Some(End::TimedOut(limit));
+                }
+            }
+        }
+        match event {
+            Ok((i, Event::Frame(tag, payload))) => {
+                let who = |r: usize| format!("pid {} on {}", pids[r], agents[host_of[r]].host);
+                let answer = match tag {
+                    relay::STARTED => match relay::decode_started(&payload) {
+                        Ok(p) if p.len() == placement[i].1.len() => {
+                            for (&r, pid) in placement[i].1.iter().zip(p) {
+                                pids[r] = pid;
+                            }
+                            Answer::Wait
+                        }
+                        _ => protocol_failure(&mut end, &agents[i].host, "a malformed STARTED"),
+                    },
+                    relay::GATHER => match relay::decode_gather(&payload) {
+                        Ok((r, data)) if host_of.get(r) == Some(&i) => rounds.join(r, data, who),
+                        _ => protocol_failure(&mut end, &agents[i].host, "a malformed GATHER"),
+                    },
+                    relay::LEFT => match relay::decode_u64(&payload) {
+                        Ok(r) if host_of.get(r as usize) == Some(&i) => {
+                            rounds.leave(r as usize, who)
+                        }
+                        _ => protocol_failure(&mut end, &agents[i].host, "a malformed LEFT"),
+                    },
+                    relay::EXITED => match relay::decode_exited(&payload) {
+                        Ok((r, code, how)) if host_of.get(r) == Some(&i) => {
+                            exited[r] = true;
+                            if code != 0 && end.is_none() {
+                                report_line(&format!(
+                                    "pwrun: rank {r} (pid {} on {}) {how}",
+                                    pids[r], agents[i].host
+                                ));
+                                end = Some(End::RankFailed {
+                                    rank: r,
+                                    exit_code: code,
+                                });
+                            }
+                            if end.is_none() && exited.iter().all(|&e| e) {
+                                end = Some(End::Success);
+                            }
+                            Answer::Wait
+                        }
+                        _ => protocol_failure(&mut end, &agents[i].host, "a malformed EXITED"),
+                    },
+                    relay::OUTPUT => {
+                        let _ = stdout.write_all(&payload).and_then(|()| stdout.flush());
+                        Answer::Wait
+                    }
+                    relay::BYE => {
+                        agents[i].finished = true;
+                        removed += relay::decode_u64(&payload).unwrap_or(0);
+                        Answer::Wait
+                    }
+                    relay::FAILED => {
+                        agents[i].finished = true;
+                        let text = String::from_utf8_lossy(&payload).into_owned();
+                        if end.is_none() {
+                            end = Some(End::StartFailed(format!("on {}: {text}", agents[i].host)));
+                        }
+                        Answer::Wait
+                    }
+                    tag => protocol_failure(
+                        &mut end,
+                        &agents[i].host,
+                        &format!("an unknown frame {tag:#04x}"),
+                    ),
+                };
+                answer_agents(&agents, &host_of, answer);
+            }
+            Ok((i, Event::End(why))) => {
+                agents[i].gone = true;
+                if !agents[i].finished {
+                    // Its host is cleaned at the end, whether or not it caused the end.
+                    lost.push(i);
+                    if end.is_none() {
+                        let status = wait_briefly(&mut agents[i].child);
+                        report_line(&format!(
+                            "pwrun: the agent on {} ended before the job did ({status}{})",
+                            agents[i].host,
+                            why.map(|w| format!("; {w}")).unwrap_or_default()
+                        ));
+                        end = Some(End::AgentLost);
+                    }
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        if end.is_some() && stop_deadline.is_none() {
+            for a in &mut agents {
+                a.stop();
+            }
+            stop_deadline = Some(Instant::now() + TERM_GRACE + STOP_PATIENCE);
+        }
+    }
+    // Agents that did not finish in time: their remote shells are killed (an agent sees its
+    // channel end and stops its ranks).
+    for a in &mut agents {
+        drop(a.to.lock().take());
+        if a.child.try_wait().ok().flatten().is_none() {
+            let deadline = Instant::now() + Duration::from_millis(500);
+            while a.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = a.child.kill();
+        }
+        let _ = a.child.wait();
+    }
+    for &i in &lost {
+        removed += clean_through(rsh, &agents[i].host, &pwrun, &job);
+    }
+    let removed_note =
+        (removed > 0).then(|| format!("removed {removed} shared-memory objects left by the job"));
+    Ok(match end.unwrap_or(End::AgentLost) {
+        End::Success => JobOutcome {
+            exit_code: 0,
+            failed_rank: None,
+            message: None,
+        },
+        End::RankFailed { rank, exit_code } => JobOutcome {
+            exit_code,
+            failed_rank: Some(rank),
+            message: removed_note.map(|n| format!("pwrun: {n}")),
+        },
+        End::AgentLost => JobOutcome {
+            exit_code: EXIT_AGENT_LOST,
+            failed_rank: None,
+            message: removed_note.map(|n| format!("pwrun: {n}")),
+        },
+        End::StartFailed(text) => return Err(Error::Launcher(text)),
+        End::TimedOut(after) => JobOutcome {
+            exit_code: 124,
+            failed_rank: None,
+            message: Some(format!(
+                "pwrun: job timed out after {} s{}",
+                after.as_secs_f64(),
+                removed_note.map(|n| format!("; {n}")).unwrap_or_default()
+            )),
+        },
+        End::Interrupted(sig) => JobOutcome {
+            exit_code: 128 + sig,
+            failed_rank: None,
+            message: Some(format!(
+                "pwrun: received {}, job stopped{}",
+                signal_name(sig),
+                removed_note.map(|n| format!("; {n}")).unwrap_or_default()
+            )),
+        },
+    })
+}
+
+/// Reads agent `i`'s frames into the frontend's queue until its channel ends.
+fn read_agent(i: usize, mut out: std::process::ChildStdout, tx: &mpsc::Sender<(usize, Event)>) {
+    let why = loop {
+        match wire::read_frame(&mut out) {
+            Ok(Some((tag, payload))) => {
+                if tx.send((i, Event::Frame(tag, payload))).is_err() {
+                    return;
+                }
+            }
+            Ok(None) => break None,
+            Err(e) => break Some(format!("its channel failed: {e}")),
+        }
+    };
+    let _ = tx.send((i, Event::End(why)));
+}
+
+/// Sends this process's stdin to rank 0's agent in INPUT frames, and its end as an empty
+/// one.
+fn forward_input(to: &Mutex<Option<ChildStdin>>) {
+    let mut stdin = io::stdin();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = match stdin.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => 0,
+        };
+        let mut to = to.lock();
+        let Some(w) = to.as_mut() else { return };
+        if wire::write_frame(w, relay::INPUT, &buf[..n])
+            .and_then(|()| w.flush())
+            .is_err()
+            || n == 0
+        {
+            return;
+        }
+    }
+}
+
+/// An agent broke the protocol: the job ends, naming it.
+fn protocol_failure(end: &mut Option<End>, host: &str, what: &str) -> Answer {
+    if end.is_none() {
+        *end = Some(End::StartFailed(format!("the agent on {host} sent {what}")));
+    }
+    Answer::Wait
+}
+
+/// Sends a collective's answer to the agents of the ranks it is for, once per agent.
+fn answer_agents(agents: &[Agent], host_of: &[usize], answer: Answer) {
+    match answer {
+        Answer::Wait => {}
+        Answer::Complete(payload) => {
+            for a in agents {
+                a.send(relay::RESULT, &payload);
+            }
+        }
+        Answer::Fail { ranks, text } => {
+            for (i, a) in agents.iter().enumerate() {
+                let mine: Vec<usize> = ranks.iter().copied().filter(|&r| host_of[r] == i).collect();
+                if !mine.is_empty() {
+                    a.send(relay::ERROR, &relay::encode_error(&mine, &text));
+                }
+            }
+        }
+    }
+}
+
+/// How a remote shell ended, waiting for it a moment.
+fn wait_briefly(child: &mut Child) -> String {
+    let deadline = Instant::now() + Duration::from_millis(200);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                let (_, how) = super::launcher::describe(status);
+                return format!("its remote shell {how}");
+            }
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            _ => return "its remote shell still runs".into(),
+        }
+    }
+}
+
+/// Cleans `host` after its agent died, through a new remote shell (at most
+/// [`CLEAN_PATIENCE`]); the shared-memory objects it removed.
+fn clean_through(rsh: &[OsString], host: &str, pwrun: &std::path::Path, job: &str) -> u64 {
+    let child = Command::new(&rsh[0])
+        .args(&rsh[1..])
+        .arg(host)
+        .arg(shell_quote(pwrun.as_os_str()))
+        .arg("--agent-clean")
+        .arg(job)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn();
+    let Ok(mut child) = child else {
+        report_line(&format!(
+            "pwrun: could not clean {host}: its remote shell did not start"
+        ));
+        return 0;
+    };
+    let deadline = Instant::now() + CLEAN_PATIENCE;
+    while child.try_wait().ok().flatten().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            report_line(&format!(
+                "pwrun: cleaning {host} took over {} s; stopped",
+                CLEAN_PATIENCE.as_secs()
+            ));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.wait();
+    let mut out = String::new();
+    if let Some(mut o) = child.stdout.take() {
+        let _ = o.read_to_string(&mut out);
+    }
+    out.trim().parse().unwrap_or(0)
+}
+
+/// `pwrun --agent-clean JOB`, on a host whose agent died: kills this user's processes of
+/// job `JOB` on this host (those whose environment has `PAGEWIRE_JOB=JOB`: ranks, and what
+/// they started) and removes the job's `/dev/shm` objects and bootstrap sockets; prints how
+/// many shared-memory objects it removed.
+pub fn clean_host(job: &str) -> Result<usize> {
+    if job.is_empty()
+        || !job
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
+    {
+        return Err(Error::InvalidArgument(format!("{job:?} is not a job id")));
+    }
+    super::launcher::kill_leftovers(job);
+    let tmp = std::env::temp_dir();
+    remove_shm(&tmp, &format!("pagewire-{job}-h"));
+    Ok(remove_shm(
+        std::path::Path::new(SHM_DIR),
+        &super::shm_prefix(job),
+    ))
+}
