@@ -505,7 +505,10 @@ impl AnonMapping {
 
     /// Unmaps `[offset, offset+len)` (page-aligned) of the mapping, leaving a hole; the
     /// range must no longer be accessed through this value (accessors skip nothing, so the
-    /// caller must only use it for addresses the NIC then fails on).
+    /// caller must only use it for addresses the NIC then fails on). Another thread's
+    /// `mmap` may take the hole's addresses afterwards: a test that needs them to stay
+    /// unmapped must not run beside threads that map memory, or must use an address
+    /// nothing maps ([`NEVER_MAPPED`]).
     pub fn unmap_range(mut self, offset: usize, len: usize) -> io::Result<UnmappedHole> {
         assert!(offset % PAGE_SIZE as usize == 0 && len % PAGE_SIZE as usize == 0);
         assert!(offset + len <= self.len);
@@ -533,6 +536,12 @@ impl Drop for AnonMapping {
     }
 }
 
+/// An address no mapping of this process covers: 16 KiB, where `mmap` places nothing
+/// unless asked to with `MAP_FIXED` (it allocates from the top of the address space, and
+/// the kernel's `mmap_min_addr` is often 64 KiB). For tests that need memory that is not
+/// mapped whatever other threads do.
+pub const NEVER_MAPPED: u64 = 4 * PAGE_SIZE;
+
 /// What is left of an [`AnonMapping`] after [`AnonMapping::unmap_range`]: addresses only,
 /// for tests that DMA into a hole; the rest is unmapped on drop.
 #[derive(Debug)]
@@ -555,9 +564,22 @@ impl UnmappedHole {
 
 impl Drop for UnmappedHole {
     fn drop(&mut self) {
-        // SAFETY: unmapping the original range again; munmap of the already-unmapped hole
-        // is a no-op.
-        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+        // Only what is left of the original mapping: the hole may since have been handed out
+        // to another mapping of this process (another thread's), which is not ours to unmap.
+        let (off, len) = self.hole;
+        // SAFETY: both ranges are the parts of our own mapping around the hole, still ours;
+        // a zero-length part is skipped.
+        unsafe {
+            if off > 0 {
+                libc::munmap(self.base as *mut libc::c_void, off);
+            }
+            if off + len < self.len {
+                libc::munmap(
+                    self.base.add(off + len) as *mut libc::c_void,
+                    self.len - off - len,
+                );
+            }
+        }
     }
 }
 
