@@ -1,5 +1,5 @@
 //! `pwrun --hosts h1,h2[:slots]` (issue 18): a job across hosts, started the way MPICH's
-//! hydra starts one, with an agent per host ([`agent`]) reached through `PAGEWIRE_RSH`
+//! hydra starts one, with an agent per host (`agent.rs`) reached through `PAGEWIRE_RSH`
 //! (default `ssh`).
 //!
 //! - **Placement.** Ranks fill the hosts in the order given, `slots` at a time (1 when a
@@ -11,7 +11,7 @@
 //!   its ranks, the program, its arguments, the working directory and the environment
 //!   (this process's, without host-specific variables, with `--env` on top).
 //! - **Bootstrap.** Each agent serves its ranks' bootstrap socket and relays; the frontend
-//!   completes the job's collectives ([`Rounds`], the same code as one host's) and sends
+//!   completes the job's collectives (`launcher/rounds.rs`, the same code as one host's) and sends
 //!   every agent the answer once. The soft NIC's addresses travel this way, so ranks on one
 //!   host reach each other through shared memory and the others through the TCP wire.
 //! - **Output.** Ranks' stdout comes to the frontend's stdout, their stderr (and the
