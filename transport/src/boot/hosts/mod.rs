@@ -234,6 +234,224 @@ enum End {
     Interrupted(i32),
 }
 
+/// The frontend's view of a running job.
+struct Frontend {
+    agents: Vec<Agent>,
+    /// The host (agent index) of each rank.
+    host_of: Vec<usize>,
+    /// The ranks of each agent, in its order.
+    ranks_of: Vec<Vec<usize>>,
+    rounds: Rounds,
+    pids: Vec<u32>,
+    exited: Vec<bool>,
+    end: Option<End>,
+    /// Agents whose channel ended without BYE: their hosts are cleaned at the end.
+    lost: Vec<usize>,
+    /// Shared-memory objects the agents removed.
+    removed: u64,
+}
+
+impl Frontend {
+    /// Ends the job for `why`, unless it is ending already.
+    fn end_with(&mut self, why: End) {
+        if self.end.is_none() {
+            self.end = Some(why);
+        }
+    }
+
+    /// Handles frame `tag` from agent `i`.
+    fn on_frame(&mut self, i: usize, tag: u8, payload: &[u8], stdout: &mut impl Write) {
+        let mine = |r: usize| self.host_of.get(r) == Some(&i);
+        let answer = match tag {
+            relay::STARTED => match relay::decode_started(payload) {
+                Ok(p) if p.len() == self.ranks_of[i].len() => {
+                    for (&r, pid) in self.ranks_of[i].iter().zip(p) {
+                        self.pids[r] = pid;
+                    }
+                    Answer::Wait
+                }
+                _ => self.protocol_failure(i, "a malformed STARTED"),
+            },
+            relay::GATHER => match relay::decode_gather(payload) {
+                Ok((r, data)) if mine(r) => self.collective(r, Some(data)),
+                _ => self.protocol_failure(i, "a malformed GATHER"),
+            },
+            relay::LEFT => match relay::decode_u64(payload) {
+                Ok(r) if mine(r as usize) => self.collective(r as usize, None),
+                _ => self.protocol_failure(i, "a malformed LEFT"),
+            },
+            relay::EXITED => match relay::decode_exited(payload) {
+                Ok((r, code, how)) if mine(r) => {
+                    self.exited[r] = true;
+                    if code != 0 && self.end.is_none() {
+                        report_line(&format!(
+                            "pwrun: rank {r} (pid {} on {}) {how}",
+                            self.pids[r], self.agents[i].host
+                        ));
+                        self.end_with(End::RankFailed {
+                            rank: r,
+                            exit_code: code,
+                        });
+                    }
+                    if self.exited.iter().all(|&e| e) {
+                        self.end_with(End::Success);
+                    }
+                    Answer::Wait
+                }
+                _ => self.protocol_failure(i, "a malformed EXITED"),
+            },
+            relay::OUTPUT => {
+                let _ = stdout.write_all(payload).and_then(|()| stdout.flush());
+                Answer::Wait
+            }
+            relay::BYE => {
+                self.agents[i].finished = true;
+                self.removed += relay::decode_u64(payload).unwrap_or(0);
+                Answer::Wait
+            }
+            relay::FAILED => {
+                self.agents[i].finished = true;
+                let text = String::from_utf8_lossy(payload);
+                let host = &self.agents[i].host;
+                self.end_with(End::StartFailed(format!("on {host}: {text}")));
+                Answer::Wait
+            }
+            tag => self.protocol_failure(i, &format!("an unknown frame {tag:#04x}")),
+        };
+        self.answer(answer);
+    }
+
+    /// Agent `i`'s channel ended (`why`, if it failed).
+    fn on_end(&mut self, i: usize, why: Option<String>) {
+        let agent = &mut self.agents[i];
+        agent.gone = true;
+        if agent.finished {
+            return;
+        }
+        // Its host is cleaned at the end, whether or not it caused the end.
+        self.lost.push(i);
+        if self.end.is_none() {
+            let status = wait_briefly(&mut agent.child);
+            report_line(&format!(
+                "pwrun: the agent on {} ended before the job did ({status}{})",
+                agent.host,
+                why.map(|w| format!("; {w}")).unwrap_or_default()
+            ));
+            self.end_with(End::AgentLost);
+        }
+    }
+
+    /// Rank `r` joins the bootstrap's collective with `data`, or (`None`) has left.
+    fn collective(&mut self, r: usize, data: Option<Vec<u8>>) -> Answer {
+        let Frontend {
+            rounds,
+            pids,
+            agents,
+            host_of,
+            ..
+        } = self;
+        let who = |r: usize| format!("pid {} on {}", pids[r], agents[host_of[r]].host);
+        match data {
+            Some(data) => rounds.join(r, data, who),
+            None => rounds.leave(r, who),
+        }
+    }
+
+    /// An agent broke the protocol: the job ends, naming it.
+    fn protocol_failure(&mut self, i: usize, what: &str) -> Answer {
+        let host = self.agents[i].host.clone();
+        self.end_with(End::StartFailed(format!("the agent on {host} sent {what}")));
+        Answer::Wait
+    }
+
+    /// Sends a collective's answer to the agents of the ranks it is for, once per agent.
+    fn answer(&self, answer: Answer) {
+        match answer {
+            Answer::Wait => {}
+            Answer::Complete(payload) => {
+                for a in &self.agents {
+                    a.send(relay::RESULT, &payload);
+                }
+            }
+            Answer::Fail { ranks, text } => {
+                for (i, a) in self.agents.iter().enumerate() {
+                    let mine: Vec<usize> = ranks
+                        .iter()
+                        .copied()
+                        .filter(|&r| self.host_of[r] == i)
+                        .collect();
+                    if !mine.is_empty() {
+                        a.send(relay::ERROR, &relay::encode_error(&mine, &text));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The remote shells of agents that did not finish in time are killed (an agent whose
+    /// channel ends stops its ranks), every remote shell is reaped, and the hosts of lost
+    /// agents are cleaned.
+    fn finish(&mut self, rsh: &[OsString], pwrun: &std::path::Path, job: &str) {
+        for a in &mut self.agents {
+            drop(a.to.lock().take());
+            let deadline = Instant::now() + Duration::from_millis(500);
+            while a.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = a.child.kill();
+            let _ = a.child.wait();
+        }
+        for &i in &self.lost {
+            self.removed += clean_through(rsh, &self.agents[i].host, pwrun, job);
+        }
+    }
+
+    /// How the job ended, for pwrun.
+    fn outcome(self) -> Result<JobOutcome> {
+        let note = (self.removed > 0).then(|| {
+            format!(
+                "removed {} shared-memory objects left by the job",
+                self.removed
+            )
+        });
+        let failed = |exit_code, failed_rank| JobOutcome {
+            exit_code,
+            failed_rank,
+            message: note.clone().map(|n| format!("pwrun: {n}")),
+        };
+        let with_note = |line: String| match &note {
+            Some(n) => format!("{line}; {n}"),
+            None => line,
+        };
+        Ok(match self.end.unwrap_or(End::AgentLost) {
+            End::Success => JobOutcome {
+                exit_code: 0,
+                failed_rank: None,
+                message: None,
+            },
+            End::RankFailed { rank, exit_code } => failed(exit_code, Some(rank)),
+            End::AgentLost => failed(EXIT_AGENT_LOST, None),
+            End::StartFailed(text) => return Err(Error::Launcher(text)),
+            End::TimedOut(after) => JobOutcome {
+                exit_code: 124,
+                failed_rank: None,
+                message: Some(with_note(format!(
+                    "pwrun: job timed out after {} s",
+                    after.as_secs_f64()
+                ))),
+            },
+            End::Interrupted(sig) => JobOutcome {
+                exit_code: 128 + sig,
+                failed_rank: None,
+                message: Some(with_note(format!(
+                    "pwrun: received {}, job stopped",
+                    signal_name(sig)
+                ))),
+            },
+        })
+    }
+}
+
 /// Runs `cfg.ranks` ranks of `cfg.program` on `hosts` through the remote shell `rsh`
 /// (module documentation). `Err` only when the job could not be started at all.
 pub fn launch_hosts(cfg: &LaunchConfig, hosts: &HostList, rsh: &[OsString]) -> Result<JobOutcome> {
@@ -316,181 +534,41 @@ pub fn launch_hosts(cfg: &LaunchConfig, hosts: &HostList, rsh: &[OsString]) -> R
         std::thread::spawn(move || forward_input(&to));
     }
 
-    let mut rounds = Rounds::new(cfg.ranks);
-    let mut pids: Vec<u32> = vec![0; cfg.ranks];
-    let mut exited = vec![false; cfg.ranks];
-    let mut end: Option<End> = None;
+    let mut f = Frontend {
+        agents,
+        ranks_of: placement.into_iter().map(|(_, r)| r).collect(),
+        host_of,
+        rounds: Rounds::new(cfg.ranks),
+        pids: vec![0; cfg.ranks],
+        exited: vec![false; cfg.ranks],
+        end: None,
+        lost: Vec::new(),
+        removed: 0,
+    };
     let mut stop_deadline: Option<Instant> = None;
-    let mut lost: Vec<usize> = Vec::new();
-    let mut removed: u64 = 0;
     let mut stdout = io::stdout();
-    loop {
-        if agents.iter().all(|a| a.gone) {
-            break;
-        }
-        if let Some(deadline) = stop_deadline {
-            if Instant::now() > deadline {
-                break;
-            }
-        }
+    while !f.agents.iter().all(|a| a.gone) && stop_deadline.is_none_or(|d| Instant::now() < d) {
         let event = rx.recv_timeout(POLL_INTERVAL);
-        if end.is_none() {
-            if let Some(sig) = signals.pending() {
-                end = Some(End::Interrupted(sig));
-            } else if let Some(limit) = cfg.timeout {
-                if started.elapsed() >= limit {
-                    end = Some(End::TimedOut(limit));
-                }
-            }
+        if let Some(sig) = signals.pending() {
+            f.end_with(End::Interrupted(sig));
+        } else if cfg.timeout.is_some_and(|limit| started.elapsed() >= limit) {
+            f.end_with(End::TimedOut(cfg.timeout.expect("checked")));
         }
         match event {
-            Ok((i, Event::Frame(tag, payload))) => {
-                let who = |r: usize| format!("pid {} on {}", pids[r], agents[host_of[r]].host);
-                let answer = match tag {
-                    relay::STARTED => match relay::decode_started(&payload) {
-                        Ok(p) if p.len() == placement[i].1.len() => {
-                            for (&r, pid) in placement[i].1.iter().zip(p) {
-                                pids[r] = pid;
-                            }
-                            Answer::Wait
-                        }
-                        _ => protocol_failure(&mut end, &agents[i].host, "a malformed STARTED"),
-                    },
-                    relay::GATHER => match relay::decode_gather(&payload) {
-                        Ok((r, data)) if host_of.get(r) == Some(&i) => rounds.join(r, data, who),
-                        _ => protocol_failure(&mut end, &agents[i].host, "a malformed GATHER"),
-                    },
-                    relay::LEFT => match relay::decode_u64(&payload) {
-                        Ok(r) if host_of.get(r as usize) == Some(&i) => {
-                            rounds.leave(r as usize, who)
-                        }
-                        _ => protocol_failure(&mut end, &agents[i].host, "a malformed LEFT"),
-                    },
-                    relay::EXITED => match relay::decode_exited(&payload) {
-                        Ok((r, code, how)) if host_of.get(r) == Some(&i) => {
-                            exited[r] = true;
-                            if code != 0 && end.is_none() {
-                                report_line(&format!(
-                                    "pwrun: rank {r} (pid {} on {}) {how}",
-                                    pids[r], agents[i].host
-                                ));
-                                end = Some(End::RankFailed {
-                                    rank: r,
-                                    exit_code: code,
-                                });
-                            }
-                            if end.is_none() && exited.iter().all(|&e| e) {
-                                end = Some(End::Success);
-                            }
-                            Answer::Wait
-                        }
-                        _ => protocol_failure(&mut end, &agents[i].host, "a malformed EXITED"),
-                    },
-                    relay::OUTPUT => {
-                        let _ = stdout.write_all(&payload).and_then(|()| stdout.flush());
-                        Answer::Wait
-                    }
-                    relay::BYE => {
-                        agents[i].finished = true;
-                        removed += relay::decode_u64(&payload).unwrap_or(0);
-                        Answer::Wait
-                    }
-                    relay::FAILED => {
-                        agents[i].finished = true;
-                        let text = String::from_utf8_lossy(&payload).into_owned();
-                        if end.is_none() {
-                            end = Some(End::StartFailed(format!("on {}: {text}", agents[i].host)));
-                        }
-                        Answer::Wait
-                    }
-                    tag => protocol_failure(
-                        &mut end,
-                        &agents[i].host,
-                        &format!("an unknown frame {tag:#04x}"),
-                    ),
-                };
-                answer_agents(&agents, &host_of, answer);
-            }
-            Ok((i, Event::End(why))) => {
-                agents[i].gone = true;
-                if !agents[i].finished {
-                    // Its host is cleaned at the end, whether or not it caused the end.
-                    lost.push(i);
-                    if end.is_none() {
-                        let status = wait_briefly(&mut agents[i].child);
-                        report_line(&format!(
-                            "pwrun: the agent on {} ended before the job did ({status}{})",
-                            agents[i].host,
-                            why.map(|w| format!("; {w}")).unwrap_or_default()
-                        ));
-                        end = Some(End::AgentLost);
-                    }
-                }
-            }
+            Ok((i, Event::Frame(tag, payload))) => f.on_frame(i, tag, &payload, &mut stdout),
+            Ok((i, Event::End(why))) => f.on_end(i, why),
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
-        if end.is_some() && stop_deadline.is_none() {
-            for a in &mut agents {
+        if f.end.is_some() && stop_deadline.is_none() {
+            for a in &mut f.agents {
                 a.stop();
             }
             stop_deadline = Some(Instant::now() + TERM_GRACE + STOP_PATIENCE);
         }
     }
-    // Agents that did not finish in time: their remote shells are killed (an agent sees its
-    // channel end and stops its ranks).
-    for a in &mut agents {
-        drop(a.to.lock().take());
-        if a.child.try_wait().ok().flatten().is_none() {
-            let deadline = Instant::now() + Duration::from_millis(500);
-            while a.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            let _ = a.child.kill();
-        }
-        let _ = a.child.wait();
-    }
-    for &i in &lost {
-        removed += clean_through(rsh, &agents[i].host, &pwrun, &job);
-    }
-    let removed_note =
-        (removed > 0).then(|| format!("removed {removed} shared-memory objects left by the job"));
-    Ok(match end.unwrap_or(End::AgentLost) {
-        End::Success => JobOutcome {
-            exit_code: 0,
-            failed_rank: None,
-            message: None,
-        },
-        End::RankFailed { rank, exit_code } => JobOutcome {
-            exit_code,
-            failed_rank: Some(rank),
-            message: removed_note.map(|n| format!("pwrun: {n}")),
-        },
-        End::AgentLost => JobOutcome {
-            exit_code: EXIT_AGENT_LOST,
-            failed_rank: None,
-            message: removed_note.map(|n| format!("pwrun: {n}")),
-        },
-        End::StartFailed(text) => return Err(Error::Launcher(text)),
-        End::TimedOut(after) => JobOutcome {
-            exit_code: 124,
-            failed_rank: None,
-            message: Some(format!(
-                "pwrun: job timed out after {} s{}",
-                after.as_secs_f64(),
-                removed_note.map(|n| format!("; {n}")).unwrap_or_default()
-            )),
-        },
-        End::Interrupted(sig) => JobOutcome {
-            exit_code: 128 + sig,
-            failed_rank: None,
-            message: Some(format!(
-                "pwrun: received {}, job stopped{}",
-                signal_name(sig),
-                removed_note.map(|n| format!("; {n}")).unwrap_or_default()
-            )),
-        },
-    })
+    f.finish(rsh, &pwrun, &job);
+    f.outcome()
 }
 
 /// Reads agent `i`'s frames into the frontend's queue until its channel ends.
@@ -532,33 +610,7 @@ fn forward_input(to: &Mutex<Option<ChildStdin>>) {
     }
 }
 
-/// An agent broke the protocol: the job ends, naming it.
-fn protocol_failure(end: &mut Option<End>, host: &str, what: &str) -> Answer {
-    if end.is_none() {
-        *end = Some(End::StartFailed(format!("the agent on {host} sent {what}")));
-    }
-    Answer::Wait
-}
 
-/// Sends a collective's answer to the agents of the ranks it is for, once per agent.
-fn answer_agents(agents: &[Agent], host_of: &[usize], answer: Answer) {
-    match answer {
-        Answer::Wait => {}
-        Answer::Complete(payload) => {
-            for a in agents {
-                a.send(relay::RESULT, &payload);
-            }
-        }
-        Answer::Fail { ranks, text } => {
-            for (i, a) in agents.iter().enumerate() {
-                let mine: Vec<usize> = ranks.iter().copied().filter(|&r| host_of[r] == i).collect();
-                if !mine.is_empty() {
-                    a.send(relay::ERROR, &relay::encode_error(&mine, &text));
-                }
-            }
-        }
-    }
-}
 
 /// How a remote shell ended, waiting for it a moment.
 fn wait_briefly(child: &mut Child) -> String {
