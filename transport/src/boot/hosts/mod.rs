@@ -610,8 +610,6 @@ fn forward_input(to: &Mutex<Option<ChildStdin>>) {
     }
 }
 
-
-
 /// How a remote shell ended, waiting for it a moment.
 fn wait_briefly(child: &mut Child) -> String {
     let deadline = Instant::now() + Duration::from_millis(200);

@@ -330,6 +330,36 @@ pub(crate) struct Slot<'a> {
     offset: usize,
 }
 
+/// Where a received packet's payload lies while the engine handles it: its slot in a ring,
+/// or, for a packet from a peer on the TCP wire, the link's receive buffer (the engine takes
+/// it from there without a copy into a ring: `tcp/link.rs`). Either way it stays put until
+/// the handler returns.
+#[derive(Clone, Copy)]
+pub(crate) enum Payload<'a> {
+    /// In a ring slot.
+    Slot(Slot<'a>),
+    /// In this process's memory.
+    Bytes(&'a [u8]),
+}
+
+impl Payload<'_> {
+    /// Its address in this process (a source for the DMA engine's copies).
+    pub(crate) fn addr(&self) -> u64 {
+        match self {
+            Payload::Slot(s) => s.payload_addr(),
+            Payload::Bytes(b) => b.as_ptr() as u64,
+        }
+    }
+
+    /// Reads its first `out.len()` bytes.
+    pub(crate) fn read(&self, out: &mut [u8]) {
+        match self {
+            Payload::Slot(s) => s.read_payload(out),
+            Payload::Bytes(b) => out.copy_from_slice(&b[..out.len()]),
+        }
+    }
+}
+
 impl Slot<'_> {
     /// Address of the payload in this process (for CMA into or out of the slot).
     pub(crate) fn payload_addr(&self) -> u64 {

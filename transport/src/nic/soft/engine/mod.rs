@@ -46,6 +46,7 @@ use std::time::Instant;
 use smallvec::SmallVec;
 
 use super::inbox::Inbox;
+use super::ring::Payload;
 use super::tpt::{InUse, Refusal};
 use super::MAX_QPS;
 use crate::error::{Error, Result};
@@ -445,7 +446,7 @@ impl super::Inner {
         // serves them while the application computes.
         self.serve_faults();
         self.serve_translation_misses();
-        self.pump_links();
+        self.pump_links(eng);
         let due = eng
             .inbox
             .due(self.own.pending(), |src| self.own.ring_from(src));
@@ -484,7 +485,7 @@ impl super::Inner {
         let mut any = false;
         for _ in 0..RX_BUDGET {
             let Some((h, slot)) = ring.peek() else { break };
-            self.handle_packet(eng, src, h, slot);
+            self.handle_packet(eng, src, h, Payload::Slot(slot));
             ring.pop();
             any = true;
         }

@@ -5,7 +5,7 @@ use smallvec::SmallVec;
 
 use super::{Engine, KeyedExtent, OpState, QueuePair};
 use crate::nic::soft::dma;
-use crate::nic::soft::ring::{Header, Kind, Slot, FIRST, LAST, MTU};
+use crate::nic::soft::ring::{Header, Kind, Payload, FIRST, LAST, MTU};
 use crate::nic::soft::Inner;
 use crate::nic::{Access, DataPath, WcStatus};
 
@@ -72,7 +72,7 @@ impl Inner {
     }
 
     /// The requester's side of a staged READ: a response packet.
-    pub(super) fn handle_read_response(&self, eng: &mut Engine, h: &Header, slot: Slot<'_>) {
+    pub(super) fn handle_read_response(&self, eng: &mut Engine, h: &Header, payload: Payload<'_>) {
         let Ok(qp) = eng.qp_mut(h.dst_qpn) else {
             return;
         };
@@ -100,9 +100,7 @@ impl Inner {
         let placed = self
             .hold_own(&dst, h.offset, len, Access::LOCAL_WRITE)
             .map_err(|_| ())
-            .and_then(|(_held, dst)| {
-                dma::scatter(&dst, 0, slot.payload_addr(), len).map_err(|_| ())
-            });
+            .and_then(|(_held, dst)| dma::scatter(&dst, 0, payload.addr(), len).map_err(|_| ()));
         if placed.is_err() {
             op.state = OpState::Done(WcStatus::LocalProtectionError);
             return;

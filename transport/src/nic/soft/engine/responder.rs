@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::nic::soft::ack::Nak;
 use crate::nic::soft::dma;
 use crate::nic::soft::ring::{
-    self, Header, Kind, Slot, CMA_DESCRIPTOR, FIRST, HAS_IMM, LAST, MAX_DESCRIPTOR_EXTENTS,
+    self, Header, Kind, Payload, CMA_DESCRIPTOR, FIRST, HAS_IMM, LAST, MAX_DESCRIPTOR_EXTENTS,
 };
 use crate::nic::soft::Inner;
 use crate::nic::{Access, DataPath, RecvWr, WcOpcode, WcStatus};
@@ -103,7 +103,13 @@ impl Inner {
         self.nak(from, h.src_qpn, h.msn, Nak::Error(status.code()));
     }
 
-    pub(super) fn handle_packet(&self, eng: &mut Engine, from: usize, h: Header, slot: Slot<'_>) {
+    pub(crate) fn handle_packet(
+        &self,
+        eng: &mut Engine,
+        from: usize,
+        h: Header,
+        payload: Payload<'_>,
+    ) {
         // Only packets of a queue pair connected to the sender's queue pair count (others
         // are dropped, as an RC NIC drops packets for a queue pair it does not have).
         match eng.qps.get(h.dst_qpn as usize).and_then(Option::as_ref) {
@@ -116,9 +122,9 @@ impl Inner {
         };
         match kind {
             Kind::Send | Kind::Write | Kind::WriteImm | Kind::ReadRequest => {
-                self.handle_request(eng, from, kind, &h, slot)
+                self.handle_request(eng, from, kind, &h, payload)
             }
-            Kind::ReadResponse => self.handle_read_response(eng, &h, slot),
+            Kind::ReadResponse => self.handle_read_response(eng, &h, payload),
         }
     }
 
@@ -147,7 +153,7 @@ impl Inner {
         from: usize,
         kind: Kind,
         h: &Header,
-        slot: Slot<'_>,
+        payload: Payload<'_>,
     ) {
         let qpn = h.dst_qpn;
         let qp = eng.qps[qpn as usize].as_mut().expect("checked by caller");
@@ -173,7 +179,7 @@ impl Inner {
             && h.flags & (FIRST | LAST | CMA_DESCRIPTOR) == FIRST | LAST
             && h.code == 0
             && qp.rx.is_none()
-            && self.deliver_single_send(eng, from, h, slot)
+            && self.deliver_single_send(eng, from, h, payload)
         {
             return;
         }
@@ -215,7 +221,7 @@ impl Inner {
             if kind == Kind::WriteImm {
                 Ok(()) // data already placed by the initiator
             } else {
-                self.pull_payload(from, h, slot, &rx)
+                self.pull_payload(from, h, payload, &rx)
             }
         } else if h.payload_len > 0 {
             let len = h.payload_len as u64;
@@ -228,7 +234,7 @@ impl Inner {
                     .hold_own(&rx.targets, h.offset, len, rx.need)
                     .map_err(|_| ())
                     .and_then(|(_held, dst)| {
-                        dma::scatter(&dst, 0, slot.payload_addr(), len).map_err(|_| ())
+                        dma::scatter(&dst, 0, payload.addr(), len).map_err(|_| ())
                     });
                 match placed {
                     Ok(()) => {
@@ -308,7 +314,7 @@ impl Inner {
         eng: &mut Engine,
         from: usize,
         h: &Header,
-        slot: Slot<'_>,
+        payload: Payload<'_>,
     ) -> bool {
         let qpn = h.dst_qpn;
         let qp = eng.qps[qpn as usize].as_mut().expect("checked by caller");
@@ -345,7 +351,7 @@ impl Inner {
         if guard.translation.detached() {
             self.counters.detached_bytes.fetch_add(len, Relaxed);
         }
-        if dma::copy(target.addr, slot.payload_addr(), len).is_err() {
+        if dma::copy(target.addr, payload.addr(), len).is_err() {
             return false;
         }
         drop(guard);
@@ -377,12 +383,12 @@ impl Inner {
         &self,
         from: usize,
         h: &Header,
-        slot: Slot<'_>,
+        payload: Payload<'_>,
         rx: &Incoming,
     ) -> Result<(), WcStatus> {
         let mut desc = [0u8; 16 * MAX_DESCRIPTOR_EXTENTS];
         let n = (h.payload_len as usize).min(desc.len()) / 16 * 16;
-        slot.read_payload(&mut desc[..n]);
+        payload.read(&mut desc[..n]);
         let src: SmallVec<[Extent; 4]> = desc[..n]
             .chunks_exact(16)
             .map(|c| Extent {

@@ -9,11 +9,13 @@
 //!   socket took all of it. A socket that takes nothing more leaves the rest queued: the ring
 //!   fills and the engine waits, as for a full ring in shared memory (back-pressure).
 //! - **Receiving.** [`TcpLink::pump`] reads what has arrived into the link's buffer, decodes
-//!   and checks every frame (`frame.rs`), and places each packet into this rank's ring from
-//!   that peer, where the engine takes it as it takes a local peer's packet: so the target's
-//!   checks (the TPT, receives, receive-side faults) are the same code on both wires. ACKs
-//!   and NAKs go into this rank's acknowledgement lines, fault outcomes into the image's
-//!   fault slots. A full ring stops the reading (TCP's flow control holds the sender).
+//!   and checks every frame (`frame.rs`), and hands each packet to the engine, which takes
+//!   it as it takes a packet from a local peer's ring, its payload read where it lies in the
+//!   buffer (one copy fewer than placing it into a ring first): so the target's checks (the
+//!   TPT, receives, receive-side faults) are the same code on both wires. ACKs and NAKs go
+//!   into this rank's acknowledgement lines, fault outcomes into the image's fault slots.
+//!   The engine takes every packet at once (refusing what it cannot take, with a NAK, as
+//!   from a ring), so reading never waits for room.
 //! - **Errors.** A frame the decoder refuses, a connection reset, or an end of stream closes
 //!   the link, with one line on stderr saying which peer and why. The peer then counts as
 //!   dead: its queue pairs' requests end with retry-exceeded completions as for a peer whose
@@ -29,9 +31,8 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use super::frame::{self, Frame, MAX_FRAME_BYTES, PREFIX_BYTES};
-use crate::nic::soft::inbox;
 use crate::nic::soft::layout::RankMemory;
-use crate::nic::soft::ring::{Ring, ENCODED_HEADER_BYTES};
+use crate::nic::soft::ring::{Header, Ring, ENCODED_HEADER_BYTES};
 use crate::sys::{self, Extent};
 
 /// How long a link holds ACKs, when nothing else waits to go out, for a packet to carry
@@ -68,8 +69,6 @@ struct Inbound {
     buf: Vec<u8>,
     start: usize,
     end: usize,
-    /// The next frame waits for a free slot in this rank's ring from the peer.
-    blocked: bool,
 }
 
 /// The connection to one peer on another host.
@@ -119,7 +118,6 @@ impl TcpLink {
                 buf: vec![0; RECV_BUFFER],
                 start: 0,
                 end: 0,
-                blocked: false,
             }),
             closed: AtomicBool::new(false),
             said_bye: AtomicBool::new(false),
@@ -142,11 +140,6 @@ impl TcpLink {
     pub(crate) fn has_output(&self, ring: &Ring<'_>) -> bool {
         !self.is_closed()
             && (ring.peek().is_some() || self.out.try_lock().is_none_or(|o| !o.control.is_empty()))
-    }
-
-    /// Whether reading stopped for want of room in this rank's ring from the peer.
-    pub(crate) fn input_blocked(&self) -> bool {
-        self.inp.try_lock().is_some_and(|i| i.blocked)
     }
 
     /// Says goodbye (this NIC is going down) and closes the link, without a word.
@@ -347,10 +340,17 @@ impl TcpLink {
         }
     }
 
-    /// Reads what has arrived and places it: packets into `own`'s ring from the peer,
-    /// acknowledgements into `own`'s lines, fault outcomes into `image` (the peer's local
-    /// image). Whether anything was placed. Another thread pumping the link is left to it.
-    pub(crate) fn pump(&self, own: &RankMemory, image: &RankMemory) -> bool {
+    /// Reads what has arrived and places it: each packet goes to `on_packet` (the engine,
+    /// which takes it as it takes a packet from a ring, with its payload where it lies in
+    /// the link's buffer: no copy into a ring), acknowledgements into `own`'s lines, fault
+    /// outcomes into `image` (the peer's local image). Whether anything was placed. Another
+    /// thread pumping the link is left to it.
+    pub(crate) fn pump(
+        &self,
+        own: &RankMemory,
+        image: &RankMemory,
+        mut on_packet: impl FnMut(Header, &[u8]),
+    ) -> bool {
         if self.is_closed() {
             return false;
         }
@@ -358,11 +358,9 @@ impl TcpLink {
             return false;
         };
         let i = &mut *guard;
-        let ring = own.ring_from(self.peer);
         let mut placed = false;
         loop {
             // Place every whole frame in the buffer.
-            i.blocked = false;
             loop {
                 let decoded = match frame::decode(&i.buf[i.start..i.end]) {
                     Ok(d) => d,
@@ -373,15 +371,7 @@ impl TcpLink {
                 };
                 let Some((f, n)) = decoded else { break };
                 match f {
-                    Frame::Packet { header, payload } => {
-                        let Some(slot) = ring.reserve() else {
-                            i.blocked = true;
-                            break;
-                        };
-                        slot.write_payload(payload);
-                        ring.publish(slot, &header);
-                        inbox::announce(&ring, own.pending(), self.peer);
-                    }
+                    Frame::Packet { header, payload } => on_packet(header, payload),
                     Frame::Ack { qpn, msn_end } => own.ack_line(qpn).ack(msn_end),
                     Frame::Nak { qpn, msn, why } => own.ack_line(qpn).nak(msn, why),
                     Frame::FaultDone { qpn, seq, resolved } => {
@@ -391,9 +381,6 @@ impl TcpLink {
                 }
                 i.start += n;
                 placed = true;
-            }
-            if i.blocked {
-                return placed;
             }
             // Make room for at least one whole frame, then read.
             if i.start == i.end {

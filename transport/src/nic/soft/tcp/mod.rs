@@ -461,7 +461,7 @@ impl TcpWire {
             if !l.is_closed() {
                 fds.push(PollFor {
                     fd: l.fd(),
-                    read: !l.input_blocked(),
+                    read: true,
                     write: out,
                 });
             }

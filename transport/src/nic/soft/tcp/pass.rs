@@ -7,14 +7,20 @@ use std::sync::atomic::Ordering::Acquire;
 use super::frame::Frame;
 use super::TcpLink;
 use crate::nic::soft::ack::Nak;
+use crate::nic::soft::engine::Engine;
+use crate::nic::soft::ring::Payload;
 use crate::nic::soft::{Inner, Peer};
 
 impl Inner {
-    /// Reads every link's arrivals into this rank's rings and acknowledgement lines.
-    pub(crate) fn pump_links(&self) {
+    /// Reads every link's arrivals: packets go to the engine straight from the link's
+    /// receive buffer (the handlers of packets from a ring, with the payload where it lies),
+    /// acknowledgements into this rank's lines, fault outcomes into the peer's image.
+    pub(crate) fn pump_links(&self, eng: &mut Engine) {
         if let Some(w) = &self.wire {
             for l in &w.links {
-                l.pump(&self.own, &self.peers[l.peer].mem);
+                l.pump(&self.own, &self.peers[l.peer].mem, |header, payload| {
+                    self.handle_packet(eng, l.peer, header, Payload::Bytes(payload))
+                });
             }
         }
     }
