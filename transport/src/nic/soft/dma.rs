@@ -22,6 +22,25 @@ pub(crate) fn copy(dst: u64, src: u64, len: u64) -> io::Result<()> {
     unsafe { sys::guarded_copy(dst, src, len as usize) }
 }
 
+/// Whether every page of the `(address, length)` pieces can be read now: one guarded
+/// byte per page (a probe before the kernel reads them for a socket, where a fault would
+/// leave a frame half-sent).
+pub(crate) fn readable(pieces: &[(u64, u64)]) -> bool {
+    let mut probe = 0u8;
+    let at = std::ptr::addr_of_mut!(probe) as u64;
+    pieces.iter().all(|&(addr, len)| {
+        let end = addr + len;
+        let mut page = addr;
+        while page < end {
+            if copy(at, page, 1).is_err() {
+                return false;
+            }
+            page = (page & !(crate::nic::PAGE_SIZE - 1)) + crate::nic::PAGE_SIZE;
+        }
+        true
+    })
+}
+
 /// Copies the `len` bytes that start `offset` bytes into the stream `src` describes to `dst`
 /// (one contiguous range).
 pub(crate) fn gather(dst: u64, src: &[Extent], offset: u64, len: u64) -> io::Result<()> {

@@ -260,6 +260,26 @@ impl<'a> Ring<'a> {
         })
     }
 
+    /// Producer: [`Ring::reserve`], with the slot's position in the ring's sequence (for a
+    /// consumer's own bookkeeping of the packet: [`Ring::head_index`], [`Ring::slot_at`]).
+    pub(crate) fn reserve_indexed(&self) -> Option<(u64, Slot<'a>)> {
+        let slot = self.reserve()?;
+        Some((self.producer()[0].load(Relaxed), slot))
+    }
+
+    /// Consumer: the position of the oldest packet (`peek_nth(n)` is at `head_index() + n`).
+    pub(crate) fn head_index(&self) -> u64 {
+        self.head().load(Relaxed)
+    }
+
+    /// Consumer: the slot of the published packet at position `index`.
+    pub(crate) fn slot_at(&self, index: u64) -> Slot<'a> {
+        Slot {
+            seg: self.seg,
+            offset: self.slot(index),
+        }
+    }
+
     /// Producer: publishes the slot returned by `reserve` after writing `header`.
     pub(crate) fn publish(&self, slot: Slot<'a>, header: &Header) {
         self.publish_words(slot, header.encode());

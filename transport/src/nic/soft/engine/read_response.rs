@@ -3,7 +3,8 @@
 
 use smallvec::SmallVec;
 
-use super::{Engine, KeyedExtent, OpState, QueuePair};
+use super::staged::SettleLink;
+use super::{Engine, Held, KeyedExtent, OpState, QueuePair};
 use crate::nic::soft::dma;
 use crate::nic::soft::ring::{Header, Kind, Payload, FIRST, LAST, MTU};
 use crate::nic::soft::Inner;
@@ -16,6 +17,11 @@ impl Inner {
             return;
         };
         let peer = qp.peer;
+        // The holds on the memory of the packets queued with their payload in place
+        // (gathered, to a peer on the TCP wire), kept until the link is settled: the settle
+        // guard is declared after them, so it drops first.
+        let mut holds: SmallVec<[Held<'_>; 8]> = SmallVec::new();
+        let _settle = SettleLink::new(self, peer);
         while let Some(r) = qp.reads_out.front_mut() {
             loop {
                 let chunk = (r.source.len - r.sent).min(MTU as u64);
@@ -52,10 +58,18 @@ impl Inner {
                     }
                     break;
                 };
-                let pushed = self.push_packet(peer, &h, |s| match src.first() {
-                    Some(e) => dma::copy(s.payload_addr(), e.addr, chunk),
-                    None => Ok(()), // a zero-length READ
-                });
+                let gathered = src
+                    .first()
+                    .is_some_and(|e| self.queue_gathered(peer, &h, &[(e.addr, chunk)]));
+                let pushed = if gathered {
+                    holds.push(_held);
+                    true
+                } else {
+                    self.push_packet(peer, &h, |s| match src.first() {
+                        Some(e) => dma::copy(s.payload_addr(), e.addr, chunk),
+                        None => Ok(()), // a zero-length READ
+                    })
+                };
                 if !pushed {
                     // Ring full: the requester drains it when it polls, or its driver.
                     self.peers[peer].mem.wake_driver_if_asleep();

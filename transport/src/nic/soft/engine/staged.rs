@@ -48,6 +48,9 @@ impl Inner {
                 }
             }
         };
+        // Before the holds go (declared after them, so dropped first): what a TCP link has
+        // not sent of this request's gathered packets is copied into their slots.
+        let _settle = SettleLink::new(self, peer);
         let base = Header {
             dst_qpn: remote_qpn,
             src_qpn: qpn,
@@ -137,17 +140,23 @@ impl Inner {
                     };
                     let offset = op.sent;
                     let mut faulted = false;
-                    let pushed = self.push_packet(peer, &h, |s| {
-                        let r = match inline {
-                            Some(d) => {
-                                s.write_payload(&d[offset as usize..(offset + chunk) as usize]);
-                                Ok(())
-                            }
-                            None => dma::gather(s.payload_addr(), &local, offset, chunk),
-                        };
-                        faulted = r.is_err();
-                        r
-                    });
+                    let gathered = inline.is_none() && {
+                        let pieces: SmallVec<[(u64, u64); 4]> =
+                            dma::pieces(&local, offset, chunk).collect();
+                        self.queue_gathered(peer, &h, &pieces)
+                    };
+                    let pushed = gathered
+                        || self.push_packet(peer, &h, |s| {
+                            let r = match inline {
+                                Some(d) => {
+                                    s.write_payload(&d[offset as usize..(offset + chunk) as usize]);
+                                    Ok(())
+                                }
+                                None => dma::gather(s.payload_addr(), &local, offset, chunk),
+                            };
+                            faulted = r.is_err();
+                            r
+                        });
                     if faulted {
                         op.state = OpState::Done(WcStatus::LocalProtectionError);
                         return true;
@@ -165,6 +174,18 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// To a peer on the TCP wire, queues one packet whose payload stays in `pieces` of this
+    /// process's memory until the frame goes out (`TcpLink::queue_gathered`); the caller
+    /// holds that memory until a [`SettleLink`] of the peer drops. False if the peer is
+    /// local, or the link cannot take it so (the caller pushes the packet as any other).
+    pub(super) fn queue_gathered(&self, peer: usize, h: &Header, pieces: &[(u64, u64)]) -> bool {
+        let Some(link) = self.peers[peer].link.as_deref() else {
+            return false;
+        };
+        let ring = self.peers[peer].mem.ring_from(self.rank);
+        link.queue_gathered(&ring, h, pieces)
     }
 
     /// Pushes one packet to `peer`, filling its payload with `fill`; false if the ring is
@@ -191,5 +212,29 @@ impl Inner {
         }
         crate::nic::soft::inbox::announce(&ring, mem.pending(), self.rank);
         true
+    }
+}
+
+/// Settles the TCP link to a peer when dropped ([`crate::nic::soft::tcp::TcpLink::settle`]):
+/// sends what its socket takes and copies the rest of the packets queued with their payload
+/// in memory into their slots. Declared after the holds on that memory, so that it drops
+/// first.
+pub(super) struct SettleLink<'a> {
+    inner: &'a Inner,
+    peer: usize,
+}
+
+impl<'a> SettleLink<'a> {
+    pub(super) fn new(inner: &'a Inner, peer: usize) -> SettleLink<'a> {
+        SettleLink { inner, peer }
+    }
+}
+
+impl Drop for SettleLink<'_> {
+    fn drop(&mut self) {
+        let p = &self.inner.peers[self.peer];
+        if let Some(link) = p.link.as_deref() {
+            link.settle(&p.mem.ring_from(self.inner.rank));
+        }
     }
 }

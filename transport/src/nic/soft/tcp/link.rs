@@ -21,6 +21,7 @@
 //!   dead: its queue pairs' requests end with retry-exceeded completions as for a peer whose
 //!   process died (issue 15).
 
+use std::collections::VecDeque;
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
@@ -31,6 +32,7 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use super::frame::{self, Frame, MAX_FRAME_BYTES, PREFIX_BYTES};
+use crate::nic::soft::dma;
 use crate::nic::soft::layout::RankMemory;
 use crate::nic::soft::ring::{Header, Ring, ENCODED_HEADER_BYTES};
 use crate::sys::{self, Extent};
@@ -49,9 +51,21 @@ const RECV_BUFFER: usize = 256 * 1024;
 
 type PacketHead = [u8; PREFIX_BYTES + ENCODED_HEADER_BYTES];
 
+/// A packet in the image's ring whose payload is not in its slot: the frame reads it from
+/// the sender's memory when it goes out ([`TcpLink::queue_gathered`]).
+#[derive(Debug)]
+struct Gathered {
+    /// Its position in the ring.
+    index: u64,
+    /// Its payload: `(address, length)` pieces of this process's memory, in order.
+    pieces: SmallVec<[(u64, u64); 4]>,
+}
+
 /// What is queued to go out, beyond the packets in the image's ring.
 #[derive(Debug, Default)]
 struct Outbound {
+    /// The ring's packets whose payload is read from memory, oldest first.
+    gathered: VecDeque<Gathered>,
     /// Encoded control frames (ACK, NAK, fault outcomes).
     control: Vec<u8>,
     /// Bytes of `control` sent.
@@ -226,6 +240,61 @@ impl TcpLink {
         self.flush(ring)
     }
 
+    /// Queues packet `h` in `ring` (the image's send ring) with its payload left in this
+    /// process's memory, the `(address, length)` `pieces` in order, which the caller holds
+    /// (translated and in use) until it calls [`TcpLink::settle`]: the frame reads the bytes
+    /// from there when it goes out, as an HCA reads host memory by DMA, instead of the
+    /// engine copying them into the slot first. False (nothing done) if the ring is full or
+    /// a page of the pieces is not mapped: the caller then pushes the packet as any other
+    /// (whose guarded copy fails on that page and marks the packet for the receiver to drop;
+    /// the socket would fail such a frame half-sent).
+    pub(crate) fn queue_gathered(
+        &self,
+        ring: &Ring<'_>,
+        h: &Header,
+        pieces: &[(u64, u64)],
+    ) -> bool {
+        let mut o = self.out.lock();
+        if self.is_closed() || !dma::readable(pieces) {
+            return false;
+        }
+        let Some((index, slot)) = ring.reserve_indexed() else {
+            return false;
+        };
+        ring.publish(slot, h);
+        o.gathered.push_back(Gathered {
+            index,
+            pieces: pieces.iter().copied().filter(|p| p.1 > 0).collect(),
+        });
+        true
+    }
+
+    /// Sends what the socket takes now, then copies into their slots the payloads of the
+    /// gathered packets it did not take (their memory is about to be released), so that
+    /// they go out later like any packet. The engine calls it before it lets go of the
+    /// memory it queued with [`TcpLink::queue_gathered`].
+    pub(crate) fn settle(&self, ring: &Ring<'_>) {
+        let mut o = self.out.lock();
+        if o.gathered.is_empty() {
+            return;
+        }
+        self.flush_locked(&mut o, ring);
+        while let Some(g) = o.gathered.pop_front() {
+            let mut at = ring.slot_at(g.index).payload_addr();
+            for &(addr, len) in &g.pieces {
+                if dma::copy(at, addr, len).is_err() {
+                    // Unmapped since `queue_gathered` probed it: the application broke the
+                    // contract of its work request while the NIC read its memory.
+                    o.gathered.clear();
+                    drop(o);
+                    self.close("a payload's memory was unmapped while it was being sent");
+                    return;
+                }
+                at += len;
+            }
+        }
+    }
+
     /// Sends what is queued — the packets of `ring` (the image's send ring) and the control
     /// frames — as far as the socket takes it now; frees each packet's slot once all of it
     /// went out. Returns the bytes sent.
@@ -234,32 +303,50 @@ impl TcpLink {
             return 0;
         }
         let mut o = self.out.lock();
+        self.flush_locked(&mut o, ring)
+    }
+
+    fn flush_locked(&self, o: &mut Outbound, ring: &Ring<'_>) -> usize {
+        if self.is_closed() {
+            return 0;
+        }
         let mut total = 0;
         loop {
             // The oldest packet's frame first if it is part-sent, then the control frames
             // (they never interleave with a part-sent packet), then more packets.
+            let head_index = ring.head_index();
             let mut heads: SmallVec<[PacketHead; SEND_BATCH]> = SmallVec::new();
             let mut lens: SmallVec<[usize; SEND_BATCH]> = SmallVec::new();
-            let mut payloads: SmallVec<[Extent; SEND_BATCH]> = SmallVec::new();
+            let mut payloads: SmallVec<[SmallVec<[Extent; 4]>; SEND_BATCH]> = SmallVec::new();
+            let mut gathered = o.gathered.iter().peekable();
             for n in 0..SEND_BATCH as u64 {
                 let Some((h, slot)) = ring.peek_nth(n) else {
                     break;
                 };
                 heads.push(frame::packet_head(&h));
                 lens.push(PREFIX_BYTES + ENCODED_HEADER_BYTES + h.payload_len as usize);
-                payloads.push(Extent {
-                    addr: slot.payload_addr(),
-                    len: h.payload_len as u64,
-                });
+                while gathered.next_if(|g| g.index < head_index + n).is_some() {}
+                let payload = match gathered.next_if(|g| g.index == head_index + n) {
+                    Some(g) => g
+                        .pieces
+                        .iter()
+                        .map(|&(addr, len)| Extent { addr, len })
+                        .collect(),
+                    None => smallvec::smallvec![Extent {
+                        addr: slot.payload_addr(),
+                        len: h.payload_len as u64,
+                    }],
+                };
+                payloads.push(payload);
             }
-            let frame_extents = |i: usize, skip: usize| -> SmallVec<[Extent; 2]> {
+            let frame_extents = |i: usize, skip: usize| -> SmallVec<[Extent; 5]> {
                 let head = Extent {
                     addr: heads[i].as_ptr() as u64,
                     len: heads[i].len() as u64,
                 };
-                let mut v: SmallVec<[Extent; 2]> = SmallVec::new();
+                let mut v: SmallVec<[Extent; 5]> = SmallVec::new();
                 let mut skip = skip as u64;
-                for e in [head, payloads[i]] {
+                for &e in std::iter::once(&head).chain(payloads[i].iter()) {
                     if skip >= e.len {
                         skip -= e.len;
                     } else {
@@ -303,6 +390,13 @@ impl TcpLink {
             total += sent;
             let all = sent == want;
             // Account for what went, in the order it was offered.
+            let pop = |o: &mut Outbound| {
+                let index = ring.head_index();
+                if o.gathered.front().is_some_and(|g| g.index == index) {
+                    o.gathered.pop_front();
+                }
+                ring.pop();
+            };
             if o.ring_sent > 0 {
                 let rest = lens[0] - o.ring_sent;
                 if sent < rest {
@@ -311,7 +405,7 @@ impl TcpLink {
                 }
                 sent -= rest;
                 o.ring_sent = 0;
-                ring.pop();
+                pop(o);
             }
             let control_left = o.control.len() - o.control_sent;
             if control_left > 0 {
@@ -327,7 +421,7 @@ impl TcpLink {
             for &len in &lens[next..] {
                 if sent >= len {
                     sent -= len;
-                    ring.pop();
+                    pop(o);
                 } else {
                     o.ring_sent = sent;
                     break;
