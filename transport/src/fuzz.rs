@@ -1,6 +1,7 @@
 //! Fuzz targets (issue 15): the ring packet decoder ([`crate::nic::soft::ring::decode`]),
 //! the message decoder ([`crate::msg::wire::decode_message`]), the bootstrap protocol's
-//! parsers ([`crate::boot::pwrun_client::wire`]) and the TCP wire's frame decoder
+//! parsers ([`crate::boot::pwrun_client::wire`]), the frames of `pwrun --hosts` and its
+//! agents (`boot/hosts/relay.rs`) and the TCP wire's frame decoder
 //! ([`crate::nic::soft::tcp::frame::decode`], issue 18), each driven by a small
 //! deterministic mutational fuzzer on the stable toolchain.
 //!
@@ -490,5 +491,86 @@ fn fuzz_tcp_frame_decoder() {
             any = true;
         }
         any
+    });
+}
+
+/// The frames between `pwrun --hosts` and its agents (`boot/hosts/relay.rs`): each kind's
+/// decoder on mutated frames, accepted ones encoding back to the same bytes.
+#[test]
+#[ignore = "fuzzing: run by .ci/fuzz.sh"]
+fn fuzz_hosts_relay_parser() {
+    use crate::boot::binding::BindTo;
+    use crate::boot::hosts::relay::{self, Start};
+    let frame = |tag: u8, payload: &[u8]| {
+        let mut v = Vec::new();
+        boot_wire::write_frame(&mut v, tag, payload).unwrap();
+        v
+    };
+    let start = Start {
+        job: "0a1b2c3d4e5f".into(),
+        size: 4,
+        host: 1,
+        ranks: vec![2, 3],
+        program: "/bin/prog".into(),
+        args: vec!["-x".into(), "y".into()],
+        env: vec![("PATH".into(), "/bin".into()), ("A".into(), "".into())],
+        cwd: "/home".into(),
+        bind: BindTo::Auto,
+    };
+    let seeds = vec![
+        frame(relay::START, &start.encode()),
+        frame(relay::ERROR, &relay::encode_error(&[1, 3], "rank 2 left")),
+        frame(relay::STARTED, &relay::encode_started(&[100, 101])),
+        frame(relay::GATHER, &relay::encode_gather(2, b"address")),
+        frame(relay::LEFT, &relay::encode_u64(3)),
+        frame(
+            relay::EXITED,
+            &relay::encode_exited(1, 137, "killed by signal SIGKILL"),
+        ),
+        frame(relay::BYE, &relay::encode_u64(2)),
+    ];
+    drive("pwrun --hosts relay", &seeds, 512, |input| {
+        let mut stream = input;
+        let mut decoded = false;
+        while let Ok(Some((tag, p))) = boot_wire::read_frame(&mut stream) {
+            match tag {
+                relay::START => {
+                    if let Ok(s) = Start::decode(&p) {
+                        decoded = true;
+                        assert!(s.ranks.iter().all(|&r| r < s.size), "{s:?}");
+                        assert_eq!(s.encode(), p, "START round trip");
+                    }
+                }
+                relay::ERROR => {
+                    if let Ok((ranks, text)) = relay::decode_error(&p) {
+                        decoded = true;
+                        let _ = (ranks, text);
+                    }
+                }
+                relay::STARTED => {
+                    if let Ok(pids) = relay::decode_started(&p) {
+                        decoded = true;
+                        assert_eq!(relay::encode_started(&pids), p, "STARTED round trip");
+                    }
+                }
+                relay::GATHER => {
+                    if let Ok((rank, data)) = relay::decode_gather(&p) {
+                        decoded = true;
+                        assert_eq!(relay::encode_gather(rank, &data), p, "GATHER round trip");
+                    }
+                }
+                relay::LEFT | relay::BYE => {
+                    if let Ok(v) = relay::decode_u64(&p) {
+                        decoded = true;
+                        assert_eq!(relay::encode_u64(v), p, "number round trip");
+                    }
+                }
+                relay::EXITED => {
+                    decoded |= relay::decode_exited(&p).is_ok();
+                }
+                _ => {}
+            }
+        }
+        decoded
     });
 }
