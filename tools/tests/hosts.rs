@@ -246,3 +246,44 @@ fn bad_host_lists_and_remote_shells_are_named() {
         text(&o.stderr)
     );
 }
+
+#[test]
+fn a_chatty_login_script_does_not_disturb_the_agents() {
+    let Some(hosts) = TwoHosts::up() else { return };
+    // A remote shell whose login prints a greeting on stdout before running the command.
+    let dir = std::env::temp_dir().join(format!("pagewire-chatty-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rsh = dir.join("rsh");
+    std::fs::write(
+        &rsh,
+        format!(
+            "#!/bin/sh\nh=$1; shift\nexec {} \"$h\" echo Welcome to \"$h\" ';' \"$@\"\n",
+            hosts.rsh().display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&rsh, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let list = format!("{},{}", hosts.names[0], hosts.names[1]);
+    let o = Command::new(env!("CARGO_BIN_EXE_pwrun"))
+        .args(["--hosts", &list, "sh", "-c", "echo rank $PAGEWIRE_RANK"])
+        .env("PAGEWIRE_RSH", &rsh)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run pwrun");
+    let _ = std::fs::remove_dir_all(&dir);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{err}");
+    let mut lines: Vec<&str> = out.lines().collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        ["rank 0", "rank 1"],
+        "stdout carries the ranks' output only"
+    );
+    assert!(
+        err.contains(&format!("Welcome to {}", hosts.names[1])),
+        "the greeting goes to stderr: {err}"
+    );
+    assert_clean(&hosts);
+}

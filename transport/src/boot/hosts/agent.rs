@@ -78,6 +78,16 @@ pub fn run_agent() -> i32 {
         out: Mutex::new(io::stdout()),
         broken: AtomicBool::new(false),
     });
+    {
+        let mut out = up.out.lock();
+        if out
+            .write_all(relay::AGENT_MARK)
+            .and_then(|()| out.flush())
+            .is_err()
+        {
+            return 1;
+        }
+    }
     let fail = |text: String| {
         report_line(&format!("pwrun agent: {text}"));
         up.frame(relay::FAILED, text.as_bytes());

@@ -573,6 +573,10 @@ pub fn launch_hosts(cfg: &LaunchConfig, hosts: &HostList, rsh: &[OsString]) -> R
 
 /// Reads agent `i`'s frames into the frontend's queue until its channel ends.
 fn read_agent(i: usize, mut out: std::process::ChildStdout, tx: &mpsc::Sender<(usize, Event)>) {
+    if let Err(why) = skip_to_mark(&mut out) {
+        let _ = tx.send((i, Event::End(why)));
+        return;
+    }
     let why = loop {
         match wire::read_frame(&mut out) {
             Ok(Some((tag, payload))) => {
@@ -585,6 +589,38 @@ fn read_agent(i: usize, mut out: std::process::ChildStdout, tx: &mpsc::Sender<(u
         }
     };
     let _ = tx.send((i, Event::End(why)));
+}
+
+/// Reads an agent's stdout up to [`relay::AGENT_MARK`], passing what came before it (a
+/// remote login script's output) to this process's stderr; the reason if the mark never
+/// comes.
+fn skip_to_mark(out: &mut impl Read) -> std::result::Result<(), Option<String>> {
+    let mark = relay::AGENT_MARK;
+    let mut seen: Vec<u8> = Vec::new();
+    let mut byte = [0u8; 1];
+    while !seen.ends_with(mark) {
+        match out.read(&mut byte) {
+            Ok(0) => {
+                let _ = io::stderr().write_all(&seen);
+                return Err(None);
+            }
+            Ok(_) => seen.push(byte[0]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Some(format!("its channel failed: {e}"))),
+        }
+        if seen.len() > relay::MAX_NOISE {
+            return Err(Some(format!(
+                "it printed {} bytes without starting the protocol (a remote login script \
+                 writing to stdout?)",
+                seen.len()
+            )));
+        }
+    }
+    let noise = &seen[..seen.len() - mark.len()];
+    if !noise.is_empty() {
+        let _ = io::stderr().write_all(noise);
+    }
+    Ok(())
 }
 
 /// Sends this process's stdin to rank 0's agent in INPUT frames, and its end as an empty

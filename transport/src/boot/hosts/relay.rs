@@ -19,14 +19,22 @@
 //!   FAILED  0x97  text:utf-8                      the ranks could not be started
 //! ```
 //!
-//! Every decoder checks lengths and refuses what does not parse with a reason; a frame
-//! either side cannot parse ends the job with that reason.
+//! The agent's stdout starts with [`AGENT_MARK`]; the frontend passes anything before it
+//! (what a remote login script printed) to its stderr. Every decoder checks lengths and
+//! refuses what does not parse with a reason; a frame either side cannot parse ends the job
+//! with that reason.
 
 use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
 use super::super::binding::BindTo;
+
+/// What an agent writes first on its stdout, before any frame: the frontend skips what a
+/// remote shell printed before it (a login script's greeting) up to this mark.
+pub(crate) const AGENT_MARK: &[u8; 8] = b"\0pwagent";
+/// The most bytes the frontend skips looking for [`AGENT_MARK`].
+pub(crate) const MAX_NOISE: usize = 64 << 10;
 
 pub(crate) const START: u8 = 0x11;
 pub(crate) const RESULT: u8 = 0x12;
