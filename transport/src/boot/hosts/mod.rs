@@ -720,3 +720,45 @@ pub fn clean_host(job: &str) -> Result<usize> {
         &super::shm_prefix(job),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_fill_by_slots_and_go_round_again() {
+        let h = HostList::parse("a:2,b,c:3").unwrap();
+        assert_eq!(h.slots(), 6);
+        assert_eq!(
+            h.assign(8),
+            vec![
+                ("a".to_string(), vec![0, 1, 6, 7]),
+                ("b".to_string(), vec![2]),
+                ("c".to_string(), vec![3, 4, 5]),
+            ]
+        );
+        // Hosts left without ranks are not started.
+        assert_eq!(h.assign(2), vec![("a".to_string(), vec![0, 1])]);
+        for bad in ["", "a,,b", "a:0", "a:x", "a:-1", "a b", "a,a", "it's"] {
+            assert!(HostList::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_environment_leaves_this_host_behind() {
+        for k in [
+            "HOSTNAME",
+            "PWD",
+            "SSH_CONNECTION",
+            "PAGEWIRE_JOB",
+            "PAGEWIRE_BIND_CPUS",
+            "PMI_FD",
+        ] {
+            assert!(host_specific(OsStr::new(k)), "{k}");
+        }
+        for k in ["PATH", "HOME", "PAGEWIRE_MODE", "LD_LIBRARY_PATH"] {
+            assert!(!host_specific(OsStr::new(k)), "{k}");
+        }
+        assert_eq!(shell_quote(OsStr::new("/a b/it's")), "'/a b/it'\\''s'");
+    }
+}
