@@ -15,9 +15,11 @@
 //! - the socket is private: mode 0600 whatever the umask, and a hello is accepted only from
 //!   a process of the launcher's user that is the rank's process or a descendant of it
 //!   (`SO_PEERCRED`);
-//! - at the end, the socket and every `/dev/shm/pagewire-<job>-*` object are removed (the
-//!   soft NIC already removes its names once every rank has mapped them, so that a killed
-//!   launcher leaves nothing there either).
+//! - at the end, what the ranks left running (a shell's child, a daemon: every process of
+//!   this user whose environment has the job's `PAGEWIRE_JOB`) is killed, and the socket
+//!   and every `/dev/shm/pagewire-<job>-*` object are removed (the soft NIC already
+//!   removes its names once every rank has mapped them, so that a killed launcher leaves
+//!   nothing there either).
 
 use std::ffi::OsString;
 use std::io;
