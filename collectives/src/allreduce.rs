@@ -93,6 +93,18 @@ fn recursive_doubling<T: Element, O: Operation<T> + ?Sized>(
     fold_out(c, &fold, buf, a)
 }
 
+/// The `p + 1` boundaries (in `T`s) of `n` `T`s split into `p` nearly equal blocks of whole
+/// elements of `op` ([`Operation::granularity`]).
+fn element_offsets<T: Element, O: Operation<T> + ?Sized>(n: usize, p: usize, op: &O) -> Vec<usize> {
+    let g = op.granularity().max(1);
+    debug_assert_eq!(
+        n % g,
+        0,
+        "a reduction buffer of {n} T's is not whole elements of {g}"
+    );
+    balanced_offsets(n / g, p, g)
+}
+
 fn rabenseifner<T: Element, O: Operation<T> + ?Sized>(
     c: &mut Call,
     buf: &mut [T],
@@ -101,7 +113,7 @@ fn rabenseifner<T: Element, O: Operation<T> + ?Sized>(
     let a = algo::RABENSEIFNER;
     let (r, fold) = (c.rank(), Fold::new(c.size()));
     let n = buf.len();
-    let seg = balanced_offsets(n, fold.pof2, 1);
+    let seg = element_offsets(n, fold.pof2, op);
     // The fold needs the whole vector; the halving at most the larger first half.
     let half = seg[fold.pof2 / 2].max(n - seg[fold.pof2 / 2]);
     let need = if r < 2 * fold.rem { n } else { half };
@@ -128,7 +140,7 @@ fn rabenseifner<T: Element, O: Operation<T> + ?Sized>(
 fn ring<T: Element, O: Operation<T> + ?Sized>(c: &mut Call, buf: &mut [T], op: &O) -> Result<()> {
     let a = algo::RING;
     let p = c.size();
-    let offs = balanced_offsets(buf.len(), p, 1);
+    let offs = element_offsets(buf.len(), p, op);
     reduce_scatter::ring_in_place(c, buf, &offs, op, a)?;
     let unit = std::mem::size_of::<T>();
     let boffs: Vec<usize> = offs.iter().map(|s| s * unit).collect();

@@ -203,6 +203,13 @@ pub trait Operation<T: Element> {
     fn predefined(&self) -> Option<Op> {
         None
     }
+    /// How many `T`s make one element that the operation combines as a whole (a user
+    /// operation over a struct of two `u64`s sees whole structs: 2). Algorithms that cut a
+    /// buffer into blocks cut at multiples of it, so every [`Operation::apply`] gets whole
+    /// elements; buffers hold a whole number of them. 1 for the predefined operations.
+    fn granularity(&self) -> usize {
+        1
+    }
 }
 
 impl<T: Element> Operation<T> for Op {
@@ -282,6 +289,9 @@ impl<T: Element, O: Operation<T> + ?Sized> Operation<T> for &O {
     }
     fn predefined(&self) -> Option<Op> {
         (**self).predefined()
+    }
+    fn granularity(&self) -> usize {
+        (**self).granularity()
     }
 }
 

@@ -2,11 +2,13 @@
 //! (`with_unit!`, `elements`), landing buffers with gaps (`into_landing`), and reductions of
 //! packed bytes typed by their primitive (`reduce_into_buffer`).
 
-use super::operation::{self, primitive_of, with_element, Adapter, Operation};
+use super::operation::{self, with_element, Adapter, Operation};
 use crate::backend::{CollectiveBackend, CommBackend, CommunicatorBackend};
-use crate::datatype::{packed, Buffer, BufferMut, Count, Landing, Primitive, UncommittedDatatype};
+use crate::datatype::{
+    packed, Buffer, BufferMut, Count, DatatypeRef, Landing, Primitive, UncommittedDatatype,
+};
 use crate::error::{Error, Result};
-use pagewire_collectives::Element;
+use pagewire_collectives::{self as coll, Element};
 
 /// Runs `f` on the bytes `landing` receives: its memory, or a scratch message (aligned for
 /// any primitive) unpacked into it afterwards.
@@ -131,7 +133,6 @@ pub(crate) enum ReduceCall<'c> {
 fn run_reduction<T: Element>(
     backend: &CommBackend,
     call: ReduceCall<'_>,
-    prim: Primitive,
     send: &[T],
     recv: Option<&mut [T]>,
     op: &Adapter<'_, T>,
@@ -145,21 +146,18 @@ fn run_reduction<T: Element>(
             backend.reduce_scatter_block(send, recv.ok_or_else(none)?, op)
         }
         ReduceCall::ReduceScatter { counts } => {
-            let per = (prim_size(prim) / std::mem::size_of::<T>()).max(1) as Count;
-            let k: Vec<Count> = counts.iter().map(|&c| c * per).collect();
+            // Counts of the user's elements, as counts of `T`s.
+            let per = Count::try_from(coll::Operation::<T>::granularity(op)).unwrap_or(1);
+            let k: Vec<Count> = counts.iter().map(|&c| c.saturating_mul(per)).collect();
             backend.reduce_scatter(send, recv.ok_or_else(none)?, &k, op)
         }
     }
 }
 
-/// Bytes of one primitive.
-fn prim_size(p: Primitive) -> usize {
-    crate::datatype::TypeMap::of_primitive(p).size()
-}
-
-/// A reduction of `send` into `recv` (where this rank gets a result). Buffers of one
-/// primitive without gaps are handed to the algorithms as they are; others go through
-/// packed copies.
+/// A reduction of `send` into `recv` (where this rank gets a result). The algorithms get
+/// the buffers' packed bytes as elements of the type [`operation::unit_of`] picks (the
+/// buffers themselves where they have no gaps), and cut them only between elements of the
+/// send buffer's datatype; MPI describes both buffers by that datatype and its count.
 pub(crate) fn reduce_into_buffer<S, R, O>(
     backend: &CommBackend,
     call: ReduceCall<'_>,
@@ -172,20 +170,22 @@ where
     R: BufferMut + ?Sized,
     O: Operation,
 {
-    let prim = primitive_of(send.as_datatype().type_map())?;
+    let send_type = send.as_datatype();
+    let map = send_type.type_map();
+    let reduction = op.reduction();
     let bytes = packed(send);
     let mut landing = recv.map(Landing::new);
-    // MPI describes both buffers by the send buffer's datatype and count: the result has
-    // the send buffer's length (a block of it for reduce-scatter), and what of it fits the
-    // receive buffer is written there.
+    // The result has the send buffer's length (a block of it for reduce-scatter), and what
+    // of it fits the receive buffer is written there.
+    let element = map.size().max(1);
     let recv_len = match call {
         ReduceCall::AllReduce | ReduceCall::Reduce { .. } | ReduceCall::Scan => bytes.len(),
-        ReduceCall::ReduceScatterBlock => bytes.len() / backend.size().max(1),
+        ReduceCall::ReduceScatterBlock => bytes.len() / element / backend.size().max(1) * element,
         ReduceCall::ReduceScatter { .. } => landing.as_ref().map_or(0, Landing::packed_len),
     };
     let at_root = !matches!(call, ReduceCall::Reduce { at_root: false, .. });
-    with_element!(prim, T => {
-        let adapter = Adapter::<T>::new(op.reduction(), prim);
+    with_element!(operation::unit_of(map, reduction)?, T => {
+        let adapter = Adapter::<T>::new(reduction, DatatypeRef::of_map(map));
         let copied: Vec<T>;
         let s: &[T] = match bytemuck::try_cast_slice(&bytes) {
             Ok(s) => s,
@@ -195,7 +195,7 @@ where
             }
         };
         if !at_root {
-            return run_reduction::<T>(backend, call, prim, s, None, &adapter);
+            return run_reduction::<T>(backend, call, s, None, &adapter);
         }
         let Some(landing) = landing.as_mut() else {
             return Err(Error::InvalidArgument("a reduction result needs a receive buffer".into()));
@@ -205,10 +205,10 @@ where
             .filter(|b| b.len() == recv_len)
             .and_then(|b| bytemuck::try_cast_slice_mut::<u8, T>(b).ok());
         if let Some(r) = direct {
-            return run_reduction::<T>(backend, call, prim, s, Some(r), &adapter);
+            return run_reduction::<T>(backend, call, s, Some(r), &adapter);
         }
         let mut r = vec![<T as bytemuck::Zeroable>::zeroed(); recv_len / std::mem::size_of::<T>()];
-        run_reduction::<T>(backend, call, prim, s, Some(&mut r), &adapter)?;
+        run_reduction::<T>(backend, call, s, Some(&mut r), &adapter)?;
         landing.unpack(bytemuck::cast_slice(&r));
         Ok(())
     })

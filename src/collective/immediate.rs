@@ -11,7 +11,7 @@
 //! all-to-all ones).
 
 use crate::backend::{CommBackend, CommunicatorBackend};
-use crate::collective::operation::{combine_bytes, primitive_of, Operation};
+use crate::collective::operation::{combine_bytes, unit_of, Operation};
 use crate::datatype::{packed, Buffer, Landing, UncommittedDatatype};
 use crate::error::{Error, Result};
 use crate::request::{OwnedReceive, OwnedSend, Pending};
@@ -312,7 +312,11 @@ where
     S: Buffer + ?Sized,
     O: Operation + 'a,
 {
-    let prim = primitive_of(send.as_datatype().type_map())?;
+    let datatype = send.as_datatype();
+    let map = datatype.type_map().clone();
+    // Checked before any message: a predefined operation on a datatype of mixed primitives
+    // is an error on every rank alike.
+    unit_of(&map, op.reduction())?;
     let mine = packed(send).into_owned();
     let (me, size) = (backend.rank(), backend.size());
     // Who this rank sends its contribution (or which block of it) to, and receives from.
@@ -325,7 +329,9 @@ where
         Combine::Prefix { .. } => ((me + 1..size).collect(), (0..me).collect()),
     };
     let block = if matches!(combine, Combine::ScatterBlock) {
-        mine.len() / size.max(1)
+        // Whole elements per rank.
+        let element = map.size().max(1);
+        mine.len() / element / size.max(1) * element
     } else {
         mine.len()
     };
@@ -368,7 +374,7 @@ where
             return Ok(());
         }
         let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
-        let result = combine_bytes(prim, op.reduction(), &refs)?;
+        let result = combine_bytes(&map, op.reduction(), &refs)?;
         landing.unpack(&result);
         Ok(())
     });

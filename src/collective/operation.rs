@@ -7,14 +7,14 @@
 //! and the combining runs typed on it ([`Adapter`]). A predefined operation that MPI does
 //! not define for the type (bitwise on floats) is an error on every rank before any message.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::marker::PhantomData;
 
 use pagewire_collectives::{self as coll, Element, Op};
 
 use crate::datatype::{
-    Buffer, BufferMut, DatatypeRef, DynBuffer, DynBufferMut, Landing, Primitive, TypeMap,
-    UncommittedDatatype,
+    with_user_elements, AsDatatype, Buffer, BufferMut, DatatypeRef, DynBuffer, DynBufferMut,
+    Landing, Primitive, TypeMap, UncommittedDatatype,
 };
 use crate::error::{fatal, Error, Result};
 use crate::ffi::{MPI_Datatype, MPI_User_function};
@@ -192,38 +192,44 @@ impl Operation for &UnsafeUserOperation {
     }
 }
 
-/// An [`Operation`] on elements of type `T`, as the collective algorithms take it; `T`'s
-/// datatype is `primitive`'s (a `bool` travels as a `u8` and is shown to user operations as
-/// a `bool`).
+/// An [`Operation`] as the collective algorithms take it: on the packed bytes of a buffer of
+/// `datatype` (the one the user passed), cut into elements of type `T`. A predefined
+/// operation combines the `T`s one by one; a user operation sees whole elements of
+/// `datatype`, laid out as it describes them, `granularity` `T`s each.
 pub(crate) struct Adapter<'o, T> {
     reduction: Reduction<'o>,
-    primitive: Primitive,
+    datatype: DatatypeRef<'o>,
+    /// `T`s per element of `datatype`.
+    granularity: usize,
     _type: PhantomData<T>,
 }
 
 impl<'o, T: Element> Adapter<'o, T> {
-    pub(crate) fn new(reduction: Reduction<'o>, primitive: Primitive) -> Self {
+    /// `reduction` on buffers of `datatype`, whose packed bytes travel as `T`s
+    /// ([`unit_of`] chose `T`).
+    pub(crate) fn new(reduction: Reduction<'o>, datatype: DatatypeRef<'o>) -> Self {
+        let size = datatype.type_map().size();
         Adapter {
             reduction,
-            primitive,
+            datatype,
+            granularity: (size / std::mem::size_of::<T>()).max(1),
             _type: PhantomData,
         }
-    }
-
-    fn datatype(&self) -> DatatypeRef<'static> {
-        DatatypeRef::of_primitive(self.primitive)
     }
 }
 
 impl<T: Element> coll::Operation<T> for Adapter<'_, T> {
     fn apply(&self, left: &[T], right: &mut [T]) {
+        debug_assert_eq!(left.len() % self.granularity, 0, "whole elements");
+        let (l, r) = (bytemuck::cast_slice(left), bytemuck::cast_slice_mut(right));
         match self.reduction {
             Reduction::System(op) => coll::Operation::<T>::apply(&op, left, right),
             Reduction::User(u) => {
-                let (l, r) = DynBuffer::of_elements(left, right, self.datatype());
-                (u.function)(l, r)
+                with_user_elements(self.datatype, l, r, |l, r| (u.function)(l, r))
             }
-            Reduction::Unsafe(u) => call_c(u.function, left, right, self.datatype()),
+            Reduction::Unsafe(u) => {
+                with_user_elements(self.datatype, l, r, |l, r| call_c(u.function, l, r))
+            }
         }
     }
     fn is_commutative(&self) -> bool {
@@ -235,13 +241,13 @@ impl<T: Element> coll::Operation<T> for Adapter<'_, T> {
     }
     fn check(&self) -> Result<()> {
         match self.reduction {
-            Reduction::System(op) if self.primitive == Primitive::Bool && !is_logical(op) => {
-                Err(Error::InvalidArgument(format!(
+            Reduction::System(op) => match self.datatype.type_map().primitive() {
+                Some(Primitive::Bool) if !is_logical(op) => Err(Error::InvalidArgument(format!(
                     "{} is not defined for bool; the logical operations are",
                     op.mpi_name()
-                )))
-            }
-            Reduction::System(op) => coll::Operation::<T>::check(&op),
+                ))),
+                _ => coll::Operation::<T>::check(&op),
+            },
             _ => Ok(()),
         }
     }
@@ -258,24 +264,29 @@ impl<T: Element> coll::Operation<T> for Adapter<'_, T> {
             _ => None,
         }
     }
+    fn granularity(&self) -> usize {
+        self.granularity
+    }
 }
 
 fn is_logical(op: Op) -> bool {
     matches!(op, Op::LogicalAnd | Op::LogicalOr | Op::LogicalXor)
 }
 
-/// Calls a C reduction function on `left` and `right`.
+/// Calls a C reduction function on `left` and `right`, with their length and datatype.
 #[allow(unsafe_code)]
-fn call_c<T: Element>(f: MPI_User_function, left: &[T], right: &mut [T], d: DatatypeRef<'static>) {
+fn call_c(f: MPI_User_function, left: DynBuffer<'_>, mut right: DynBufferMut<'_>) {
     let mut len = c_int::try_from(left.len().min(right.len())).expect("a count below 2^31");
-    let map: &TypeMap = d.type_map();
+    let datatype = left.as_datatype();
+    let map: &TypeMap = datatype.type_map();
     let mut handle = MPI_Datatype(std::ptr::from_ref(map).cast());
     // SAFETY: `UnsafeUserOperation`'s constructors are `unsafe`: their callers promised that
-    // `f` reads `len` elements at `invec` and writes `len` at `inoutvec`, which both hold.
+    // `f` reads `len` elements of the datatype at `invec` and writes `len` at `inoutvec`,
+    // which both hold.
     unsafe {
         f(
-            left.as_ptr().cast_mut().cast::<c_void>(),
-            right.as_mut_ptr().cast::<c_void>(),
+            left.as_ptr().cast_mut(),
+            right.as_mut_ptr(),
             &mut len,
             &mut handle,
         )
@@ -336,15 +347,24 @@ macro_rules! with_element {
 }
 pub(crate) use with_element;
 
-/// The primitive a reduction combines: the one all blocks of `map` hold.
-pub(crate) fn primitive_of(map: &TypeMap) -> Result<Primitive> {
-    map.primitive().ok_or_else(|| {
-        Error::InvalidArgument(
-            "reductions need a datatype made of one primitive type (a number or bool); this \
-             one mixes several"
-                .into(),
-        )
-    })
+/// The primitive whose type the collective algorithms cut a reduction's packed bytes into
+/// ([`with_element`]). A predefined operation combines primitives, so its datatype must be
+/// made of one (a number or `bool`, as MPI requires); a user operation combines whole
+/// elements of any datatype, which travel as their primitive where they have one (complex
+/// numbers as their parts), else as bytes.
+pub(crate) fn unit_of(map: &TypeMap, reduction: Reduction<'_>) -> Result<Primitive> {
+    match (reduction, map.primitive()) {
+        (Reduction::System(_), Some(p)) => Ok(p),
+        (Reduction::System(op), None) => Err(Error::InvalidArgument(format!(
+            "{} needs a datatype made of one primitive type (a number or bool); this one \
+             mixes several (a user operation can combine it)",
+            op.mpi_name()
+        ))),
+        (_, Some(Primitive::Complex32)) => Ok(Primitive::F32),
+        (_, Some(Primitive::Complex64)) => Ok(Primitive::F64),
+        (_, Some(p)) => Ok(p),
+        (_, None) => Ok(Primitive::U8),
+    }
 }
 
 /// Combines `input` into `inout` with `op` locally (`MPI_Reduce_local`): `inout[i] =
@@ -366,12 +386,12 @@ where
     O: Operation,
 {
     let left = crate::datatype::packed(input);
-    let prim = primitive_of(input.as_datatype().type_map())?;
+    let datatype = input.as_datatype();
     let mut landing = Landing::new(inout);
     let mut right = vec![0u8; landing.packed_len()];
     // The current value of `inout`, packed: its blocks' bytes.
     landing.read_into(&mut right);
-    let combined = combine_bytes(prim, op.reduction(), &[&left, &right])?;
+    let combined = combine_bytes(datatype.type_map(), op.reduction(), &[&left, &right])?;
     landing.unpack(&combined);
     Ok(())
 }
@@ -385,15 +405,15 @@ pub(crate) fn elements_of<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<T> {
     v
 }
 
-/// The reduction of `parts` (packed contributions in rank order) with `reduction`, as
-/// bytes: `parts[0] ∘ parts[1] ∘ …`.
+/// The reduction of `parts` (packed contributions of elements of `map`, in rank order) with
+/// `reduction`, as bytes: `parts[0] ∘ parts[1] ∘ …`.
 pub(crate) fn combine_bytes(
-    prim: Primitive,
+    map: &TypeMap,
     reduction: Reduction<'_>,
     parts: &[&[u8]],
 ) -> Result<Vec<u8>> {
-    with_element!(prim, T => {
-        let op = Adapter::<T>::new(reduction, prim);
+    with_element!(unit_of(map, reduction)?, T => {
+        let op = Adapter::<T>::new(reduction, DatatypeRef::of_map(map));
         coll::Operation::<T>::check(&op)?;
         let Some((last, lower)) = parts.split_last() else {
             return Ok(Vec::new());
@@ -417,6 +437,7 @@ pub(crate) fn combine_bytes(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::ffi::c_void;
 
     #[test]
     // `&SystemOperation` is passed on purpose: rsmpi programs do.

@@ -459,29 +459,6 @@ impl<'a> DynBuffer<'a> {
         }
     }
 
-    /// `left` and `right` as dynamic buffers of `datatype`, which must describe one
-    /// element of `T` each (a user reduction's operands).
-    pub(crate) fn of_elements<T: bytemuck::Pod>(
-        left: &'a [T],
-        right: &'a mut [T],
-        datatype: DatatypeRef<'a>,
-    ) -> (DynBuffer<'a>, DynBufferMut<'a>) {
-        assert_eq!(datatype.type_map().extent(), std::mem::size_of::<T>());
-        let l = DynBuffer {
-            ptr: left.as_ptr().cast(),
-            len: left.count_of(),
-            datatype,
-            _borrow: PhantomData,
-        };
-        let r = DynBufferMut {
-            len: right.count_of(),
-            ptr: right.as_mut_ptr().cast(),
-            datatype,
-            _borrow: PhantomData,
-        };
-        (l, r)
-    }
-
     /// Whether the elements are `T`s.
     pub fn is<T: Equivalence>(&self) -> bool {
         is_of::<T>(self.datatype, self.ptr)
@@ -642,13 +619,133 @@ unsafe impl<'a> AsDatatype for DynBufferMut<'a> {
 }
 unsafe impl BufferMut for DynBufferMut<'_> {}
 
+/// Alignment at which elements of `map` may be handed to a user operation in place: the
+/// strictest of its primitives, and that of any Rust type whose size is its extent (the
+/// largest power of two dividing it, up to 16), so that `downcast` to the user's type works.
+fn user_alignment(map: &TypeMap) -> usize {
+    let extent_align = match map.extent() {
+        0 => 1,
+        e => 1 << e.trailing_zeros().min(4),
+    };
+    map.align.max(extent_align)
+}
+
+/// Memory holding `count` elements of a type map laid out as it describes them (blocks at
+/// their offsets, gaps zeroed), 16-byte aligned: where a user reduction's operands live
+/// while the collectives hold them packed.
+struct LaidOut {
+    storage: Vec<u128>,
+    /// Bytes from the storage's start to element 0's address.
+    origin: usize,
+}
+
+impl LaidOut {
+    /// `packed` (whole elements of `map`) unpacked into new memory.
+    fn unpack(map: &TypeMap, count: usize, packed: &[u8]) -> LaidOut {
+        let lowest = map
+            .blocks()
+            .iter()
+            .map(|b| b.offset)
+            .min()
+            .unwrap_or(0)
+            .min(0);
+        let highest = map
+            .blocks()
+            .iter()
+            .map(|b| b.offset + b.len as isize)
+            .max()
+            .unwrap_or(0)
+            .max(0);
+        // Element 0's address, aligned to 16, with room below it for negative offsets.
+        let origin = (lowest.unsigned_abs()).div_ceil(16) * 16;
+        let span = origin + count.saturating_sub(1) * map.extent() + highest as usize;
+        let mut out = LaidOut {
+            storage: vec![0u128; span.div_ceil(16)],
+            origin,
+        };
+        // SAFETY: the storage covers every block of `count` elements from `origin`, and
+        // `packed` holds at most `count` elements.
+        unsafe { unpack_from(out.base(), map, packed) };
+        out
+    }
+
+    fn base(&mut self) -> *mut u8 {
+        bytemuck::cast_slice_mut::<u128, u8>(&mut self.storage)[self.origin..].as_mut_ptr()
+    }
+
+    /// The blocks of `count` elements of `map`, packed into `out`.
+    fn pack(&mut self, map: &TypeMap, count: usize, out: &mut [u8]) {
+        let mut v = Vec::with_capacity(out.len());
+        // SAFETY: the storage holds `count` elements of `map` from `base`.
+        unsafe { pack_into(self.base(), count, map, &mut v) };
+        out.copy_from_slice(&v);
+    }
+}
+
+/// Calls a user reduction `f` on `left` and `right`, each a whole number of elements of
+/// `datatype` packed (how the collectives carry them), as buffers of that datatype laid out
+/// as it describes them (MPI's `MPI_User_function` contract: `len` elements of the
+/// reduction's datatype). A gap-free datatype whose operands are aligned for it is handed
+/// over in place; otherwise both are unpacked into aligned memory, and the blocks of the
+/// right-hand one packed back after `f` (gaps are never read from or written to `right`).
+pub(crate) fn with_user_elements(
+    datatype: DatatypeRef<'_>,
+    left: &[u8],
+    right: &mut [u8],
+    f: impl FnOnce(DynBuffer<'_>, DynBufferMut<'_>),
+) {
+    let map = datatype.type_map();
+    let size = map.size();
+    let count = left.len().min(right.len()).checked_div(size).unwrap_or(0);
+    let len = count.count_of();
+    let align = user_alignment(map);
+    let aligned = |p: *const u8| (p as usize) % align == 0;
+    if map.is_contiguous() && aligned(left.as_ptr()) && aligned(right.as_ptr()) {
+        let l = DynBuffer {
+            ptr: left.as_ptr().cast(),
+            len,
+            datatype,
+            _borrow: PhantomData,
+        };
+        let r = DynBufferMut {
+            ptr: right.as_mut_ptr().cast(),
+            len,
+            datatype,
+            _borrow: PhantomData,
+        };
+        return f(l, r);
+    }
+    let mut l = LaidOut::unpack(map, count, &left[..count * size]);
+    let mut r = LaidOut::unpack(map, count, &right[..count * size]);
+    f(
+        DynBuffer {
+            ptr: l.base().cast_const().cast(),
+            len,
+            datatype,
+            _borrow: PhantomData,
+        },
+        DynBufferMut {
+            ptr: r.base().cast(),
+            len,
+            datatype,
+            _borrow: PhantomData,
+        },
+    );
+    r.pack(map, count, &mut right[..count * size]);
+}
+
 /// A slice's length as a [`Count`].
 trait CountOf {
     fn count_of(&self) -> Count;
 }
 impl<T> CountOf for [T] {
     fn count_of(&self) -> Count {
-        Count::try_from(self.len()).expect("pagewire: more than 2^31 - 1 elements")
+        self.len().count_of()
+    }
+}
+impl CountOf for usize {
+    fn count_of(&self) -> Count {
+        Count::try_from(*self).expect("pagewire: more than 2^31 - 1 elements")
     }
 }
 

@@ -19,7 +19,9 @@ mod buffer;
 use std::borrow::Cow;
 use std::sync::Arc;
 
-pub(crate) use buffer::{lend_gapped, packed, packed_partition, vec_from_packed, Landing};
+pub(crate) use buffer::{
+    lend_gapped, packed, packed_partition, vec_from_packed, with_user_elements, Landing,
+};
 pub use buffer::{
     AsDatatype, Buffer, BufferMut, Collection, DynBuffer, DynBufferMut, MutView, Partition,
     PartitionMut, Partitioned, PartitionedBuffer, PartitionedBufferMut, Pointer, PointerMut, View,
@@ -284,6 +286,13 @@ impl DatatypeRef<'static> {
     /// The predefined datatype of a primitive.
     pub fn of_primitive(p: Primitive) -> SystemDatatype {
         DatatypeRef(TypeMap::of_primitive(p))
+    }
+}
+
+impl<'a> DatatypeRef<'a> {
+    /// The datatype whose map is `map`.
+    pub(crate) fn of_map(map: &'a TypeMap) -> DatatypeRef<'a> {
+        DatatypeRef(map)
     }
 }
 
