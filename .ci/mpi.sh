@@ -4,8 +4,8 @@
 #   - tests/mpirun.rs on 2, 3 and 4 ranks: the host-MPI backend (src/backend/host_mpi/) against
 #     sequential references, pagewire's facade on the soft NIC bootstrapped by MPI, and a
 #     rank failing inside a collective (the job must end with an error on both transports);
-#   - the `under_mpirun::` tests of tests/collectives.rs, point_to_point.rs and
-#     communicators.rs on 2, 3 and 4 ranks: the facade's collective suite and its
+#   - the `under_mpirun::` tests of tests/collectives.rs, point_to_point.rs,
+#     communicators.rs and user_reductions.rs on 2, 3 and 4 ranks: the facade's collective suite and its
 #     point-to-point and communicator tests, each binary started by mpirun as ranks of its
 #     own tests, on the mpi transport (PAGEWIRE_TRANSPORT=mpi) and on pagewire's transport
 #     bootstrapped by MPI in the copy, pindown and odp modes;
@@ -13,6 +13,8 @@
 #     both transports, the Jacobi line identical to pwrun's;
 #   - rsmpi 0.8.2's 58 examples, unchanged, on 2 and 3 ranks, on the mpi transport and on
 #     pagewire's in copy, pindown and odp (.ci/rsmpi_examples.sh --check);
+#   - a published rsmpi code, bempp-octree 0.1.1, on rsmpi over MPICH and on pagewire under
+#     pwrun in the three modes, the outputs compared (.ci/published_codes.sh);
 #   - pw-collbench on both transports (a smoke run of tools/bench/side_by_side.sh's binary);
 #   - pw-msgperf bootstrapped by MPI on the soft NIC, on 2 and 4 ranks;
 #   - pw-msgperf built *without* the feature under mpirun: it runs, bootstrapped through
@@ -67,13 +69,19 @@ cargo test -p pagewire --features mpi --lib host_mpi "${T[@]}"
 export PAGEWIRE_MPI_NP=2,3,4
 timeout 900 cargo test --release -p pagewire --features mpi --test mpirun "${T[@]}" -- --test-threads=1
 timeout 1800 cargo test --release -p pagewire --features mpi --test collectives \
-  --test point_to_point --test communicators "${T[@]}" -- --test-threads=1 under_mpirun::
+  --test point_to_point --test communicators --test user_reductions "${T[@]}" -- \
+  --test-threads=1 under_mpirun::
 timeout 900 cargo test --release -p pagewire --features mpi --test mpirun_examples "${T[@]}" -- \
   --test-threads=1
 
 # rsmpi 0.8.2's own examples, unchanged, under mpirun on both transports (the soft NIC in the
 # three modes); spawn is checked against what the host MPI library can do.
 bash .ci/rsmpi_examples.sh --check mpirun:mpi mpirun:copy mpirun:pindown mpirun:odp
+
+# A published rsmpi code (bempp-octree 0.1.1: a parallel sort and octrees, user reductions
+# over derived structs): unchanged on rsmpi over MPICH under mpirun, and with its dependency
+# renamed to pagewire under pwrun in the three modes; every run must print what MPICH's does.
+bash .ci/published_codes.sh mpich pwrun:copy pwrun:pindown pwrun:odp
 
 # pw-collbench, the side-by-side benchmark's binary, on both transports (short).
 cargo build --release -p pagewire-collectives --example pw-collbench --features pagewire/mpi "${T[@]}"

@@ -18,7 +18,7 @@ use pagewire::collective::{reduce_local_into, UnsafeUserOperation};
 use pagewire::datatype::{DynBuffer, DynBufferMut, MutView, UserDatatype, View};
 use pagewire::ffi::MPI_Datatype;
 use pagewire::traits::*;
-use pagewire::{request, Count, SimpleCommunicator, UserOperation};
+use pagewire::{request, Count, SimpleCommunicator, SystemOperation, UserOperation};
 use pagewire_derive::Equivalence;
 use pagewire_test_support::facade::jobs;
 
@@ -699,7 +699,8 @@ fn forced_ring() {
 }
 
 /// The published code's minimal case, as rsmpi's documentation writes it: one `Item` per
-/// rank, a commutative closure that downcasts.
+/// rank, a commutative closure that downcasts; and the error of a predefined operation on a
+/// struct it does not apply to.
 fn minimum_of_one_item_per_rank(u: &pagewire::Universe) {
     let world = u.world();
     let (me, p) = (world.rank() as u64, world.size() as u64);
@@ -728,6 +729,21 @@ fn minimum_of_one_item_per_rank(u: &pagewire::Universe) {
             rank: p - 1
         }
     );
+    // A predefined operation on a struct of mixed primitives: an error on every rank, before
+    // any message, that says what to do.
+    let mixed = Mixed { x: 1.0, n: 2, s: 3 };
+    let mut sum = mixed;
+    let e = world
+        .try_all_reduce_into(&mixed, &mut sum, SystemOperation::sum())
+        .expect_err("MPI_SUM of a struct of mixed primitives");
+    let message = e.to_string();
+    assert!(
+        message.contains("MPI_SUM needs a datatype made of one primitive type")
+            && message.contains("a user operation can combine it"),
+        "{message}"
+    );
+    assert_eq!(sum, mixed, "nothing written");
+    world.barrier();
 }
 
 #[test]

@@ -1106,6 +1106,64 @@ mod tests {
     }
 
     #[test]
+    fn user_operations_get_elements_laid_out_and_write_back_blocks_only() {
+        // Two runs of two i32s, three apart: 16 of 20 bytes travel.
+        let t = UserDatatype::vector(2, 2, 3, &i32::equivalent_datatype());
+        let left: Vec<u8> = [1i32, 2, 3, 4]
+            .iter()
+            .flat_map(|v| v.to_ne_bytes())
+            .collect();
+        let mut right: Vec<u8> = [10i32, 20, 30, 40]
+            .iter()
+            .flat_map(|v| v.to_ne_bytes())
+            .collect();
+        with_user_elements(t.as_ref(), &left, &mut right, |l, mut r| {
+            assert_eq!((l.len(), r.len()), (1, 1));
+            assert_eq!(l.as_datatype().type_map(), t.type_map());
+            // SAFETY: one element of the vector: five i32s, the third a zeroed gap.
+            let (l, r) = unsafe {
+                (
+                    std::slice::from_raw_parts(l.as_ptr().cast::<i32>(), 5),
+                    std::slice::from_raw_parts_mut(r.as_mut_ptr().cast::<i32>(), 5),
+                )
+            };
+            assert_eq!(
+                (l, &r[..]),
+                (&[1, 2, 0, 3, 4][..], &[10, 20, 0, 30, 40][..])
+            );
+            for (y, x) in r.iter_mut().zip(l) {
+                *y += x + 100;
+            }
+        });
+        let got: Vec<i32> = right
+            .chunks(4)
+            .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(got, [111, 122, 133, 144], "the blocks, the gap left out");
+
+        // Gap-free elements in misaligned memory: handed over as an aligned copy, so that
+        // they downcast.
+        let words = [5u64, 6, 7];
+        let mut storage = [0u64; 4];
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut storage);
+        bytes[1..25].copy_from_slice(bytemuck::cast_slice(&words));
+        // From byte 9 of 8-aligned memory: not aligned for a u64.
+        let (left, right) = (bytes[1..9].to_vec(), &mut bytes[9..25]);
+        let d = u64::equivalent_datatype();
+        with_user_elements(d, &left, right, |l, r| {
+            let (l, r) = (l.downcast::<u64>().unwrap(), r.downcast::<u64>().unwrap());
+            assert_eq!((l, &r[..]), (&[5u64][..], &[6u64][..]));
+            r[0] += l[0];
+        });
+        assert_eq!(&bytes[9..17], &11u64.to_ne_bytes(), "written back");
+        assert_eq!(
+            &bytes[17..25],
+            &7u64.to_ne_bytes(),
+            "only whole elements of the shorter"
+        );
+    }
+
+    #[test]
     fn a_view_over_bytes_is_checked_to_lie_inside_them() {
         use crate::datatype::UserDatatype;
         // 3 runs of 4 bytes, 6 apart: bytes 0..16 of each element.
