@@ -62,7 +62,7 @@ across "mpiexec (PMI-1)" "$hosts_dir/frontend" mpiexec -launcher ssh -launcher-e
   "$hosts_dir/rsh" -iface "pw${hid}a" -hosts "$h0:2,$h1:2"
 
 # rsmpi's examples with ranks spread over both hosts (2 ranks: one each; 3: two and one).
-RSMPI_HOSTS="$h0,$h1" bash .ci/rsmpi_examples.sh --check hosts:copy hosts:pindown hosts:odp
+RSMPI_HOSTS="$h0,$h1" bash .ci/rsmpi_examples.sh --check hosts:local hosts:copy hosts:pindown hosts:odp
 
 # Nothing left on either host.
 for h in "$h0" "$h1"; do

@@ -12,7 +12,7 @@
 #   - tests/mpirun_examples.rs: ring, parallel_sum and jacobi under mpirun -np 2 and 4 on
 #     both transports, the Jacobi line identical to pwrun's;
 #   - rsmpi 0.8.2's 58 examples, unchanged, on 2 and 3 ranks, on the mpi transport and on
-#     pagewire's in copy, pindown and odp (.ci/rsmpi_examples.sh --check);
+#     pagewire's on its local path and in copy, pindown and odp (.ci/rsmpi_examples.sh --check);
 #   - a published rsmpi code, bempp-octree 0.1.1, on rsmpi over MPICH and on pagewire under
 #     pwrun in the three modes, the outputs compared (.ci/published_codes.sh);
 #   - pw-collbench on both transports (a smoke run of tools/bench/side_by_side.sh's binary);
@@ -76,12 +76,12 @@ timeout 900 cargo test --release -p pagewire --features mpi --test mpirun_exampl
 
 # rsmpi 0.8.2's own examples, unchanged, under mpirun on both transports (the soft NIC in the
 # three modes); spawn is checked against what the host MPI library can do.
-bash .ci/rsmpi_examples.sh --check mpirun:mpi mpirun:copy mpirun:pindown mpirun:odp
+bash .ci/rsmpi_examples.sh --check mpirun:mpi mpirun:local mpirun:copy mpirun:pindown mpirun:odp
 
 # A published rsmpi code (bempp-octree 0.1.1: a parallel sort and octrees, user reductions
 # over derived structs): unchanged on rsmpi over MPICH under mpirun, and with its dependency
 # renamed to pagewire under pwrun in the three modes; every run must print what MPICH's does.
-bash .ci/published_codes.sh mpich pwrun:copy pwrun:pindown pwrun:odp
+bash .ci/published_codes.sh mpich pwrun:local pwrun:copy pwrun:pindown pwrun:odp
 
 # pw-collbench, the side-by-side benchmark's binary, on both transports (short).
 cargo build --release -p pagewire-collectives --example pw-collbench --features pagewire/mpi "${T[@]}"

@@ -9,7 +9,9 @@
 # `mpich`, the same as the unchanged crate's on rsmpi over MPICH under mpirun.
 #
 # Usage: .ci/published_codes.sh [RUN ...]      (default RUN: pwrun:copy)
-#   pwrun:MODE   under pagewire's launcher, buffer mode MODE (copy, pindown or odp)
+#   pwrun:MODE   under pagewire's launcher, buffer mode MODE (copy, pindown or odp), local
+#                traffic through the NIC (PAGEWIRE_LOCAL=nic); `pwrun:local`: the default
+#                path (shared memory between ranks of one host)
 #   mpich        the crate unchanged, on rsmpi 0.8 over the system's MPICH, under mpirun
 #                (needs what .ci/mpi.sh installs)
 # Exits 1 if a program fails or prints something else than in the first run.
@@ -76,7 +78,7 @@ need_pwrun=0
 need_mpich=0
 for run in "${runs[@]}"; do
   case $run in
-    pwrun:copy | pwrun:pindown | pwrun:odp) need_pwrun=1 ;;
+    pwrun:copy | pwrun:pindown | pwrun:odp | pwrun:local) need_pwrun=1 ;;
     mpich) need_mpich=1 ;;
     *) echo "published: unknown run '$run' (pwrun:MODE or mpich)" >&2; exit 2 ;;
   esac
@@ -116,7 +118,8 @@ for run in "${runs[@]}"; do
       else
         bin=$work/pagewire/target/release/examples/$name
         cmd=("$target/release/pwrun" -n "$n" --timeout "$run_timeout" -- "$bin")
-        envs=(PAGEWIRE_MODE="${run#pwrun:}")
+        envs=(PAGEWIRE_MODE="${run#pwrun:}" PAGEWIRE_LOCAL=nic)
+        [ "$run" = pwrun:local ] && envs=(PAGEWIRE_LOCAL=shm)
       fi
       if env "${envs[@]}" RUST_BACKTRACE=0 timeout $((run_timeout + 10)) "${cmd[@]}" \
         > "$log.out" 2> "$log"; then

@@ -8,11 +8,14 @@
 # where "passed" means it exited 0 on both 2 and 3 ranks.
 #
 # Usage: .ci/rsmpi_examples.sh [--check] [RUN ...]      (default RUN: pwrun:copy)
-#   pwrun:MODE     under pagewire's launcher, buffer mode MODE (copy, pindown or odp)
+#   pwrun:MODE     under pagewire's launcher, buffer mode MODE (copy, pindown or odp), local
+#                  traffic through the NIC (PAGEWIRE_LOCAL=nic, where the modes apply); MODE
+#                  `local`: the default path (shared memory between ranks of one host)
 #   hosts:MODE     under `pwrun --hosts $RSMPI_HOSTS` (through PAGEWIRE_RSH), mode MODE: ranks
 #                  on several hosts, e.g. the two namespaced hosts of tools/hosts/ns-hosts
 #   mpirun:mpi     under mpirun, PAGEWIRE_TRANSPORT=mpi (every call to MPICH); needs MPICH
-#   mpirun:MODE    under mpirun, pagewire's own transport bootstrapped by MPI, mode MODE
+#   mpirun:MODE    under mpirun, pagewire's own transport bootstrapped by MPI, mode MODE (or
+#                  `local`, as for pwrun)
 # The mpirun runs build pagewire with `--features mpi` into a scratch crate of their own.
 #
 # --check: exit 1 unless every example passes in every run, except `spawn` and
@@ -93,13 +96,13 @@ need_pwrun=0
 need_mpi=0
 for run in "${runs[@]}"; do
   case $run in
-    pwrun:copy | pwrun:pindown | pwrun:odp) need_pwrun=1 ;;
-    hosts:copy | hosts:pindown | hosts:odp)
+    pwrun:copy | pwrun:pindown | pwrun:odp | pwrun:local) need_pwrun=1 ;;
+    hosts:copy | hosts:pindown | hosts:odp | hosts:local)
       need_pwrun=1
       [ -n "${RSMPI_HOSTS:-}" ] ||
         { echo "rsmpi_examples: $run needs RSMPI_HOSTS (a pwrun --hosts list)" >&2; exit 2; }
       ;;
-    mpirun:mpi | mpirun:copy | mpirun:pindown | mpirun:odp) need_mpi=1 ;;
+    mpirun:mpi | mpirun:copy | mpirun:pindown | mpirun:odp | mpirun:local) need_mpi=1 ;;
     *) echo "rsmpi_examples: unknown run '$run' (pwrun:MODE, hosts:MODE, mpirun:mpi or mpirun:MODE)" >&2; exit 2 ;;
   esac
 done
@@ -157,7 +160,8 @@ for run in "${runs[@]}"; do
   if [ "$what" = mpi ]; then
     envs=(PAGEWIRE_TRANSPORT=mpi)
   else
-    envs=(PAGEWIRE_MODE="$what")
+    envs=(PAGEWIRE_MODE="$what" PAGEWIRE_LOCAL=nic)
+    [ "$what" = local ] && envs=(PAGEWIRE_LOCAL=shm)
   fi
   start=$SECONDS
   compiled=0

@@ -376,7 +376,11 @@ fn cts_body(u: &pagewire::Universe) {
 fn rank_killed_with_its_cts_sent() {
     const NAME: &str = "rank_killed_with_its_cts_sent";
     if !as_rank(NAME, cts_body) {
-        rank_0_killed(NAME, 2, &[("PAGEWIRE_RNDV", "put")]);
+        rank_0_killed(
+            NAME,
+            2,
+            &[("PAGEWIRE_RNDV", "put"), ("PAGEWIRE_LOCAL", "nic")],
+        );
     }
 }
 
@@ -420,7 +424,11 @@ fn rget_body(u: &pagewire::Universe) {
 fn rank_killed_in_the_middle_of_an_rget() {
     const NAME: &str = "rank_killed_in_the_middle_of_an_rget";
     if !as_rank(NAME, rget_body) {
-        rank_0_killed(NAME, 2, &[("PAGEWIRE_RNDV", "get")]);
+        rank_0_killed(
+            NAME,
+            2,
+            &[("PAGEWIRE_RNDV", "get"), ("PAGEWIRE_LOCAL", "nic")],
+        );
     }
 }
 
@@ -455,7 +463,11 @@ fn rput_body(u: &pagewire::Universe) {
 fn rank_killed_in_the_middle_of_an_rput() {
     const NAME: &str = "rank_killed_in_the_middle_of_an_rput";
     if !as_rank(NAME, rput_body) {
-        rank_0_killed(NAME, 2, &[("PAGEWIRE_RNDV", "put")]);
+        rank_0_killed(
+            NAME,
+            2,
+            &[("PAGEWIRE_RNDV", "put"), ("PAGEWIRE_LOCAL", "nic")],
+        );
     }
 }
 

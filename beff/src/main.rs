@@ -121,8 +121,10 @@ fn main() -> anyhow::Result<()> {
     };
     if rank0 {
         println!(
-            "# beff: b_eff {} on pagewire, {n} processes, mode {mode}, transport {transport}",
-            report::REVISION
+            "# beff: b_eff {} on pagewire, {n} processes, mode {mode}, transport {transport}, \
+             ranks of one host through {}",
+            report::REVISION,
+            universe.local_path()
         );
         println!(
             "# random patterns: {} from srand48 seed {seed} (repeat with --seed {seed})",

@@ -130,12 +130,15 @@ fn mode_all_compares_the_modes_side_by_side() {
         .lines()
         .find(|l| l.trim_start_matches('#').trim_start().starts_with("b_eff "))
         .expect("b_eff row");
-    // The key, four runs (copy, pindown in both memlock worlds, odp), three ratios.
+    // The key, five runs (copy, pindown in both memlock worlds, odp through the NIC; the
+    // local path), four ratios.
     assert_eq!(
         b_eff.trim_start_matches('#').split_whitespace().count(),
-        8,
+        10,
         "{b_eff}"
     );
+    assert!(head.contains("local/copy"), "{head}");
+    assert!(out.contains("ranks of one host through shm"), "{out}");
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(v["seed"], 11);

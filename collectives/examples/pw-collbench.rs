@@ -188,7 +188,11 @@ fn main() {
     }
     let carrier = match universe.transport() {
         pagewire::TransportKind::HostMpi => "mpi transport: the host MPI library".to_string(),
-        pagewire::TransportKind::Pagewire => format!("{} mode, pagewire", universe.mode_name()),
+        pagewire::TransportKind::Pagewire => format!(
+            "{} mode, pagewire, ranks of one host through {}",
+            universe.mode_name(),
+            universe.local_path()
+        ),
     };
     for kernel in &args.kernels {
         if world.rank() == 0 {

@@ -177,9 +177,10 @@ fn main() -> anyhow::Result<()> {
     let max_size = opts.sizes.last().copied().unwrap_or(0);
     let header = HeaderInfo::of_this_machine(
         format!(
-            "pagewire {} (transport {transport}, buffer mode {})",
+            "pagewire {} (transport {transport}, buffer mode {}, ranks of one host through {})",
             env!("CARGO_PKG_VERSION"),
-            universe.mode_name()
+            universe.mode_name(),
+            universe.local_path()
         ),
         raw.iter()
             .map(|a| a.to_string_lossy().into_owned())

@@ -74,7 +74,8 @@ pub fn side_by_side(runs: &[ModeRun<RunResult>]) -> String {
     let modes: Vec<ModeVariant> = runs.iter().map(|r| r.mode).collect();
     let mut s = format!(
         "\n#----------------------------------------------------------------\n\
-         # pagewire: the buffer modes side by side ({} ranks; ratio = mode / {})\n\
+         # pagewire: the buffer modes side by side ({} ranks; ratio = mode / {}; the modes\n\
+         # through the NIC, `local`: the default path between ranks of one host)\n\
          #----------------------------------------------------------------\n",
         first.result.ranks, modes[0]
     );

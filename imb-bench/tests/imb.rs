@@ -283,7 +283,7 @@ fn every_benchmark_runs_on_one_to_four_ranks_in_every_mode() {
                 "1",
             ]);
             let ctx = format!("{mode} on {np} ranks:\n{out}");
-            assert!(out.contains(&format!("buffer mode {mode})")), "{ctx}");
+            assert!(out.contains(&format!("buffer mode {mode}, ")), "{ctx}");
             for b in Benchmark::ALL {
                 let pair = b.kind() == imb_bench::bench::Kind::SingleTransfer;
                 if pair && np == 1 {
@@ -360,8 +360,14 @@ fn mode_all_prints_the_modes_side_by_side() {
         plot.to_str().unwrap(),
     ]);
     for mode in ["copy", "pindown", "odp"] {
-        assert!(out.contains(&format!("buffer mode {mode})")), "{out}");
+        let through_nic = format!("buffer mode {mode}, ranks of one host through nic)");
+        assert!(out.contains(&through_nic), "{out}");
     }
+    // The local path beside the modes.
+    assert!(
+        out.contains("buffer mode copy, ranks of one host through shm)"),
+        "{out}"
+    );
     assert!(
         out.contains("the buffer modes side by side (2 ranks"),
         "{out}"
@@ -389,7 +395,7 @@ fn mode_all_prints_the_modes_side_by_side() {
         .iter()
         .map(|r| r["mode"].as_str().unwrap())
         .collect();
-    assert_eq!(modes, ["copy", "pindown-hpc", "pindown-8M", "odp"]);
+    assert_eq!(modes, ["copy", "pindown-hpc", "pindown-8M", "odp", "local"]);
     let rows = &v[1]["result"]["tables"][0]["rows"];
     assert_eq!(rows.as_array().unwrap().len(), 4, "{rows}");
     let summary = &v[1]["result"]["tables"][0]["summary"];

@@ -90,6 +90,13 @@ impl Universe {
         self.world.mode_name()
     }
 
+    /// How ranks of one host reach each other: `"shm"` (shared memory and CMA, the
+    /// default), `"nic"` (through the NIC, where the buffer modes apply) or `"mpi"` (the
+    /// host MPI library's choice, on the mpi transport).
+    pub fn local_path(&self) -> &'static str {
+        self.try_with_p2p(|p| p.local_path()).unwrap_or("mpi")
+    }
+
     /// What carries this universe's calls.
     pub fn transport(&self) -> TransportKind {
         self.world.transport()

@@ -80,7 +80,8 @@ pub fn launch_wrapped(
     env: &[(&str, &str)],
     wrapper: Option<&[&str]>,
 ) -> JobOutcome {
-    let cfg = LaunchConfig::current_test(name, n, ROLE, env, wrapper, Duration::from_secs(180))
+    let env = crate::with_path_of_mode(env);
+    let cfg = LaunchConfig::current_test(name, n, ROLE, &env, wrapper, Duration::from_secs(180))
         .expect("current_exe");
     boot::launch(&cfg).expect("launch")
 }

@@ -161,6 +161,20 @@ fn cargo_build(selection: &[&str], features: &[&str]) {
     );
 }
 
+/// `env`, with `PAGEWIRE_LOCAL=nic` added where it names a buffer mode and no path: the
+/// modes govern the NIC path only, so a job that asks for one means its traffic to go
+/// through the NIC even between ranks of this host. A job that names no mode runs on the
+/// default path (shared memory between ranks of this host); CI runs every suite once more
+/// with `PAGEWIRE_LOCAL=nic` set for all.
+pub fn with_path_of_mode<'a>(env: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut env = env.to_vec();
+    let names = |k: &str| env.iter().any(|(name, _)| *name == k);
+    if names("PAGEWIRE_MODE") && !names("PAGEWIRE_LOCAL") {
+        env.push(("PAGEWIRE_LOCAL", "nic"));
+    }
+    env
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

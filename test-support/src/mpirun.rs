@@ -181,12 +181,17 @@ pub fn on_the_mpi_transport(tests: SuiteTests, env: &[(&str, &str)]) {
 }
 
 /// Runs each of `tests` as ranks under `mpirun` ([`expect_pass_as_ranks`]) on pagewire's
-/// transport bootstrapped by MPI, in each of [`MODES`], with `env` added.
+/// transport bootstrapped by MPI, with `env` added: on the default path (shared memory
+/// between the ranks of a host), then through the NIC in each of [`MODES`].
 pub fn on_pagewire_bootstrapped_by_mpi(tests: SuiteTests, env: &[(&str, &str)]) {
+    for &(test, only) in tests {
+        expect_pass_as_ranks("pagewire, default path", test, env, only);
+    }
     for mode in MODES {
         let label = format!("pagewire, {mode}");
         let mut env = env.to_vec();
         env.push(("PAGEWIRE_MODE", mode));
+        let env = crate::with_path_of_mode(&env);
         for &(test, only) in tests {
             expect_pass_as_ranks(&label, test, &env, only);
         }

@@ -2,7 +2,10 @@
 //! per process, so comparing the buffer modes means one job per mode. [`run_each_mode`]
 //! relaunches the current benchmark binary once per mode through the built-in launcher,
 //! with `--mode MODE --json FILE`, and collects each run's JSON; [`SideBySide`] prints the
-//! three modes next to each other with the ratio of each zero-copy mode to `copy`.
+//! three modes next to each other with the ratio of each zero-copy mode to `copy`. The modes
+//! govern the NIC path, so their runs send local traffic through the NIC
+//! (`PAGEWIRE_LOCAL=nic`); a `local` run beside them shows what ranks of one host get by
+//! default (shared memory and CMA, [`HostPath`]).
 //!
 //! Also here, so that the benchmarks agree on them: the `--mode` and `--transport` flag
 //! values ([`ModeChoice`], [`TransportChoice`]) and the [`UniverseConfig`] they select
@@ -74,35 +77,85 @@ pub enum MemlockWorld {
     Limit(u64),
 }
 
-/// One run of `--mode all`: a buffer mode under a locked-memory world.
+/// How a run's ranks of one host reach each other (`PAGEWIRE_LOCAL`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum HostPath {
+    /// Through the NIC, where the buffer mode applies (`PAGEWIRE_LOCAL=nic`).
+    Nic,
+    /// Through shared memory and CMA, as production MPI libraries do (`PAGEWIRE_LOCAL=shm`,
+    /// the default): no buffer mode applies.
+    Local,
+}
+
+impl HostPath {
+    /// The value of `PAGEWIRE_LOCAL`.
+    pub fn setting(self) -> &'static str {
+        match self {
+            HostPath::Nic => "nic",
+            HostPath::Local => "shm",
+        }
+    }
+}
+
+/// One run of `--mode all`: a buffer mode under a locked-memory world, through the NIC; or
+/// the local path, which a user gets by default between ranks of one host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ModeVariant {
     /// The buffer mode.
     pub mode: BufferMode,
     /// The memlock limit its ranks run under.
     pub memlock: MemlockWorld,
+    /// How its ranks of one host reach each other.
+    pub path: HostPath,
 }
 
 impl ModeVariant {
-    /// The runs of `--mode all`: copy, pindown with the limit lifted (HPC), pindown under
-    /// `tight` (default: the machine's `ulimit -l`, or 8 MiB where that is unlimited), odp.
+    /// The runs of `--mode all`, the modes through the NIC (so that they apply between
+    /// ranks of one host too): copy, pindown with the limit lifted (HPC), pindown under
+    /// `tight` (default: the machine's `ulimit -l`, or 8 MiB where that is unlimited), odp;
+    /// then `local`, the default path between ranks of one host, beside them.
     pub fn all(tight: Option<u64>) -> Vec<ModeVariant> {
         let tight = tight
             .or_else(pagewire_transport::sys::memlock_rlimit)
             .unwrap_or(8 << 20);
-        let v = |mode, memlock| ModeVariant { mode, memlock };
+        let v = |mode, memlock| ModeVariant {
+            mode,
+            memlock,
+            path: HostPath::Nic,
+        };
         vec![
             v(BufferMode::Copy, MemlockWorld::Machine),
             v(BufferMode::Pindown, MemlockWorld::Unlimited),
             v(BufferMode::Pindown, MemlockWorld::Limit(tight)),
             v(BufferMode::Odp, MemlockWorld::Machine),
+            ModeVariant::local(),
         ]
+    }
+
+    /// The local path (with the copy mode for whatever goes through the NIC).
+    pub fn local() -> ModeVariant {
+        ModeVariant {
+            mode: BufferMode::Copy,
+            memlock: MemlockWorld::Machine,
+            path: HostPath::Local,
+        }
+    }
+
+    /// The run's name in tables and errors: `local`, or the mode's.
+    pub fn name(&self) -> &'static str {
+        match self.path {
+            HostPath::Local => "local",
+            HostPath::Nic => self.mode.name(),
+        }
     }
 }
 
 impl std::fmt::Display for ModeVariant {
-    /// `copy`, `odp`, `pindown-hpc` (limit lifted), `pindown-8M` (under 8 MiB).
+    /// `copy`, `odp`, `pindown-hpc` (limit lifted), `pindown-8M` (under 8 MiB), `local`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.path == HostPath::Local {
+            return f.write_str("local");
+        }
         match self.memlock {
             MemlockWorld::Machine => f.write_str(self.mode.name()),
             MemlockWorld::Unlimited => write!(f, "{}-hpc", self.mode.name()),
@@ -305,7 +358,7 @@ pub fn run_each_mode<T: DeserializeOwned>(
     let mut runs = Vec::new();
     for &variant in modes {
         let mode = variant.mode;
-        let json = result_file(&stem, mode);
+        let json = result_file(&stem, variant.name());
         let mut job_args = args.to_vec();
         job_args.extend(
             ["--mode", mode.name(), "--json"]
@@ -327,6 +380,8 @@ pub fn run_each_mode<T: DeserializeOwned>(
             MemlockWorld::Limit(b) => Some(Some(b)),
         };
         let mut cfg = cfg;
+        cfg.env
+            .push(("PAGEWIRE_LOCAL".into(), variant.path.setting().into()));
         let saved = limit.and_then(|l| {
             cfg.env.push((
                 "PAGEWIRE_MEMLOCK_LIMIT".into(),
@@ -340,13 +395,13 @@ pub fn run_each_mode<T: DeserializeOwned>(
             let _ = pagewire_transport::sys::restore_memlock_rlimit(old);
         }
         let outcome = outcome.map_err(|e| Error::ModeRun {
-            mode: mode.name(),
+            mode: variant.name(),
             message: e.to_string(),
         })?;
         if !outcome.success() {
             let _ = std::fs::remove_file(&json);
             return Err(Error::ModeRun {
-                mode: mode.name(),
+                mode: variant.name(),
                 message: outcome
                     .message
                     .unwrap_or_else(|| format!("the job exited with status {}", outcome.exit_code)),
@@ -375,11 +430,11 @@ pub fn read_json<T: DeserializeOwned>(path: &std::path::Path) -> Result<T> {
 }
 
 /// A private name for one mode's result file.
-fn result_file(stem: &str, mode: BufferMode) -> PathBuf {
+fn result_file(stem: &str, name: &str) -> PathBuf {
     std::env::temp_dir().join(format!(
         "{stem}-{}-{}-{}.json",
         std::process::id(),
-        mode.name(),
+        name,
         boot::new_job_id()
     ))
 }
@@ -477,7 +532,12 @@ mod tests {
     fn mode_all_runs_pindown_in_both_worlds_with_labels() {
         let runs = ModeVariant::all(Some(8 << 20));
         let labels: Vec<String> = runs.iter().map(|r| r.to_string()).collect();
-        assert_eq!(labels, ["copy", "pindown-hpc", "pindown-8M", "odp"]);
+        assert_eq!(
+            labels,
+            ["copy", "pindown-hpc", "pindown-8M", "odp", "local"]
+        );
+        assert!(runs[..4].iter().all(|r| r.path == HostPath::Nic));
+        assert_eq!(runs[4].path.setting(), "shm");
         assert_eq!(short_bytes(64 << 10), "64K");
         assert_eq!(short_bytes(1000), "1000");
         assert!(parse_memlock("64K") == Ok(65536) && parse_memlock("lots").is_err());
@@ -517,6 +577,7 @@ mod tests {
                 .map(|&mode| ModeVariant {
                     mode,
                     memlock: MemlockWorld::Machine,
+                    path: HostPath::Nic,
                 })
                 .collect(),
             rows: vec![

@@ -247,6 +247,13 @@ fn fuzz_message_decoder() {
         desc.extend_from_slice(&(1u64 << 20).to_le_bytes());
         desc.extend_from_slice(&off.to_le_bytes());
     }
+    // 3 elements 32 bytes apart, runs of 8 and 8 bytes: 48 bytes.
+    let local_source = wire::LocalSource {
+        addr: 0x7f00_0000_0000,
+        extent: 32,
+        count: 3,
+        runs: vec![(0, 8), (16, 8)],
+    };
     let seeds = vec![
         message(
             with(MsgKind::Eager, &|h| {
@@ -287,6 +294,25 @@ fn fuzz_message_decoder() {
         message(with(MsgKind::ChunkDone, &|h| h.chunk = u32::MAX), &[]),
         message(with(MsgKind::SyncAck, &|h| h.sreq = 1), &[]),
         message(with(MsgKind::Credit, &|h| h.credits = 8), &[]),
+        message(
+            with(MsgKind::Rts, &|h| {
+                h.flags = wire::LOCAL_COPY;
+                h.size = 48;
+            }),
+            &local_source.encode(),
+        ),
+        message(
+            with(MsgKind::CopyShare, &|h| {
+                h.size = 16;
+                h.len = 32;
+            }),
+            &local_source.encode(),
+        ),
+        message(
+            with(MsgKind::CopyDone, &|h| h.flags = wire::COPY_FAILED),
+            &[],
+        ),
+        message(with(MsgKind::ShareDone, &|h| h.rreq = 7), &[]),
     ];
     for s in &seeds {
         assert!(wire::decode_message(s).is_ok(), "seed {s:?}");
@@ -304,6 +330,16 @@ fn fuzz_message_decoder() {
             let payload = &input[HEADER_BYTES..];
             match kind {
                 MsgKind::Eager => assert_eq!(h.size, payload.len() as u64),
+                MsgKind::Rts if h.flags & wire::LOCAL_COPY != 0 => {
+                    let source = wire::LocalSource::decode(payload, h.size).expect("accepted");
+                    assert_eq!(source.len(), h.size);
+                    assert_eq!(source.encode(), payload, "round trip");
+                }
+                MsgKind::CopyShare => {
+                    let dest = wire::LocalSource::decode_any(payload).expect("accepted");
+                    assert!(h.size.checked_add(h.len).is_some_and(|e| e <= dest.len()));
+                    assert_eq!(dest.encode(), payload, "round trip");
+                }
                 MsgKind::Rts => {
                     for c in crate::msg::PointToPoint::decode_chunks(payload) {
                         assert!(c.offset.checked_add(c.len).is_some_and(|e| e <= h.size));

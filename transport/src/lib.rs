@@ -10,6 +10,7 @@ pub mod boot;
 pub mod buffer_mode;
 mod env;
 pub mod error;
+pub mod local;
 pub mod memmon;
 pub mod msg;
 pub mod nic;

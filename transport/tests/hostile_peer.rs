@@ -14,6 +14,7 @@ use pagewire_test_support::nic::launch;
 use pagewire_test_support::ROLE;
 use pagewire_transport::boot::{self, Bootstrap};
 use pagewire_transport::buffer_mode::copy::{CopyConfig, CopyMode};
+use pagewire_transport::local::{LocalPath, LocalSetting};
 use pagewire_transport::msg::raw::{UserBuf, UserBufMut};
 use pagewire_transport::msg::wire::{Header, MsgKind, HEADER_BYTES};
 use pagewire_transport::msg::{MsgConfig, PointToPoint, RndvProtocol};
@@ -510,6 +511,10 @@ fn raw_setup(boot: &dyn Bootstrap, nic: SoftNic) -> Raw {
         }
         at += 4 + n;
     }
+    // `PointToPoint::new` sets up the local path next: this rank takes part, and stays off
+    // it, so that everything it sends goes through the NIC.
+    let local = LocalPath::new(boot, LocalSetting::Nic, 64 << 10).unwrap();
+    assert!(local.is_none());
     let recv = vec![0u8; 64 << 10];
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     let recv_key = nic

@@ -163,24 +163,28 @@ fn main() -> anyhow::Result<()> {
     // The mpi transport has no pagewire counters: nothing more to say there.
     let report = universe.try_with_p2p(|p| {
         (
-            p.mode_name(),
+            (p.mode_name(), p.local_path()),
             p.eager_limit(),
             p.counters(),
             p.mode_counters(),
             p.nic_counters(),
         )
     });
-    if let (0, Ok((mode, eager, counters, mode_counters, nic))) = (world.rank(), report) {
+    if let (0, Ok(((mode, path), eager, counters, mode_counters, nic))) = (world.rank(), report) {
         if args.json {
             let v = serde_json::json!({
                 "mode": mode,
+                "local_path": path,
                 "eager_limit": eager,
                 "placement": placement,
                 "results": all.iter().map(|(k, r)| serde_json::json!({"kernel": k, "rows": r})).collect::<Vec<_>>(),
             });
             println!("{}", serde_json::to_string_pretty(&v)?);
         } else {
-            println!("# mode {mode}, eager limit {eager} B; rank 0: {counters:?}");
+            println!(
+                "# mode {mode}, ranks of one host through {path}, eager limit {eager} B; rank 0: \
+                 {counters:?}"
+            );
             println!("# mode counters: {mode_counters:?}");
             println!(
                 "# NIC (rank 0): RNR NACKs sent {}, RNR retries {}, bytes by CMA {}, staged {}, pinned peak {}",

@@ -98,6 +98,22 @@ impl Layout {
         }
     }
 
+    /// One element's runs (offset from the buffer's start, length), in the order their
+    /// bytes travel.
+    pub fn element_runs(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.runs.iter().map(|r| (r.offset, r.len))
+    }
+
+    /// Bytes between elements.
+    pub fn extent(&self) -> u64 {
+        self.extent
+    }
+
+    /// Elements.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
     /// Contiguous runs in the whole buffer.
     pub fn run_count(&self) -> u64 {
         self.runs.len() as u64 * self.count

@@ -10,7 +10,9 @@ pub(super) fn unexpected_status(env: &Envelope, u: &Unexpected) -> Status {
         tag: env.tag,
         count: match u {
             Unexpected::Eager { size, .. } => *size,
-            Unexpected::Rts { header, .. } => header.size as usize,
+            Unexpected::Rts { header, .. } | Unexpected::LocalRts { header, .. } => {
+                header.size as usize
+            }
         },
     }
 }
@@ -185,7 +187,8 @@ impl PointToPoint {
         let (env, u) = self.matcher.claim(msg).ok_or_else(|| {
             Error::InvalidArgument("unknown or already received matched message".into())
         })?;
-        if let (Some(status), Unexpected::Rts { .. }) = (self.peers[env.source].dead, &u) {
+        let at_sender = matches!(u, Unexpected::Rts { .. } | Unexpected::LocalRts { .. });
+        if let (Some(status), true) = (self.peers[env.source].dead, at_sender) {
             // The payload is still at the sender, which is gone.
             return Err(Error::Communication {
                 peer: env.source,

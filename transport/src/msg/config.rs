@@ -2,6 +2,7 @@
 //! defaults and environment variables (README, "Configuration").
 
 use crate::error::{Error, Result};
+use crate::local::LocalSetting;
 
 /// Default eager limit in bytes. Chosen by measurement (README, "Choosing the defaults"):
 /// at 16 KiB an eager message (two copies through slots) beats a rendezvous in copy mode;
@@ -58,6 +59,9 @@ pub struct MsgConfig {
     pub sg_min_run: usize,
     /// ... and when it holds at least this many bytes (`PAGEWIRE_SG_MIN_BYTES`).
     pub sg_min_bytes: usize,
+    /// How ranks of one host reach each other (`PAGEWIRE_LOCAL=shm|nic`): the local path
+    /// (`crate::local`) or the NIC.
+    pub local: LocalSetting,
 }
 
 /// What a blocked rank does between polls that found nothing (`PAGEWIRE_WAIT`).
@@ -86,6 +90,7 @@ impl Default for MsgConfig {
             wait: WaitPolicy::Auto,
             sg_min_run: DEFAULT_SG_MIN_RUN,
             sg_min_bytes: DEFAULT_SG_MIN_BYTES,
+            local: LocalSetting::Shm,
         }
     }
 }
@@ -93,7 +98,7 @@ impl Default for MsgConfig {
 impl MsgConfig {
     /// Defaults overridden by `PAGEWIRE_EAGER_LIMIT`, `PAGEWIRE_RNDV`,
     /// `PAGEWIRE_RNDV_SPLIT_MIN`, `PAGEWIRE_SG_MIN_RUN`, `PAGEWIRE_SG_MIN_BYTES`, `PAGEWIRE_WAIT`,
-    /// `PAGEWIRE_EAGER_CREDITS` and `PAGEWIRE_UNEXPECTED_BUDGET`.
+    /// `PAGEWIRE_EAGER_CREDITS`, `PAGEWIRE_UNEXPECTED_BUDGET` and `PAGEWIRE_LOCAL`.
     pub fn from_env() -> Result<MsgConfig> {
         use crate::env::bytes as env_usize;
         let mut c = MsgConfig::default();
@@ -127,6 +132,7 @@ impl MsgConfig {
         if let Some(v) = env_usize("PAGEWIRE_SG_MIN_BYTES")? {
             c.sg_min_bytes = v;
         }
+        c.local = LocalSetting::from_env()?;
         c.wait = match std::env::var("PAGEWIRE_WAIT").as_deref() {
             Err(_) | Ok("") | Ok("auto") => WaitPolicy::Auto,
             Ok("spin") => WaitPolicy::Spin,

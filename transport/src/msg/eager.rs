@@ -14,7 +14,8 @@
 use super::matching::Envelope;
 use super::wire::{self, Header, MsgKind, HEADER_BYTES};
 use super::{
-    EagerData, Payload, PointToPoint, Req, RequestId, SendReq, SendState, Status, Unexpected,
+    Arrival, EagerData, Payload, PointToPoint, Req, RequestId, SendReq, SendState, Status,
+    Unexpected,
 };
 use crate::error::{Error, Result};
 use crate::sys::AnonMapping;
@@ -30,8 +31,10 @@ pub(crate) fn map_slot_pool(bytes: usize, what: &str) -> Result<AnonMapping> {
 impl PointToPoint {
     /// Starts the queued data sends to `peer` while credits and slots last, in order.
     pub(crate) fn drain_queued(&mut self, peer: usize) -> Result<()> {
+        // The local path's rings are their own flow control: a full ring stops the queue.
+        let local = self.is_local(peer);
         while let Some(&id) = self.peers[peer].queued.front() {
-            if self.peers[peer].credits == 0 {
+            if !local && self.peers[peer].credits == 0 {
                 self.counters.credit_waits += 1;
                 break;
             }
@@ -67,13 +70,17 @@ impl PointToPoint {
                     }
                 }
                 sent
+            } else if local {
+                self.start_local_rndv_send(peer, id)?
             } else {
                 self.start_rndv_send(peer, id)?
             };
             if !started {
                 break;
             }
-            self.peers[peer].credits -= 1;
+            if !local {
+                self.peers[peer].credits -= 1;
+            }
             self.peers[peer].queued.pop_front();
         }
         Ok(())
@@ -94,8 +101,8 @@ impl PointToPoint {
     /// What no correct peer sends (see [`wire::decode_message`], and credits beyond those
     /// this rank was given) fails every operation with `peer` ([`Error::ProtocolViolation`])
     /// and nothing of the message is used.
-    pub(crate) fn handle_incoming(&mut self, peer: usize, slot: usize, len: usize) -> Result<()> {
-        let bytes = self.slot_bytes_of(peer, slot);
+    pub(crate) fn handle_incoming(&mut self, peer: usize, at: Arrival, len: usize) -> Result<()> {
+        let bytes = self.arrived_bytes(peer, at);
         let (kind, h) = match wire::decode_message(&bytes[..len.min(bytes.len())]) {
             Ok(m) => m,
             Err(why) => {
@@ -127,8 +134,8 @@ impl PointToPoint {
                 let sync = h.flags & wire::SYNC != 0;
                 match self.matcher.take_posted(&env) {
                     Some(rid) => {
-                        self.deliver_eager_from_slot(rid, env, peer, slot, size);
-                        self.repost_data_slot(peer, slot)?;
+                        self.deliver_eager_from_slot(rid, env, peer, at, size);
+                        self.put_back_data(peer, at)?;
                         if sync {
                             self.sync_ack(peer, h.sreq)?;
                         }
@@ -136,15 +143,22 @@ impl PointToPoint {
                     None => {
                         self.counters.unexpected += 1;
                         let p = &mut self.peers[peer];
-                        let data = if p.unexpected_bytes + size <= self.cfg.unexpected_budget {
-                            p.unexpected_bytes += size;
-                            EagerData::Owned(
-                                self.slot_bytes_of(peer, slot)[HEADER_BYTES..HEADER_BYTES + size]
-                                    .to_vec(),
-                            )
-                        } else {
-                            self.counters.held_slots += 1;
-                            EagerData::Held { slot }
+                        // A cell of the local path is always copied out, as MPICH's and Open
+                        // MPI's shared-memory paths do: its ring moves on.
+                        let data = match at {
+                            Arrival::Slot(slot)
+                                if p.unexpected_bytes + size > self.cfg.unexpected_budget =>
+                            {
+                                self.counters.held_slots += 1;
+                                EagerData::Held { slot }
+                            }
+                            _ => {
+                                p.unexpected_bytes += size;
+                                EagerData::Owned(
+                                    self.arrived_bytes(peer, at)[HEADER_BYTES..HEADER_BYTES + size]
+                                        .to_vec(),
+                                )
+                            }
                         };
                         let owned = matches!(data, EagerData::Owned(_));
                         self.matcher.push_unexpected(
@@ -157,15 +171,29 @@ impl PointToPoint {
                             },
                         );
                         if owned {
-                            self.repost_data_slot(peer, slot)?;
+                            self.put_back_data(peer, at)?;
                         }
                     }
                 }
                 Ok(())
             }
+            MsgKind::Rts if h.flags & wire::LOCAL_COPY != 0 => {
+                let payload = &self.arrived_bytes(peer, at)[HEADER_BYTES..len];
+                let Ok(source) = wire::LocalSource::decode(payload, h.size) else {
+                    unreachable!("decode_message checked the source");
+                };
+                match self.matcher.take_posted(&env) {
+                    Some(rid) => self.local_rndv_recv(rid, peer, h, &source)?,
+                    None => {
+                        self.counters.unexpected += 1;
+                        self.matcher
+                            .push_unexpected(env, Unexpected::LocalRts { header: h, source });
+                    }
+                }
+                self.put_back_data(peer, at)
+            }
             MsgKind::Rts => {
-                let chunks =
-                    Self::decode_chunks(&self.slot_bytes_of(peer, slot)[HEADER_BYTES..len]);
+                let chunks = Self::decode_chunks(&self.arrived_bytes(peer, at)[HEADER_BYTES..len]);
                 match self.matcher.take_posted(&env) {
                     Some(rid) => self.start_rndv_recv(rid, peer, h, chunks)?,
                     None => {
@@ -174,7 +202,7 @@ impl PointToPoint {
                             .push_unexpected(env, Unexpected::Rts { header: h, chunks });
                     }
                 }
-                self.repost_data_slot(peer, slot)
+                self.put_back_data(peer, at)
             }
             MsgKind::SyncAck => {
                 let id = RequestId(h.sreq);
@@ -197,13 +225,56 @@ impl PointToPoint {
                     };
                     self.complete(id, Ok(status));
                 }
-                self.post_slot(peer, slot)
+                self.put_back_control(peer, at)
             }
-            MsgKind::Credit => self.post_slot(peer, slot),
+            MsgKind::Credit => self.put_back_control(peer, at),
+            MsgKind::CopyDone => {
+                self.put_back_control(peer, at)?;
+                self.local_copy_done(peer, h);
+                Ok(())
+            }
+            MsgKind::CopyShare => {
+                let payload = &self.arrived_bytes(peer, at)[HEADER_BYTES..len];
+                let Ok(dest) = wire::LocalSource::decode_any(payload) else {
+                    unreachable!("decode_message checked the description");
+                };
+                self.put_back_control(peer, at)?;
+                self.local_copy_share(peer, h, &dest)
+            }
+            MsgKind::ShareDone => {
+                self.put_back_control(peer, at)?;
+                self.local_share_done(peer, h);
+                Ok(())
+            }
             MsgKind::Cts | MsgKind::Fin | MsgKind::ChunkReady | MsgKind::ChunkDone => {
-                self.post_slot(peer, slot)?;
+                self.put_back_control(peer, at)?;
                 self.handle_rndv_control(peer, kind, h)
             }
+        }
+    }
+
+    /// The bytes of a message that arrived: its receive slot, or its local cell.
+    pub(crate) fn arrived_bytes(&self, peer: usize, at: Arrival) -> &[u8] {
+        match at {
+            Arrival::Slot(slot) => self.slot_bytes_of(peer, slot),
+            Arrival::Cell(offset) => self.local.as_ref().expect("a local path").message(offset),
+        }
+    }
+
+    /// A data message is done with its bytes: its slot goes back to the NIC with a credit
+    /// owed (a local cell goes back when the poll moves on).
+    fn put_back_data(&mut self, peer: usize, at: Arrival) -> Result<()> {
+        match at {
+            Arrival::Slot(slot) => self.repost_data_slot(peer, slot),
+            Arrival::Cell(_) => Ok(()),
+        }
+    }
+
+    /// A control message is done with its bytes.
+    fn put_back_control(&mut self, peer: usize, at: Arrival) -> Result<()> {
+        match at {
+            Arrival::Slot(slot) => self.post_slot(peer, slot),
+            Arrival::Cell(_) => Ok(()),
         }
     }
 
@@ -222,14 +293,14 @@ impl PointToPoint {
         self.send_control(peer, h)
     }
 
-    /// Copies the eager payload of `size` bytes in receive slot `slot` of `peer` into
-    /// receive `rid` and completes it (straight from the slot: one copy).
+    /// Copies the eager payload of `size` bytes that arrived at `at` from `peer` into
+    /// receive `rid` and completes it (straight from the slot or cell: one copy).
     fn deliver_eager_from_slot(
         &mut self,
         rid: RequestId,
         env: Envelope,
         peer: usize,
-        slot: usize,
+        at: Arrival,
         size: usize,
     ) {
         let Some(Req::Recv(r)) = self.reqs.get(rid) else {
@@ -239,7 +310,7 @@ impl PointToPoint {
         let n = size.min(buf.len());
         buf.write(
             0,
-            &self.slot_bytes_of(peer, slot)[HEADER_BYTES..HEADER_BYTES + n],
+            &self.arrived_bytes(peer, at)[HEADER_BYTES..HEADER_BYTES + n],
         );
         self.complete_eager(rid, env, size, buf.len());
     }
@@ -258,7 +329,13 @@ impl PointToPoint {
 
     /// Completes eager receive `rid` of a `size`-byte message into a `buffer_bytes` buffer:
     /// its status, or `Error::Truncated` when the message was longer.
-    fn complete_eager(&mut self, rid: RequestId, env: Envelope, size: usize, buffer_bytes: usize) {
+    pub(crate) fn complete_eager(
+        &mut self,
+        rid: RequestId,
+        env: Envelope,
+        size: usize,
+        buffer_bytes: usize,
+    ) {
         let n = size.min(buffer_bytes);
         let result = if size > buffer_bytes {
             Err(Error::Truncated {
@@ -297,7 +374,8 @@ impl PointToPoint {
                         self.deliver_eager(rid, env, &bytes);
                     }
                     EagerData::Held { slot } => {
-                        self.deliver_eager_from_slot(rid, env, env.source, slot, size);
+                        let at = Arrival::Slot(slot);
+                        self.deliver_eager_from_slot(rid, env, env.source, at, size);
                         self.repost_data_slot(env.source, slot)?;
                     }
                 }
@@ -308,6 +386,9 @@ impl PointToPoint {
             }
             Unexpected::Rts { header, chunks } => {
                 self.start_rndv_recv(rid, env.source, header, chunks)
+            }
+            Unexpected::LocalRts { header, source } => {
+                self.local_rndv_recv(rid, env.source, header, &source)
             }
         }
     }

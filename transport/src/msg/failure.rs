@@ -149,6 +149,7 @@ impl PointToPoint {
                 Some(Req::Send(s)) => s.peer == peer,
                 Some(Req::Recv(r)) => match &r.state {
                     RecvState::Rndv(rv) => rv.peer == peer,
+                    RecvState::LocalSplit(ls) => ls.peer == peer,
                     RecvState::Posted => r.sel.source == Some(peer),
                 },
                 _ => false,

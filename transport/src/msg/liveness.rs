@@ -11,6 +11,7 @@ impl PointToPoint {
             Some(Req::Send(s)) => vec![s.peer],
             Some(Req::Recv(r)) => match (&r.state, r.sel.source) {
                 (RecvState::Rndv(rv), _) => vec![rv.peer],
+                (RecvState::LocalSplit(ls), _) => vec![ls.peer],
                 (RecvState::Posted, Some(s)) => vec![s],
                 (RecvState::Posted, None) => (0..self.size).collect(),
             },

@@ -34,6 +34,7 @@ pub mod raw;
 mod request;
 mod rndv;
 mod rndv_get;
+mod rndv_local;
 mod rndv_put;
 mod rndv_split;
 mod state;
@@ -46,7 +47,7 @@ pub use request::{RequestId, Status};
 use config::online_cpus;
 use state::wr_parts;
 pub(crate) use state::{
-    wr_id, ChunkDesc, EagerData, Payload, Peer, RdmaOp, RecvReq, RecvState, Req, SendReq,
+    wr_id, Arrival, ChunkDesc, EagerData, Payload, Peer, RdmaOp, RecvReq, RecvState, Req, SendReq,
     SendState, Unexpected, WrKind,
 };
 
@@ -56,6 +57,7 @@ use std::time::{Duration, Instant};
 use crate::boot::Bootstrap;
 use crate::buffer_mode::{BufferMode, Lease, ModeCounters};
 use crate::error::{Error, Result};
+use crate::local::LocalPath;
 use crate::nic::{
     Access, Completion, CountersSnapshot, Endpoint, Nic, Opcode, QpCaps, SendWr, Sge, WcStatus,
 };
@@ -136,6 +138,9 @@ pub struct PointToPoint {
     max_inline: usize,
     max_send_wr: u32,
     scratch: Vec<Completion>,
+    /// Rings in shared memory and CMA for the peers of this host (`crate::local`), unless
+    /// `PAGEWIRE_LOCAL=nic` or no peer is local.
+    pub(crate) local: Option<LocalPath>,
 }
 
 impl std::fmt::Debug for PointToPoint {
@@ -219,6 +224,9 @@ impl PointToPoint {
                  on demand (ODP) and prefetched instead of pinned"
             );
         }
+        // A local cell holds what a receive slot holds, and an RTS naming the runs of a
+        // buffer with gaps (at least 2 KiB of them).
+        let local = LocalPath::new(boot, cfg.local, HEADER_BYTES + cfg.eager_limit.max(2048))?;
         let nic: std::sync::Arc<dyn Nic> = std::sync::Arc::from(nic);
         mode.attach(&nic);
         mode.start(&*nic)?;
@@ -264,6 +272,7 @@ impl PointToPoint {
             max_inline,
             max_send_wr,
             scratch: Vec::with_capacity(64),
+            local,
         };
         p2p.yield_when_idle = match p2p.cfg.wait {
             WaitPolicy::Spin => false,
@@ -277,7 +286,34 @@ impl PointToPoint {
             }
         }
         boot.barrier()?;
+        // Every local peer has mapped this rank's rings: their name can go.
+        if let Some(local) = &p2p.local {
+            local.unlink();
+        }
         Ok(p2p)
+    }
+
+    /// Whether `peer` is reached through the local path rather than the NIC.
+    pub(crate) fn is_local(&self, peer: usize) -> bool {
+        self.local.as_ref().is_some_and(|l| l.is_local(peer))
+    }
+
+    /// How this rank reaches the ranks of its host: `"shm"` (the local path, shared memory
+    /// and CMA) or `"nic"` (`PAGEWIRE_LOCAL=nic`, or no local peer could be reached so).
+    pub fn local_path(&self) -> &'static str {
+        match &self.local {
+            Some(l) if l.local_ranks().len() > 1 || self.size == 1 => "shm",
+            _ => "nic",
+        }
+    }
+
+    /// Which path reaches `peer`: `"shm"` (the local path) or `"nic"`.
+    pub fn path_to(&self, peer: usize) -> &'static str {
+        if self.is_local(peer) {
+            "shm"
+        } else {
+            "nic"
+        }
     }
 
     /// This rank.
@@ -364,6 +400,9 @@ impl PointToPoint {
                 break;
             }
         }
+        if self.local.is_some() {
+            events += self.poll_local(&mut first_err);
+        }
         let mut i = 0;
         while i < self.service.len() {
             let peer = self.service[i];
@@ -426,10 +465,40 @@ impl PointToPoint {
         match kind {
             // Nothing more is taken from a peer that failed (or broke the protocol).
             k if k == WrKind::Recv as u64 && self.peers[peer].dead.is_some() => Ok(()),
-            k if k == WrKind::Recv as u64 => self.handle_incoming(peer, index, c.byte_len as usize),
+            k if k == WrKind::Recv as u64 => {
+                self.handle_incoming(peer, Arrival::Slot(index), c.byte_len as usize)
+            }
             k if k == WrKind::Rdma as u64 => self.rdma_done(index),
             _ => Ok(()),
         }
+    }
+
+    /// Handles the messages waiting in the local path's rings, at most a ring's worth per
+    /// peer (so one busy sender cannot starve the others); the first error goes to
+    /// `first_err`. Returns how many there were.
+    fn poll_local(&mut self, first_err: &mut Option<Error>) -> usize {
+        let Some(local) = self.local.as_ref() else {
+            return 0;
+        };
+        let mut events = 0;
+        for i in 0..local.local_ranks().len() {
+            let local = self.local.as_ref().expect("a local path");
+            let (peer, budget) = (local.local_ranks()[i], local.cells());
+            for _ in 0..budget {
+                let Some((offset, len)) = self.local.as_ref().and_then(|l| l.peek(peer)) else {
+                    break;
+                };
+                // Nothing more is taken from a peer that failed (or broke the protocol).
+                if self.peers[peer].dead.is_none() {
+                    if let Err(e) = self.handle_incoming(peer, Arrival::Cell(offset), len) {
+                        first_err.get_or_insert(e);
+                    }
+                }
+                self.local.as_mut().expect("a local path").release(peer);
+                events += 1;
+            }
+        }
+        events
     }
 
     /// Shuts the layer down: stops the buffer mode and deregisters the slots.

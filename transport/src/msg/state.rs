@@ -37,6 +37,20 @@ pub(crate) enum Unexpected {
         header: Header,
         chunks: Vec<ChunkDesc>,
     },
+    /// A local rendezvous (`rndv_local.rs`): the bytes stay in the sender's memory.
+    LocalRts {
+        header: Header,
+        source: wire::LocalSource,
+    },
+}
+
+/// Where the bytes of a message that arrived are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Arrival {
+    /// In receive slot `slot` of the sender's region (the NIC path).
+    Slot(usize),
+    /// In a cell of the local path, from this byte of this rank's segment.
+    Cell(usize),
 }
 
 /// Where a chunk of a rendezvous send can be read (RGET).
@@ -89,6 +103,9 @@ pub(crate) enum SendState {
     AwaitSyncAck,
     /// Rendezvous in progress.
     Rndv(rndv::RndvSend),
+    /// Local rendezvous: the receiver copies from the buffer (or from `_packed`, a packed
+    /// copy of a buffer whose runs did not fit the RTS) until it says it is done.
+    LocalCopy { _packed: Option<Vec<u8>> },
 }
 
 pub(crate) struct RecvReq {
@@ -100,6 +117,9 @@ pub(crate) struct RecvReq {
 pub(crate) enum RecvState {
     Posted,
     Rndv(Box<rndv::RndvRecv>),
+    /// Local rendezvous split between both sides: this side copied the front of the
+    /// message and waits for the sender to say it wrote the back.
+    LocalSplit(rndv_local::LocalSplitRecv),
 }
 
 /// An RDMA operation in flight for a rendezvous chunk.

@@ -23,6 +23,15 @@ pub enum MsgKind {
     SyncAck = 7,
     /// Credits returned, nothing else.
     Credit = 8,
+    /// The receiver of a local rendezvous copied the message out of the sender's memory
+    /// (`msg/rndv_local.rs`); `COPY_FAILED` if it could not.
+    CopyDone = 9,
+    /// The receiver of a local rendezvous asks the sender to write the back of the message,
+    /// bytes `[size, size + len)`, into its buffer, which the payload describes (a
+    /// [`LocalSource`] of the receive buffer); `rreq` names the receive.
+    CopyShare = 10,
+    /// The sender wrote the back of the message (`COPY_FAILED` if it could not).
+    ShareDone = 11,
 }
 
 impl MsgKind {
@@ -36,6 +45,9 @@ impl MsgKind {
             6 => MsgKind::ChunkDone,
             7 => MsgKind::SyncAck,
             8 => MsgKind::Credit,
+            9 => MsgKind::CopyDone,
+            10 => MsgKind::CopyShare,
+            11 => MsgKind::ShareDone,
             _ => return None,
         })
     }
@@ -58,8 +70,14 @@ pub const HAS_CHUNK: u8 = 8;
 /// runs, all readable at once: the receiver answers only when it takes nothing more
 /// (`msg/rndv.rs`, scatter-gather rendezvous).
 pub const SCATTER_GATHER: u8 = 16;
+/// Flag on RTS: a local rendezvous (`msg/rndv_local.rs`): the payload is a [`LocalSource`]
+/// the receiver copies from with CMA.
+pub const LOCAL_COPY: u8 = 32;
+/// Flag on CopyDone: the receiver could not read the sender's memory.
+pub const COPY_FAILED: u8 = 64;
 /// Every flag a message may carry.
-const KNOWN_FLAGS: u8 = SYNC | GET | ALL_DONE | HAS_CHUNK | SCATTER_GATHER;
+const KNOWN_FLAGS: u8 =
+    SYNC | GET | ALL_DONE | HAS_CHUNK | SCATTER_GATHER | LOCAL_COPY | COPY_FAILED;
 /// Bytes of one chunk descriptor in the payload of an RTS.
 pub const CHUNK_DESC_BYTES: usize = 32;
 
@@ -87,6 +105,20 @@ pub fn decode_message(bytes: &[u8]) -> Result<(MsgKind, Header), &'static str> {
             return Err("an eager message whose size is not its payload's");
         }
         MsgKind::Eager => {}
+        MsgKind::Rts if h.flags & LOCAL_COPY != 0 => {
+            LocalSource::decode(payload, h.size)?;
+        }
+        MsgKind::CopyShare => {
+            // The payload describes the whole receive buffer; the back lies inside it.
+            let end = h
+                .size
+                .checked_add(h.len)
+                .ok_or("a copy share whose range wraps")?;
+            let whole = LocalSource::decode_any(payload)?;
+            if end > whole.len() {
+                return Err("a copy share outside the receive buffer");
+            }
+        }
         MsgKind::Rts => {
             if payload.len() % CHUNK_DESC_BYTES != 0 {
                 return Err("an RTS with a partial chunk descriptor");
@@ -111,6 +143,117 @@ pub fn decode_message(bytes: &[u8]) -> Result<(MsgKind, Header), &'static str> {
         _ => {}
     }
     Ok((kind, h))
+}
+
+/// Where the sender's bytes of a local rendezvous lie in its address space: `count`
+/// elements `extent` bytes apart from `addr`, each made of `runs` (offset from `addr`,
+/// length) whose bytes travel in order; a contiguous buffer is one element of one run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalSource {
+    /// The buffer's first byte (element 0's start).
+    pub addr: u64,
+    /// Bytes between elements.
+    pub extent: u64,
+    /// Elements.
+    pub count: u64,
+    /// One element's runs: (offset, length).
+    pub runs: Vec<(u64, u64)>,
+}
+
+/// Bytes of a [`LocalSource`] before its runs.
+const LOCAL_SOURCE_FIXED: usize = 32;
+
+impl LocalSource {
+    /// Bytes of the encoding of a source of `runs` runs.
+    pub fn encoded_len(runs: usize) -> usize {
+        LOCAL_SOURCE_FIXED + 16 * runs
+    }
+
+    /// Little-endian encoding: addr, extent, count, the number of runs, then the runs.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(Self::encoded_len(self.runs.len()));
+        for w in [self.addr, self.extent, self.count, self.runs.len() as u64] {
+            v.extend_from_slice(&w.to_le_bytes());
+        }
+        for &(offset, len) in &self.runs {
+            v.extend_from_slice(&offset.to_le_bytes());
+            v.extend_from_slice(&len.to_le_bytes());
+        }
+        v
+    }
+
+    /// Bytes it describes.
+    pub fn len(&self) -> u64 {
+        self.runs.iter().map(|r| r.1).sum::<u64>() * self.count
+    }
+
+    /// Whether it describes no byte.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Decodes and checks a source as a peer sent it, whatever its size.
+    pub fn decode_any(b: &[u8]) -> Result<LocalSource, &'static str> {
+        if b.len() < LOCAL_SOURCE_FIXED {
+            return Err("a local buffer description cut short");
+        }
+        let count = u64::from_le_bytes(b[16..24].try_into().expect("8 bytes"));
+        let n = u64::from_le_bytes(b[24..32].try_into().expect("8 bytes"));
+        if (b.len() - LOCAL_SOURCE_FIXED) as u64 != n.saturating_mul(16) {
+            return Err("a local RTS whose runs are not its payload");
+        }
+        let per_element = (0..n as usize)
+            .map(|k| {
+                let at = LOCAL_SOURCE_FIXED + 16 * k + 8;
+                u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+            })
+            .try_fold(0u64, |sum, len| sum.checked_add(len))
+            .ok_or("a local RTS run that wraps")?;
+        let size = per_element
+            .checked_mul(count)
+            .ok_or("a local buffer description that wraps")?;
+        Self::decode(b, size)
+    }
+
+    /// Decodes and checks a source as a peer sent it for a message of `size` bytes: whole,
+    /// and its runs adding up to the message exactly, without wrapping.
+    pub fn decode(b: &[u8], size: u64) -> Result<LocalSource, &'static str> {
+        let word = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        if b.len() < LOCAL_SOURCE_FIXED {
+            return Err("a local RTS without its source");
+        }
+        let n = word(3);
+        if (b.len() - LOCAL_SOURCE_FIXED) as u64 != n.saturating_mul(16) {
+            return Err("a local RTS whose runs are not its payload");
+        }
+        let runs: Vec<(u64, u64)> = (0..n as usize)
+            .map(|k| (word(4 + 2 * k), word(5 + 2 * k)))
+            .collect();
+        let per_element = runs
+            .iter()
+            .try_fold(0u64, |sum, &(offset, len)| {
+                offset.checked_add(len)?;
+                sum.checked_add(len)
+            })
+            .ok_or("a local RTS run that wraps")?;
+        let (addr, extent, count) = (word(0), word(1), word(2));
+        if per_element.checked_mul(count) != Some(size) {
+            return Err("a local RTS whose runs are not the message's size");
+        }
+        let last = count
+            .saturating_sub(1)
+            .checked_mul(extent)
+            .and_then(|e| e.checked_add(addr));
+        if last.is_none() {
+            return Err("a local RTS whose elements wrap");
+        }
+        Ok(LocalSource {
+            addr,
+            extent,
+            count,
+            runs,
+        })
+    }
 }
 
 /// The header fields.
@@ -271,6 +414,65 @@ mod tests {
         assert_eq!(
             decode_message(&message(rts, &twice)),
             Err("RTS chunks adding up to more than the message")
+        );
+    }
+
+    #[test]
+    fn local_rendezvous_messages_are_checked_against_the_message() {
+        // Two elements 16 bytes apart, each runs of 4 and 8 bytes: 24 bytes.
+        let source = LocalSource {
+            addr: 0x1000,
+            extent: 16,
+            count: 2,
+            runs: vec![(0, 4), (8, 8)],
+        };
+        assert_eq!(source.len(), 24);
+        let mut rts = Header::new(MsgKind::Rts);
+        rts.flags = LOCAL_COPY;
+        rts.size = 24;
+        let encoded = source.encode();
+        assert_eq!(encoded.len(), LocalSource::encoded_len(2));
+        assert_eq!(
+            decode_message(&message(rts, &encoded)),
+            Ok((MsgKind::Rts, rts))
+        );
+        assert_eq!(LocalSource::decode(&encoded, 24), Ok(source.clone()));
+        assert_eq!(LocalSource::decode_any(&encoded), Ok(source.clone()));
+        rts.size = 25;
+        assert!(
+            decode_message(&message(rts, &encoded)).is_err(),
+            "not the message's size"
+        );
+        rts.size = 24;
+        assert!(
+            decode_message(&message(rts, &encoded[..40])).is_err(),
+            "cut short"
+        );
+        let wraps = LocalSource {
+            addr: u64::MAX - 8,
+            extent: 16,
+            count: 2,
+            runs: vec![(0, 12)],
+        };
+        rts.size = 24;
+        assert!(
+            decode_message(&message(rts, &wraps.encode())).is_err(),
+            "wraps"
+        );
+        // A copy share names a range inside the receive buffer it describes.
+        let mut share = Header::new(MsgKind::CopyShare);
+        share.size = 12;
+        share.len = 12;
+        assert!(decode_message(&message(share, &encoded)).is_ok());
+        share.len = 13;
+        assert!(decode_message(&message(share, &encoded)).is_err());
+        share.size = u64::MAX;
+        assert!(decode_message(&message(share, &encoded)).is_err());
+        let done = Header::new(MsgKind::ShareDone);
+        assert!(decode_message(&message(done, &[])).is_ok());
+        assert!(
+            decode_message(&message(done, b"x")).is_err(),
+            "a control message with a payload"
         );
     }
 }

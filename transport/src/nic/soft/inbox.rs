@@ -136,7 +136,7 @@ impl Inbox {
 mod tests {
     use super::*;
     use crate::nic::soft::ring::{Header, RING_BYTES};
-    use crate::nic::soft::shm::SharedSegment;
+    use crate::sys::SharedSegment;
 
     #[test]
     fn announced_rings_join_the_hot_set_and_idle_ones_leave_it() {

@@ -47,7 +47,6 @@ mod receive_fault;
 mod regions;
 pub(crate) mod ring;
 #[allow(unsafe_code)]
-mod shm;
 pub(crate) mod tcp;
 mod tpt;
 mod tpt_cache;
@@ -77,6 +76,7 @@ use crate::nic::{
 };
 use crate::sys::{self, CmaDirection, Extent, ProcessHandle};
 
+use crate::sys::SharedSegment;
 use ack::{AckLine, ACK_LINE_BYTES, ACK_WORDS};
 use bound::BoundWatch;
 use engine::Engine;
@@ -85,7 +85,6 @@ use odp_watch::PresentWatch;
 use pin::{PinAccount, RegionPin};
 use present::{PresentBits, PRESENT_BYTES};
 use ring::RING_BYTES;
-use shm::SharedSegment;
 use tpt::{Tpt, Translation, ADDRESS_SPACE_END, MAX_MRS, TPT_BYTES};
 use tpt_cache::{MissSide, TranslationCache};
 

@@ -14,7 +14,7 @@
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 
-use super::shm::SharedSegment;
+use crate::sys::SharedSegment;
 
 /// Bytes per slot: a 64-byte header plus payload (the soft NIC's MTU).
 pub(crate) const SLOT_BYTES: usize = 16 * 1024;

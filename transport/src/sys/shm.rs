@@ -1,5 +1,6 @@
 //! POSIX shared-memory segments: the soft NIC's wire (rings), its translation and protection
-//! table and its ODP present bitmap live in them (one of the few modules with `unsafe`).
+//! table and its ODP present bitmap live in them, and so do the local path's cells (one of
+//! the few modules with `unsafe`).
 //!
 //! Everything shared across processes is accessed as atomics ([`SharedSegment::words`]) or
 //! copied in and out as bytes under the ring protocol's acquire/release ordering.
@@ -258,6 +259,25 @@ impl SharedSegment {
         // SAFETY: in bounds; the ring protocol gives the writer exclusive use of the slot
         // until it publishes it with a release store.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(offset), src.len()) };
+    }
+
+    /// `len` bytes of the segment at `offset`, to read in place: a ring entry that the
+    /// writer published with a release store this process acquired, and that the writer
+    /// leaves alone until this process releases it (the local path's cells).
+    pub(crate) fn bytes(&self, offset: usize, len: usize) -> &[u8] {
+        assert!(offset + len <= self.len, "bytes out of segment");
+        // SAFETY: in bounds; by the ring protocol nobody writes these bytes while the
+        // reader holds them (the writer reuses an entry only after the reader moved past it).
+        unsafe { std::slice::from_raw_parts(self.ptr.add(offset), len) }
+    }
+
+    /// `len` bytes of the segment at `offset`, to write in place: a ring entry this process
+    /// owns as the writer until it publishes it (the local path's cells).
+    pub(crate) fn bytes_mut(&mut self, offset: usize, len: usize) -> &mut [u8] {
+        assert!(offset + len <= self.len, "bytes out of segment");
+        // SAFETY: in bounds; `&mut self` makes the slice the only one this process has, and
+        // by the ring protocol the reader does not look at an entry before it is published.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(offset), len) }
     }
 
     /// Copies bytes of the segment at `offset` into `dst`.

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Pagewire's local path next to MPICH on one host: the same two binaries, imb-bench and
+# beff built with the `mpi` feature, on 2 ranks in three configurations:
+#   mpich  mpirun -np 2 -bind-to core BIN --transport mpi   (every call to the host MPICH)
+#   local  pwrun -n 2 --bind-to core BIN, PAGEWIRE_LOCAL=shm (shared memory + CMA, default)
+#   nic    the same with PAGEWIRE_LOCAL=nic PAGEWIRE_MODE=copy (local traffic on the soft NIC)
+# Benchmarks: imb-bench PingPong Sendrecv Allreduce -msglog 0:22, warm and with
+# -off_cache -1; beff --short --test --memory-per-process 128 (the reference run's settings).
+# The three configurations alternate, benchmark by benchmark, for ROUNDS rounds (the order
+# rotates each round). Every raw output is kept in OUTDIR as CONFIG-BENCH-rROUND.txt (stderr
+# in .err when not empty), with machine.txt; tools/bench/local_path_table.py then prints a
+# Markdown table (also OUTDIR/summary.md): MPICH's time, median over the rounds, and for
+# local and nic the ratio pagewire/MPICH as median (min-max) of the rounds' ratios (time:
+# below 1 = pagewire faster; b_eff MB/s: above 1 = pagewire better). rows.tsv has every figure.
+# About 1 minute per round on 2 cores after the build.
+#
+# Usage: tools/bench/local_path.sh [OUTDIR]   (default: target/bench/local_path)
+# Environment (defaults in brackets):
+#   ROUNDS [3]            rounds of the three configurations
+#   MSGLOG [0:22]         imb-bench -msglog (e.g. 0:16 for a quick check)
+#   IMB_BENCHMARKS [PingPong Sendrecv Allreduce]
+#   IMB_ARGS []           more imb-bench flags, e.g. "-iter 200" or "-time 2"
+#   BEFF_ARGS [--short --test --memory-per-process 128]
+#   SIZES [0,8,1K,64K,1M,4M]  sizes in the table (K/M suffixes), or `all`
+#   TIMEOUT [300]         seconds per run before it is stopped (counted as failed)
+#   BUILD [1]             0: use the binaries already built (target/mpi, target/release)
+# Needs what .ci/mpi.sh installs (mpich, libmpich-dev, libclang-dev, pkg-config) and python3.
+# Exit status 1 when a run failed (its row then lacks that configuration; see failures.txt).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:-target/bench/local_path}
+rounds=${ROUNDS:-3}
+msglog=${MSGLOG:-0:22}
+read -r -a imb_benchmarks <<< "${IMB_BENCHMARKS:-PingPong Sendrecv Allreduce}"
+read -r -a imb_extra <<< "${IMB_ARGS:-}"
+read -r -a beff_args <<< "${BEFF_ARGS:---short --test --memory-per-process 128}"
+sizes=${SIZES:-0,8,1K,64K,1M,4M}
+limit=${TIMEOUT:-300}
+mkdir -p "$out"
+# Raw outputs of an earlier run in this directory must not mix with this one's.
+rm -f "$out"/{mpich,local,nic}-*-r*.txt "$out"/{mpich,local,nic}-*-r*.err \
+  "$out"/failures.txt "$out"/summary.md "$out"/rows.tsv
+mpirun=(mpirun)
+command -v ssh >/dev/null 2>&1 || mpirun+=(-launcher fork)
+
+if [ "${BUILD:-1}" != 0 ]; then
+  cargo build --release -q --features mpi -p imb-bench -p beff --target-dir target/mpi
+  cargo build --release -q -p pagewire-tools --bin pwrun
+fi
+imb=target/mpi/release/imb-bench
+beff=target/mpi/release/beff
+pwrun=target/release/pwrun
+for bin in "$imb" "$beff" "$pwrun"; do
+  [ -x "$bin" ] || { echo "local_path.sh: $bin is missing (run without BUILD=0)" >&2; exit 2; }
+done
+
+load() { cut -d' ' -f1-3 /proc/loadavg; }
+{
+  echo "# $(date -u +%FT%TZ)"
+  echo "uname: $(uname -a)"
+  echo "nproc: $(nproc)"
+  echo "load before: $(load)"
+  mpirun --version 2>&1 | sed -n 1,3p | sed 's/^/mpirun: /'
+  echo "pagewire: $(git rev-parse --short HEAD 2>/dev/null || echo '?')," \
+    "$(git status --porcelain 2>/dev/null | wc -l) files changed or new in the work tree"
+  echo "rounds: $rounds; imb-bench ${imb_benchmarks[*]} -msglog $msglog${imb_extra[*]:+ ${imb_extra[*]}}" \
+    "(warm, and -off_cache -1); beff ${beff_args[*]}"
+} > "$out/machine.txt"
+busy=$(awk -v n="$(nproc)" '{ print ($1 > n / 2) ? 1 : 0 }' /proc/loadavg)
+[ "$busy" = 1 ] && echo "local_path.sh: warning: load $(load) on $(nproc) cores; the figures will be noisy" >&2
+
+failed=0
+# CONFIG BENCH ROUND PROGRAM ARGS... -> $out/CONFIG-BENCH-rROUND.txt (and .err)
+run() {
+  local config=$1 bench=$2 round=$3
+  shift 3
+  local base="$out/$config-$bench-r$round" rc=0
+  case $config in
+    mpich) timeout "$limit" "${mpirun[@]}" -np 2 -bind-to core "$@" --transport mpi ;;
+    local) env PAGEWIRE_LOCAL=shm PAGEWIRE_MODE=copy \
+             "$pwrun" -n 2 --bind-to core --timeout "$limit" -- "$@" --transport soft ;;
+    nic) env PAGEWIRE_LOCAL=nic PAGEWIRE_MODE=copy \
+           "$pwrun" -n 2 --bind-to core --timeout "$limit" -- "$@" --transport soft ;;
+  esac > "$base.txt" 2> "$base.err" || rc=$?
+  [ -s "$base.err" ] || rm -f "$base.err"
+  if [ "$rc" != 0 ]; then
+    echo "$config $bench round $round: exit status $rc (see $base.txt$([ -e "$base.err" ] && echo ", $base.err"))" |
+      tee -a "$out/failures.txt" >&2
+    failed=1
+  fi
+}
+
+configs=(mpich local nic)
+start=$SECONDS
+for ((r = 1; r <= rounds; r++)); do
+  # Rotate the order so that no configuration always runs first (or right after another).
+  k=$(((r - 1) % 3))
+  order=("${configs[@]:k}" "${configs[@]:0:k}")
+  echo "round $r/$rounds (${order[*]}), $((SECONDS - start)) s so far, load $(load)" >&2
+  for c in "${order[@]}"; do
+    run "$c" imb-warm "$r" "$imb" "${imb_benchmarks[@]}" -msglog "$msglog" --no-progress \
+      ${imb_extra[@]+"${imb_extra[@]}"}
+  done
+  for c in "${order[@]}"; do
+    run "$c" imb-offcache "$r" "$imb" "${imb_benchmarks[@]}" -msglog "$msglog" \
+      -off_cache -1 --no-progress ${imb_extra[@]+"${imb_extra[@]}"}
+  done
+  for c in "${order[@]}"; do
+    run "$c" beff "$r" "$beff" "${beff_args[@]}"
+  done
+done
+{
+  echo "load after: $(load)"
+  echo "run time: $((SECONDS - start)) s"
+} >> "$out/machine.txt"
+
+{
+  echo "# Pagewire's local path vs MPICH, 2 ranks on one host"
+  echo
+  sed 's/^/    /' "$out/machine.txt"
+  echo
+  echo "Times in µs (PingPong t[usec], Sendrecv and Allreduce t_avg[usec]); ratios are pagewire"
+  echo "over MPICH per round, median (min–max) over $rounds round(s): below 1 = pagewire faster."
+  echo "b_eff: ratio of MB/s, above 1 = pagewire better. local = PAGEWIRE_LOCAL=shm;"
+  echo "nic = PAGEWIRE_LOCAL=nic, PAGEWIRE_MODE=copy."
+  echo
+  python3 tools/bench/local_path_table.py "$out" "$rounds" "$sizes"
+  if [ -s "$out/failures.txt" ]; then
+    echo
+    echo "Failed runs (their rows come from partial outputs or are missing):"
+    sed 's/^/- /' "$out/failures.txt"
+  fi
+} > "$out/summary.md"
+cat "$out/summary.md"
+echo "(summary: $out/summary.md; raw outputs and rows.tsv in $out)" >&2
+exit "$failed"

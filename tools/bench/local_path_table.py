@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""The tables of tools/bench/local_path.sh: pagewire's local path next to MPICH.
+
+Reads the raw outputs that local_path.sh saves in OUTDIR, named CONFIG-BENCH-rROUND.txt:
+  CONFIG  mpich (the mpi transport under mpirun), local (PAGEWIRE_LOCAL=shm under pwrun),
+          nic (PAGEWIRE_LOCAL=nic, PAGEWIRE_MODE=copy, under pwrun);
+  BENCH   imb-warm, imb-offcache (imb-bench's IMB-MPI1 tables) or beff (b_eff's summary line).
+Writes OUTDIR/rows.tsv (every figure parsed, one per line) and prints a Markdown summary:
+per benchmark and message size the MPICH time (median over the rounds) and, for local and
+nic, the ratio pagewire / MPICH as `median (min-max)` over the rounds, each round's
+pagewire time divided by the MPICH time of the same round (the runs of a round are next
+to each other in time). Times are PingPong's t[usec] and the t_avg[usec] of the others;
+below 1 = pagewire faster. For b_eff the ratio is of MB/s: above 1 = pagewire better.
+
+Usage: local_path_table.py OUTDIR ROUNDS [SIZES]
+  SIZES: comma-separated byte counts with optional K/M suffix (default 0,8,1K,64K,1M,4M), or
+  `all` for every size measured.
+Standard library only.
+"""
+
+import os
+import re
+import statistics
+import sys
+
+CONFIGS = ("mpich", "local", "nic")
+PAGEWIRE = ("local", "nic")
+IMB = (("imb-warm", "warm"), ("imb-offcache", "off_cache -1"))
+BENCH_ORDER = ("PingPong", "Sendrecv", "Allreduce")
+BEFF_LINE = re.compile(r"^b_eff\S*\s*=\s*([0-9.]+)\s*MB/s")
+
+
+def parse_imb(path):
+    """{benchmark: {bytes: time_usec}} from one IMB-MPI1-style output."""
+    tables = {}
+    name = None
+    cols = None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            m = re.match(r"^#\s*Benchmarking\s+(\S+)", line)
+            if m:
+                name, cols = m.group(1), None
+                tables.setdefault(name, {})
+                continue
+            if name is None:
+                continue
+            stripped = line.strip()
+            if stripped.startswith("#bytes"):
+                cols = stripped.split()
+                continue
+            if cols and re.match(r"^\d", stripped):
+                fields = stripped.split()
+                if len(fields) < len(cols):
+                    continue
+                row = dict(zip(cols, fields))
+                t = row.get("t[usec]", row.get("t_avg[usec]"))
+                if t is None:
+                    continue
+                try:
+                    tables[name][int(row["#bytes"])] = float(t)
+                except ValueError:
+                    pass
+                continue
+            if cols is not None and (stripped == "" or stripped.startswith("#")):
+                # The end of this benchmark's table (the next one starts with its own line).
+                name, cols = None, None
+    return tables
+
+
+def parse_beff(path):
+    """b_eff in MB/s from beff's summary line, or None."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            m = BEFF_LINE.match(line)
+            if m:
+                return float(m.group(1))
+    return None
+
+
+def parse_sizes(spec):
+    if spec.strip().lower() == "all":
+        return None
+    out = []
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        mult = 1
+        if item[-1] in "kK":
+            mult, item = 1024, item[:-1]
+        elif item[-1] in "mM":
+            mult, item = 1024 * 1024, item[:-1]
+        out.append(int(item) * mult)
+    return out
+
+
+def human(n):
+    if n >= 1 << 20 and n % (1 << 20) == 0:
+        return f"{n >> 20} MiB"
+    if n >= 1 << 10 and n % (1 << 10) == 0:
+        return f"{n >> 10} KiB"
+    return f"{n} B"
+
+
+def fmt_time(t):
+    if t >= 100:
+        return f"{t:.0f}"
+    if t >= 10:
+        return f"{t:.1f}"
+    return f"{t:.2f}"
+
+
+def fmt_ratios(ratios):
+    if not ratios:
+        return "—"
+    med = statistics.median(ratios)
+    if len(ratios) == 1:
+        return f"{med:.2f}"
+    return f"{med:.2f} ({min(ratios):.2f}–{max(ratios):.2f})"
+
+
+def ratios_for(data, key, config, rounds):
+    """Per-round ratios config / mpich, over the rounds where both were measured."""
+    out = []
+    for r in rounds:
+        p = data.get((config, r), {}).get(key)
+        m = data.get(("mpich", r), {}).get(key)
+        if p is not None and m:
+            out.append(p / m)
+    return out
+
+
+def main(argv):
+    if len(argv) < 3:
+        sys.stderr.write(__doc__)
+        return 2
+    outdir, nrounds = argv[1], int(argv[2])
+    sizes = parse_sizes(argv[3] if len(argv) > 3 else "0,8,1K,64K,1M,4M")
+    rounds = range(1, nrounds + 1)
+
+    # imb[(config, round)][(bench_id, benchmark, bytes)] = usec
+    imb = {}
+    beff = {}
+    missing = []
+    rows = []
+    for config in CONFIGS:
+        for r in rounds:
+            for bench_id, _label in IMB:
+                path = os.path.join(outdir, f"{config}-{bench_id}-r{r}.txt")
+                if not os.path.exists(path):
+                    missing.append(os.path.basename(path))
+                    continue
+                tables = parse_imb(path)
+                if not tables:
+                    missing.append(os.path.basename(path) + " (no IMB table)")
+                d = imb.setdefault((config, r), {})
+                for bench, tab in tables.items():
+                    for nbytes, t in tab.items():
+                        d[(bench_id, bench, nbytes)] = t
+                        rows.append((config, bench_id, bench, r, nbytes, t))
+            path = os.path.join(outdir, f"{config}-beff-r{r}.txt")
+            if os.path.exists(path):
+                v = parse_beff(path)
+                if v is None:
+                    missing.append(os.path.basename(path) + " (no b_eff line)")
+                else:
+                    beff.setdefault((config, r), {})["b_eff"] = v
+                    rows.append((config, "beff", "b_eff", r, "", v))
+            else:
+                missing.append(os.path.basename(path))
+
+    with open(os.path.join(outdir, "rows.tsv"), "w", encoding="utf-8") as f:
+        f.write("config\tbench\tbenchmark\tround\tbytes\tvalue\n")
+        for row in rows:
+            f.write("\t".join(str(x) for x in row) + "\n")
+
+    # Every (bench_id, benchmark, bytes) MPICH measured in some round.
+    keys = set()
+    for (config, _r), d in imb.items():
+        if config == "mpich":
+            keys.update(d.keys())
+    benchmarks = sorted({k[1] for k in keys},
+                        key=lambda b: (BENCH_ORDER.index(b) if b in BENCH_ORDER else 99, b))
+
+    out = []
+    out.append("| benchmark | buffers | size | MPICH µs | local/MPICH | nic/MPICH |")
+    out.append("|---|---|---:|---:|---:|---:|")
+    for bench in benchmarks:
+        for bench_id, label in IMB:
+            measured = sorted(k[2] for k in keys if k[0] == bench_id and k[1] == bench)
+            shown = measured if sizes is None else [s for s in sizes if s in measured]
+            for nbytes in shown:
+                key = (bench_id, bench, nbytes)
+                mpich = [imb[("mpich", r)][key] for r in rounds
+                         if key in imb.get(("mpich", r), {})]
+                cells = [fmt_ratios(ratios_for(imb, key, c, rounds)) for c in PAGEWIRE]
+                out.append(f"| {bench} | {label} | {human(nbytes)} | "
+                           f"{fmt_time(statistics.median(mpich))} | {cells[0]} | {cells[1]} |")
+    out.append("")
+    out.append("| b_eff | MPICH MB/s | local/MPICH | nic/MPICH |")
+    out.append("|---|---:|---:|---:|")
+    mpich = [beff[("mpich", r)]["b_eff"] for r in rounds if ("mpich", r) in beff]
+    cells = [fmt_ratios(ratios_for(beff, "b_eff", c, rounds)) for c in PAGEWIRE]
+    med = f"{statistics.median(mpich):.0f}" if mpich else "—"
+    out.append(f"| b_eff | {med} | {cells[0]} | {cells[1]} |")
+    if missing:
+        out.append("")
+        out.append("Missing or unparsable outputs: " + ", ".join(missing))
+    print("\n".join(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

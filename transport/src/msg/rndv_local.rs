@@ -1,0 +1,445 @@
+//! The local rendezvous: a message larger than the eager limit to a rank of this host moves
+//! with one kernel copy, no registration and no NIC, as MPICH's CH4 POSIX transport (CMA),
+//! Open MPI (`smsc/cma`) and UCX (`cma`) move large messages within a node.
+//!
+//! The RTS, through the local path's ring, names where the sender's bytes lie
+//! ([`wire::LocalSource`]: the buffer's address and, for a buffer with gaps, one element's
+//! runs; a buffer whose runs do not fit the RTS is packed first). Once the message matches,
+//! the receiver copies it into its buffer with `process_vm_readv`, completes its receive and
+//! answers CopyDone, which ends the send. A receive buffer shorter than the message gets its
+//! prefix and the truncation error, as on the NIC path.
+//!
+//! From `PAGEWIRE_RNDV_SPLIT_MIN` bytes (64 KiB) both CPUs copy, as the NIC path's split
+//! rendezvous does: the receiver first sends CopyShare, describing its buffer, and copies
+//! the front half while the sender writes the back half with `process_vm_writev` and
+//! answers ShareDone; the receive completes when both halves are in.
+
+use super::wire::{self, Header, LocalSource, MsgKind, HEADER_BYTES};
+use super::*;
+use crate::buffer_mode::{Layout, UserMemory};
+use crate::sys::{self, CmaDirection, Extent};
+
+/// A contiguous run of `len` bytes at `addr`.
+fn contiguous(addr: u64, len: u64) -> LocalSource {
+    LocalSource {
+        addr,
+        extent: len,
+        count: 1,
+        runs: vec![(0, len)],
+    }
+}
+
+/// Where the bytes of user memory `mem` lie, if that fits in `room` bytes.
+fn description(mem: &UserMemory, room: usize) -> Option<LocalSource> {
+    let Some(layout) = mem.layout() else {
+        return Some(contiguous(mem.addr(), mem.len() as u64));
+    };
+    let runs: Vec<(u64, u64)> = layout.element_runs().collect();
+    (LocalSource::encoded_len(runs.len()) <= room).then(|| LocalSource {
+        addr: mem.addr(),
+        extent: layout.extent(),
+        count: layout.count(),
+        runs,
+    })
+}
+
+/// Where a send buffer's bytes lie for the receiver, within `room` bytes of RTS payload:
+/// the buffer itself, or a packed copy of it (returned, to keep until the copy is done).
+fn describe(buf: &UserBuf, room: usize) -> (LocalSource, Option<Vec<u8>>) {
+    if let Some(source) = description(buf, room) {
+        return (source, None);
+    }
+    let mut packed = vec![0u8; buf.len()];
+    buf.read(0, &mut packed);
+    (
+        contiguous(packed.as_ptr() as u64, packed.len() as u64),
+        Some(packed),
+    )
+}
+
+/// Message bytes `[at, at + n)` of `source`, as extents of its owner's address space.
+fn source_extents(source: &LocalSource, at: usize, n: usize) -> Vec<Extent> {
+    let layout = Layout::new(source.runs.iter().copied(), source.extent, source.count);
+    layout
+        .pieces(at as u64, n as u64)
+        .map(|p| Extent {
+            addr: source.addr.wrapping_add(p.offset),
+            len: p.len,
+        })
+        .collect()
+}
+
+/// Message bytes `[at, at + n)` of user memory `mem`, as extents of this process.
+fn memory_extents(mem: &UserMemory, at: usize, n: usize) -> Vec<Extent> {
+    match mem.layout() {
+        None => vec![Extent {
+            addr: mem.addr() + at as u64,
+            len: n as u64,
+        }],
+        Some(layout) => layout
+            .pieces(at as u64, n as u64)
+            .map(|p| Extent {
+                addr: mem.addr() + p.offset,
+                len: p.len,
+            })
+            .collect(),
+    }
+}
+
+/// A receive whose local rendezvous both sides copy: what it waits for.
+pub(crate) struct LocalSplitRecv {
+    /// The sender.
+    pub peer: usize,
+    /// The message's tag and size.
+    pub tag: i32,
+    pub size: usize,
+    /// This side's copy of the front failed with this.
+    pub failed: Option<Error>,
+}
+
+/// Where a split copy of `n` bytes changes hands: the receiver copies `[0, k)`, the sender
+/// `[k, n)`.
+fn split_point(n: usize) -> usize {
+    (n / 2) & !63
+}
+
+impl PointToPoint {
+    /// Sends the RTS of send `id` to local peer `peer`; false if its ring is full.
+    pub(crate) fn start_local_rndv_send(&mut self, peer: usize, id: RequestId) -> Result<bool> {
+        let Some(Req::Send(s)) = self.reqs.get(id) else {
+            return Ok(true);
+        };
+        let (buf, tag, context) = (s.buf.clone(), s.tag, s.context);
+        let room = self.local.as_ref().map_or(0, |l| l.capacity()) - HEADER_BYTES;
+        let (source, packed) = describe(&buf, room);
+        let mut h = Header::new(MsgKind::Rts);
+        h.flags = wire::LOCAL_COPY;
+        h.tag = tag;
+        h.context = context;
+        h.size = buf.len() as u64;
+        h.sreq = id.0;
+        if !self.send_message(peer, h, Payload::Bytes(&source.encode()))? {
+            return Ok(false);
+        }
+        self.counters.rndv_sent += 1;
+        if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
+            s.state = SendState::LocalCopy { _packed: packed };
+        }
+        Ok(true)
+    }
+
+    /// Receive `rid` matched the local RTS `h` of `peer`: copies the message out of the
+    /// sender's memory, completes the receive and tells the sender.
+    pub(crate) fn local_rndv_recv(
+        &mut self,
+        rid: RequestId,
+        peer: usize,
+        h: Header,
+        source: &LocalSource,
+    ) -> Result<()> {
+        let Some(Req::Recv(r)) = self.reqs.get(rid) else {
+            return Ok(());
+        };
+        let buf = r.buf.clone();
+        let size = h.size as usize;
+        let n = size.min(buf.len());
+        let pid = self
+            .local
+            .as_ref()
+            .and_then(|l| l.pid_of(peer))
+            .expect("a local RTS comes from a local peer");
+        if n >= self.cfg.split_min && self.share_local_copy(rid, peer, &h, n)? {
+            // The sender copies the back; this side the front.
+            let k = split_point(n);
+            let front = sys::cma_copy(
+                pid,
+                CmaDirection::Read,
+                &memory_extents(&buf, 0, k),
+                &source_extents(source, 0, k),
+            );
+            return self.front_copied(rid, peer, &h, pid, front);
+        }
+        let copied = sys::cma_copy(
+            pid,
+            CmaDirection::Read,
+            &memory_extents(&buf, 0, n),
+            &source_extents(source, 0, n),
+        );
+        let env = Envelope {
+            source: peer,
+            tag: h.tag,
+            context: h.context,
+        };
+        let mut done = Header::new(MsgKind::CopyDone);
+        done.sreq = h.sreq;
+        match copied {
+            Ok(_) => self.complete_eager(rid, env, size, buf.len()),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                // The sender is gone, as a NIC's retries would find: this receive and every
+                // other operation with it fail.
+                let what = "receiving a local message";
+                self.fail_peer(peer, WcStatus::RetryExceeded, what);
+                let status = WcStatus::RetryExceeded;
+                self.fail_request(rid, Error::Communication { peer, status, what }, true);
+                return Ok(());
+            }
+            Err(e) => {
+                done.flags |= wire::COPY_FAILED;
+                let what = format!("copying a {size}-byte message from rank {peer} (pid {pid})");
+                self.complete(rid, Err(Error::os(what, e)));
+            }
+        }
+        self.send_control(peer, done)
+    }
+
+    /// Asks the sender of local RTS `h` to write the back of the message (`n` bytes land)
+    /// into receive `rid`'s buffer: true if CopyShare went out (false: its ring is full or
+    /// the buffer's description does not fit; this side then copies everything).
+    fn share_local_copy(
+        &mut self,
+        rid: RequestId,
+        peer: usize,
+        h: &Header,
+        n: usize,
+    ) -> Result<bool> {
+        let Some(Req::Recv(r)) = self.reqs.get(rid) else {
+            return Ok(false);
+        };
+        let room = self.local.as_ref().map_or(0, |l| l.capacity()) - HEADER_BYTES;
+        let Some(desc) = description(&r.buf, room) else {
+            return Ok(false);
+        };
+        let k = split_point(n);
+        let mut share = Header::new(MsgKind::CopyShare);
+        share.sreq = h.sreq;
+        share.rreq = rid.0;
+        share.size = k as u64;
+        share.len = (n - k) as u64;
+        if !self.send_message(peer, share, Payload::Bytes(&desc.encode()))? {
+            return Ok(false);
+        }
+        self.counters.rndv_split += 1;
+        if let Some(Req::Recv(r)) = self.reqs.get_mut(rid) {
+            r.state = RecvState::LocalSplit(LocalSplitRecv {
+                peer,
+                tag: h.tag,
+                size: h.size as usize,
+                failed: None,
+            });
+        }
+        Ok(true)
+    }
+
+    /// This side copied the front of split receive `rid` (`front`: how that went): tells the
+    /// sender, and waits for its ShareDone.
+    fn front_copied(
+        &mut self,
+        rid: RequestId,
+        peer: usize,
+        h: &Header,
+        pid: u32,
+        front: std::io::Result<u64>,
+    ) -> Result<()> {
+        let mut done = Header::new(MsgKind::CopyDone);
+        done.sreq = h.sreq;
+        match front {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                let what = "receiving a local message";
+                self.fail_peer(peer, WcStatus::RetryExceeded, what);
+                return Ok(());
+            }
+            Err(e) => {
+                done.flags |= wire::COPY_FAILED;
+                let size = h.size;
+                let what = format!("copying a {size}-byte message from rank {peer} (pid {pid})");
+                if let Some(Req::Recv(r)) = self.reqs.get_mut(rid) {
+                    if let RecvState::LocalSplit(ls) = &mut r.state {
+                        ls.failed = Some(Error::os(what, e));
+                    }
+                }
+            }
+        }
+        self.send_control(peer, done)
+    }
+
+    /// The sender of a split local rendezvous asks, by CopyShare `h`, for the back of its
+    /// message to be written into the receiver's buffer `dest`: writes it, and answers.
+    pub(crate) fn local_copy_share(
+        &mut self,
+        peer: usize,
+        h: Header,
+        dest: &LocalSource,
+    ) -> Result<()> {
+        let id = RequestId(h.sreq);
+        let Some(Req::Send(s)) = self.reqs.get(id) else {
+            self.protocol_violation(peer, "a copy share for no send");
+            return Ok(());
+        };
+        let SendState::LocalCopy { _packed: packed } = &s.state else {
+            self.protocol_violation(peer, "a copy share for a send that is not a local one");
+            return Ok(());
+        };
+        let (at, n) = (h.size as usize, h.len as usize);
+        if s.peer != peer || at.checked_add(n).is_none_or(|end| end > s.buf.len()) {
+            self.protocol_violation(peer, "a copy share outside the message");
+            return Ok(());
+        }
+        let local = match packed {
+            Some(p) => vec![Extent {
+                addr: p.as_ptr() as u64 + at as u64,
+                len: n as u64,
+            }],
+            None => memory_extents(&s.buf, at, n),
+        };
+        let pid = self
+            .local
+            .as_ref()
+            .and_then(|l| l.pid_of(peer))
+            .expect("a local peer");
+        let written = sys::cma_copy(
+            pid,
+            CmaDirection::Write,
+            &local,
+            &source_extents(dest, at, n),
+        );
+        let mut done = Header::new(MsgKind::ShareDone);
+        done.rreq = h.rreq;
+        match written {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                self.fail_peer(peer, WcStatus::RetryExceeded, "sending a local message");
+                return Ok(());
+            }
+            Err(_) => done.flags |= wire::COPY_FAILED,
+        }
+        self.send_control(peer, done)
+    }
+
+    /// The sender of split receive `h.rreq` wrote the back: the receive completes.
+    pub(crate) fn local_share_done(&mut self, peer: usize, h: Header) {
+        let id = RequestId(h.rreq);
+        let Some(Req::Recv(r)) = self.reqs.get_mut(id) else {
+            return;
+        };
+        let RecvState::LocalSplit(ls) = &mut r.state else {
+            return;
+        };
+        if ls.peer != peer {
+            self.protocol_violation(peer, "a share-done for another rank's receive");
+            return;
+        }
+        let (tag, size, failed) = (ls.tag, ls.size, ls.failed.take());
+        let buffer_bytes = r.buf.len();
+        let env = Envelope {
+            source: peer,
+            tag,
+            context: r.sel.context,
+        };
+        match failed {
+            Some(e) => self.complete(id, Err(e)),
+            None if h.flags & wire::COPY_FAILED != 0 => self.complete(
+                id,
+                Err(Error::Communication {
+                    peer,
+                    status: WcStatus::RemoteAccessError,
+                    what: "the sender writing the back of a local message",
+                }),
+            ),
+            None => self.complete_eager(id, env, size, buffer_bytes),
+        }
+    }
+
+    /// Local peer `peer` is done with the buffer of the send its CopyDone `h` names.
+    pub(crate) fn local_copy_done(&mut self, peer: usize, h: Header) {
+        let id = RequestId(h.sreq);
+        let Some(Req::Send(s)) = self.reqs.get(id) else {
+            return;
+        };
+        if !matches!(s.state, SendState::LocalCopy { .. }) {
+            return;
+        }
+        if s.peer != peer {
+            self.protocol_violation(peer, "a copy-done for another rank's send");
+            return;
+        }
+        let result = if h.flags & wire::COPY_FAILED != 0 {
+            Err(Error::Communication {
+                peer,
+                status: WcStatus::RemoteAccessError,
+                what: "the receiver reading this send's buffer",
+            })
+        } else {
+            Ok(Status {
+                source: self.rank(),
+                tag: s.tag,
+                count: s.buf.len(),
+            })
+        };
+        self.complete(id, result);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    #[allow(unsafe_code)]
+    fn a_contiguous_buffer_is_one_run_and_a_gapped_one_its_element() {
+        let data = [7u8; 64];
+        // SAFETY: `data` outlives the buffers and is not written.
+        let buf = unsafe { UserBuf::new(data.as_ptr(), 64) };
+        let (s, packed) = describe(&buf, 1024);
+        assert!(packed.is_none());
+        assert_eq!(
+            (s.addr, s.count, s.runs.clone()),
+            (data.as_ptr() as u64, 1, vec![(0, 64)])
+        );
+        assert_eq!(
+            source_extents(&s, 0, 10),
+            vec![Extent {
+                addr: data.as_ptr() as u64,
+                len: 10
+            }]
+        );
+        // Four elements 16 bytes apart, each bytes [0, 4) and [8, 12).
+        let layout = Arc::new(Layout::new([(0, 4), (8, 4)], 16, 4));
+        // SAFETY: as above; the runs lie in `data`.
+        let gapped = unsafe { UserBuf::gapped(data.as_ptr(), layout) };
+        let (s, packed) = describe(&gapped, 1024);
+        assert!(packed.is_none());
+        assert_eq!(
+            (s.extent, s.count, s.runs.clone()),
+            (16, 4, vec![(0, 4), (8, 4)])
+        );
+        let e = source_extents(&s, 0, 10);
+        let base = data.as_ptr() as u64;
+        assert_eq!(
+            e,
+            vec![
+                Extent { addr: base, len: 4 },
+                Extent {
+                    addr: base + 8,
+                    len: 4
+                },
+                Extent {
+                    addr: base + 16,
+                    len: 2
+                },
+            ]
+        );
+        // No room for the runs: a packed copy of the 32 message bytes, described as one run.
+        let (s, packed) = describe(&gapped, 40);
+        let packed = packed.expect("packed");
+        assert_eq!(packed, vec![7u8; 32]);
+        assert_eq!((s.addr, s.runs), (packed.as_ptr() as u64, vec![(0, 32)]));
+        let encoded = LocalSource::decode(&source_extents_source(&gapped).encode(), 32);
+        assert!(encoded.is_ok());
+    }
+
+    fn source_extents_source(buf: &UserBuf) -> LocalSource {
+        describe(buf, 1024).0
+    }
+}
