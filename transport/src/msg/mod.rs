@@ -83,6 +83,9 @@ const IDLE_POLLS_PER_CLOCK_READ: u32 = 256;
 /// Completions taken from the NIC per poll.
 const POLL_BATCH: usize = 64;
 
+/// Progress passes per NIC poll when every rank is reached through the local path.
+const NIC_POLL_EVERY_WHEN_LOCAL: u32 = 64;
+
 /// Per-layer counters (eager/rendezvous traffic, flow control).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MsgCounters {
@@ -141,6 +144,10 @@ pub struct PointToPoint {
     /// Rings in shared memory and CMA for the peers of this host (`crate::local`), unless
     /// `PAGEWIRE_LOCAL=nic` or no peer is local.
     pub(crate) local: Option<LocalPath>,
+    /// Every rank of the job is reached through the local path.
+    all_local: bool,
+    /// Progress passes so far (wrapping).
+    passes: u32,
 }
 
 impl std::fmt::Debug for PointToPoint {
@@ -272,7 +279,11 @@ impl PointToPoint {
             max_inline,
             max_send_wr,
             scratch: Vec::with_capacity(64),
+            all_local: local
+                .as_ref()
+                .is_some_and(|l| l.local_ranks().len() == size),
             local,
+            passes: 0,
         };
         p2p.yield_when_idle = match p2p.cfg.wait {
             WaitPolicy::Spin => false,
@@ -384,20 +395,26 @@ impl PointToPoint {
     pub fn progress(&mut self) -> Result<bool> {
         let mut events = 0usize;
         let mut first_err = None;
-        loop {
-            self.scratch.clear();
-            let n = self.nic.poll_cq(self.cq, &mut self.scratch, POLL_BATCH)?;
-            events += n;
-            let batch = std::mem::take(&mut self.scratch);
-            for c in &batch {
-                // Every completion of the batch is handled, even after an error.
-                if let Err(e) = self.handle_completion(c) {
-                    first_err.get_or_insert(e);
+        // With every rank on the local path the NIC carries only liveness probes: it is
+        // polled on one pass in NIC_POLL_EVERY_WHEN_LOCAL, not on each.
+        self.passes = self.passes.wrapping_add(1);
+        let poll_nic = !self.all_local || self.passes % NIC_POLL_EVERY_WHEN_LOCAL == 0;
+        if poll_nic {
+            loop {
+                self.scratch.clear();
+                let n = self.nic.poll_cq(self.cq, &mut self.scratch, POLL_BATCH)?;
+                events += n;
+                let batch = std::mem::take(&mut self.scratch);
+                for c in &batch {
+                    // Every completion of the batch is handled, even after an error.
+                    if let Err(e) = self.handle_completion(c) {
+                        first_err.get_or_insert(e);
+                    }
                 }
-            }
-            self.scratch = batch;
-            if n < POLL_BATCH {
-                break;
+                self.scratch = batch;
+                if n < POLL_BATCH {
+                    break;
+                }
             }
         }
         if self.local.is_some() {
