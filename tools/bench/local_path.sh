@@ -18,7 +18,8 @@
 # Environment (defaults in brackets):
 #   ROUNDS [3]            rounds of the three configurations
 #   MSGLOG [0:22]         imb-bench -msglog (e.g. 0:16 for a quick check)
-#   IMB_BENCHMARKS [PingPong Sendrecv Allreduce]
+#   IMB_BENCHMARKS [PingPong Sendrecv Exchange Allreduce Bcast Alltoall]
+#   NP [2]                ranks (4 on this 2-core machine: oversubscribed; IMB's -npmin NP)
 #   IMB_ARGS []           more imb-bench flags, e.g. "-iter 200" or "-time 2"
 #   BEFF_ARGS [--short --test --memory-per-process 128]
 #   SIZES [0,8,1K,64K,1M,4M]  sizes in the table (K/M suffixes), or `all`
@@ -31,7 +32,8 @@ cd "$(dirname "$0")/../.."
 out=${1:-target/bench/local_path}
 rounds=${ROUNDS:-3}
 msglog=${MSGLOG:-0:22}
-read -r -a imb_benchmarks <<< "${IMB_BENCHMARKS:-PingPong Sendrecv Allreduce}"
+read -r -a imb_benchmarks <<< "${IMB_BENCHMARKS:-PingPong Sendrecv Exchange Allreduce Bcast Alltoall}"
+np=${NP:-2}
 read -r -a imb_extra <<< "${IMB_ARGS:-}"
 read -r -a beff_args <<< "${BEFF_ARGS:---short --test --memory-per-process 128}"
 sizes=${SIZES:-0,8,1K,64K,1M,4M}
@@ -76,11 +78,11 @@ run() {
   shift 3
   local base="$out/$config-$bench-r$round" rc=0
   case $config in
-    mpich) timeout "$limit" "${mpirun[@]}" -np 2 -bind-to core "$@" --transport mpi ;;
+    mpich) timeout "$limit" "${mpirun[@]}" -np "$np" -bind-to core "$@" --transport mpi ;;
     local) env PAGEWIRE_LOCAL=shm PAGEWIRE_MODE=copy \
-             "$pwrun" -n 2 --bind-to core --timeout "$limit" -- "$@" --transport soft ;;
+             "$pwrun" -n "$np" --bind-to core --timeout "$limit" -- "$@" --transport soft ;;
     nic) env PAGEWIRE_LOCAL=nic PAGEWIRE_MODE=copy \
-           "$pwrun" -n 2 --bind-to core --timeout "$limit" -- "$@" --transport soft ;;
+           "$pwrun" -n "$np" --bind-to core --timeout "$limit" -- "$@" --transport soft ;;
   esac > "$base.txt" 2> "$base.err" || rc=$?
   [ -s "$base.err" ] || rm -f "$base.err"
   if [ "$rc" != 0 ]; then
@@ -98,11 +100,11 @@ for ((r = 1; r <= rounds; r++)); do
   order=("${configs[@]:k}" "${configs[@]:0:k}")
   echo "round $r/$rounds (${order[*]}), $((SECONDS - start)) s so far, load $(load)" >&2
   for c in "${order[@]}"; do
-    run "$c" imb-warm "$r" "$imb" "${imb_benchmarks[@]}" -msglog "$msglog" --no-progress \
+    run "$c" imb-warm "$r" "$imb" "${imb_benchmarks[@]}" -msglog "$msglog" -npmin "$np" --no-progress \
       ${imb_extra[@]+"${imb_extra[@]}"}
   done
   for c in "${order[@]}"; do
-    run "$c" imb-offcache "$r" "$imb" "${imb_benchmarks[@]}" -msglog "$msglog" \
+    run "$c" imb-offcache "$r" "$imb" "${imb_benchmarks[@]}" -msglog "$msglog" -npmin "$np" \
       -off_cache -1 --no-progress ${imb_extra[@]+"${imb_extra[@]}"}
   done
   for c in "${order[@]}"; do
@@ -115,11 +117,11 @@ done
 } >> "$out/machine.txt"
 
 {
-  echo "# Pagewire's local path vs MPICH, 2 ranks on one host"
+  echo "# Pagewire's local path vs MPICH, $np ranks on one host"
   echo
   sed 's/^/    /' "$out/machine.txt"
   echo
-  echo "Times in µs (PingPong t[usec], Sendrecv and Allreduce t_avg[usec]); ratios are pagewire"
+  echo "Times in µs (PingPong t[usec], the others' t_avg[usec]); ratios are pagewire"
   echo "over MPICH per round, median (min–max) over $rounds round(s): below 1 = pagewire faster."
   echo "b_eff: ratio of MB/s, above 1 = pagewire better. local = PAGEWIRE_LOCAL=shm;"
   echo "nic = PAGEWIRE_LOCAL=nic, PAGEWIRE_MODE=copy."

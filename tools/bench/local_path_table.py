@@ -26,7 +26,7 @@ import sys
 CONFIGS = ("mpich", "local", "nic")
 PAGEWIRE = ("local", "nic")
 IMB = (("imb-warm", "warm"), ("imb-offcache", "off_cache -1"))
-BENCH_ORDER = ("PingPong", "Sendrecv", "Allreduce")
+BENCH_ORDER = ("PingPong", "Sendrecv", "Exchange", "Allreduce", "Bcast", "Alltoall")
 BEFF_LINE = re.compile(r"^b_eff\S*\s*=\s*([0-9.]+)\s*MB/s")
 
 
