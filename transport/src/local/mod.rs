@@ -18,7 +18,7 @@ mod ring;
 
 use crate::boot::{self, Bootstrap};
 use crate::error::{Error, Result};
-use crate::sys::{self, CmaDirection, Extent, HostKey, SharedSegment, HOST_KEY_BYTES};
+use crate::sys::{self, HostKey, SharedSegment, HOST_KEY_BYTES};
 pub(crate) use ring::Geometry;
 
 /// How ranks of one host reach each other (`PAGEWIRE_LOCAL`).
@@ -79,7 +79,6 @@ struct LocalPeer {
 /// The local path of one rank: its rings and its local peers'.
 #[derive(Debug)]
 pub struct LocalPath {
-    rank: usize,
     own: SharedSegment,
     geometry: Geometry,
     peers: Vec<Option<LocalPeer>>,
@@ -121,17 +120,7 @@ fn decode_hello(rank: usize, b: &[u8]) -> Result<Hello> {
 
 /// Whether this process may read process `pid`'s memory with CMA: reads its probe word.
 fn cma_permitted(pid: u32, probe: u64) -> bool {
-    let mut word = [0u8; 8];
-    let local = [Extent {
-        addr: word.as_mut_ptr() as u64,
-        len: 8,
-    }];
-    let remote = [Extent {
-        addr: probe,
-        len: 8,
-    }];
-    sys::cma_copy(pid, CmaDirection::Read, &local, &remote).is_ok()
-        && u64::from_le_bytes(word) == ring::MAGIC
+    sys::cma_read_word(pid, probe) == Some(ring::MAGIC)
 }
 
 impl LocalPath {
@@ -146,18 +135,10 @@ impl LocalPath {
     ) -> Result<Option<LocalPath>> {
         let (rank, size) = (boot.rank(), boot.size());
         let shm = setting == LocalSetting::Shm;
-        if shm && size > 1 {
-            // Under Yama's ptrace scope 1 a process may read only its descendants' memory
-            // unless it is named their tracer: siblings of one launcher name it (as the soft
-            // NIC does). Should the kernel refuse, the probe below finds CMA forbidden.
-            if let (Some(1), parent) = (
-                sys::yama_ptrace_scope(),
-                std::os::unix::process::parent_id(),
-            ) {
-                if parent > 1 {
-                    let _ = sys::allow_cma_from_descendants_of(parent);
-                }
-            }
+        if shm {
+            // Under Yama's ptrace scope 1 siblings must name their launcher (as the soft
+            // NIC does); should the kernel refuse, the probe below finds CMA forbidden.
+            sys::admit_cma_from_siblings(size);
         }
         let hellos = boot
             .allgather(&encode_hello(shm))?
@@ -223,7 +204,6 @@ impl LocalPath {
             local.push(r);
         }
         Ok(Some(LocalPath {
-            rank,
             own,
             geometry,
             peers,
@@ -302,27 +282,6 @@ impl LocalPath {
         let p = self.peers[peer].as_mut().expect("a local peer");
         p.next += 1;
         self.geometry.consume(&self.own, p.inbound, p.next);
-    }
-
-    /// Messages from `peer` published and not yet released (for tests and reports).
-    pub fn pending_from(&self, peer: usize) -> u64 {
-        let Some(p) = self.peers[peer].as_ref() else {
-            return 0;
-        };
-        let mut n = 0;
-        while self
-            .geometry
-            .published(&self.own, p.inbound, p.next + n)
-            .is_some()
-        {
-            n += 1;
-        }
-        n
-    }
-
-    /// This rank.
-    pub fn rank(&self) -> usize {
-        self.rank
     }
 }
 

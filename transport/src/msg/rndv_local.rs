@@ -97,6 +97,12 @@ pub(crate) struct LocalSplitRecv {
     pub failed: Option<Error>,
 }
 
+/// Whether a CMA copy failed because the peer's process is gone (what a NIC's retries
+/// would find).
+fn process_gone(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ESRCH)
+}
+
 /// Where a split copy of `n` bytes changes hands: the receiver copies `[0, k)`, the sender
 /// `[k, n)`.
 fn split_point(n: usize) -> usize {
@@ -174,7 +180,7 @@ impl PointToPoint {
         done.sreq = h.sreq;
         match copied {
             Ok(_) => self.complete_eager(rid, env, size, buf.len()),
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+            Err(e) if process_gone(&e) => {
                 // The sender is gone, as a NIC's retries would find: this receive and every
                 // other operation with it fail.
                 let what = "receiving a local message";
@@ -244,7 +250,7 @@ impl PointToPoint {
         done.sreq = h.sreq;
         match front {
             Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+            Err(e) if process_gone(&e) => {
                 let what = "receiving a local message";
                 self.fail_peer(peer, WcStatus::RetryExceeded, what);
                 return Ok(());
@@ -307,7 +313,7 @@ impl PointToPoint {
         done.rreq = h.rreq;
         match written {
             Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+            Err(e) if process_gone(&e) => {
                 self.fail_peer(peer, WcStatus::RetryExceeded, "sending a local message");
                 return Ok(());
             }

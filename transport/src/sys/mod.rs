@@ -322,6 +322,51 @@ pub fn yama_ptrace_scope() -> Option<u32> {
         .ok()
 }
 
+/// The process whose descendants may read and write this rank's memory with CMA, when this
+/// rank must name one: under Yama's `ptrace_scope` 1, a process may only trace its own
+/// descendants or processes that named it (or one of its ancestors) their ptracer, so ranks
+/// that are siblings cannot use `process_vm_readv` on each other unless each names their
+/// common parent. That parent is `pwrun` (or the test or benchmark that launched the job),
+/// or under `mpirun` the launcher's local proxy (MPICH's `hydra_pmi_proxy`, Open MPI's
+/// `prted`): its descendants are this host's processes of the job, not other programs of
+/// the same user (`PR_SET_PTRACER_ANY` would admit those too).
+///
+/// `None` when nothing needs naming or naming would not help: a single-rank job (no peer
+/// reads its memory); no Yama, or scope 0 (siblings may already), 2 or 3 (only
+/// `CAP_SYS_PTRACE`, or nobody, whatever is named); a rank whose parent is gone or is
+/// `init` (pid 1, whose descendants are every process). Peers then find CMA forbidden at
+/// start-up (the soft NIC then stages payloads through its rings, the local path leaves
+/// the peer to the NIC).
+pub fn cma_ptracer(ranks: usize, yama_scope: Option<u32>, parent: u32) -> Option<u32> {
+    (ranks > 1 && yama_scope == Some(1) && parent > 1).then_some(parent)
+}
+
+/// Names this process's parent its CMA tracer where Yama needs that for the `ranks` ranks
+/// of a job to read each other's memory ([`cma_ptracer`]); a refusal is left for the
+/// callers' probes ([`cma_read_word`]) to find.
+pub fn admit_cma_from_siblings(ranks: usize) {
+    if let Some(tracer) = cma_ptracer(
+        ranks,
+        yama_ptrace_scope(),
+        std::os::unix::process::parent_id(),
+    ) {
+        let _ = allow_cma_from_descendants_of(tracer);
+    }
+}
+
+/// The 8-byte word at `addr` in process `pid`, read with CMA: `None` where the kernel does
+/// not let this process read it (the start-up probes of who may use CMA with whom).
+pub fn cma_read_word(pid: u32, addr: u64) -> Option<u64> {
+    let mut word = [0u8; 8];
+    let local = [Extent {
+        addr: word.as_mut_ptr() as u64,
+        len: 8,
+    }];
+    let remote = [Extent { addr, len: 8 }];
+    cma_copy(pid, CmaDirection::Read, &local, &remote).ok()?;
+    Some(u64::from_le_bytes(word))
+}
+
 /// Lets process `tracer` and its descendants read and write this process's memory with CMA
 /// when Yama restricts ptrace to descendants (`prctl(PR_SET_PTRACER, tracer)`, replacing
 /// any earlier exception). Sibling processes, such as the ranks of one job, need it to use
@@ -599,4 +644,24 @@ pub fn vm_locked_and_resident() -> io::Result<(u64, u64)> {
             .unwrap_or(0)
     };
     Ok((field("VmLck:"), field("VmRSS:")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cma_ptracer_is_the_parent_only_where_yama_needs_one() {
+        // Siblings under Yama scope 1 name their parent (pwrun, mpirun's proxy).
+        assert_eq!(cma_ptracer(4, Some(1), 4242), Some(4242));
+        // A single rank has no peer to admit.
+        assert_eq!(cma_ptracer(1, Some(1), 4242), None);
+        // No Yama, classic scope, admin-only or no ptrace at all: naming changes nothing.
+        for scope in [None, Some(0), Some(2), Some(3)] {
+            assert_eq!(cma_ptracer(4, scope, 4242), None, "{scope:?}");
+        }
+        // An orphan would admit every process by naming init.
+        assert_eq!(cma_ptracer(4, Some(1), 1), None);
+        assert_eq!(cma_ptracer(4, Some(1), 0), None);
+    }
 }

@@ -74,7 +74,7 @@ use crate::nic::{
     Access, Advice, Capabilities, Completion, Counters, CountersSnapshot, Endpoint, Nic, QpCaps,
     RecvWr, RegionInfo, SendWr, PAGE_SIZE,
 };
-use crate::sys::{self, CmaDirection, Extent, ProcessHandle};
+use crate::sys::{self, ProcessHandle};
 
 use crate::sys::SharedSegment;
 use ack::{AckLine, ACK_LINE_BYTES, ACK_WORDS};
@@ -177,15 +177,9 @@ impl SoftNic {
         own.seg.words(ODP_MONITORED, 1)[0].store(watch.uses_monitor() as u64, Release);
         // Peers read it after the barrier below, before their first access.
         own.tpt_cache().configure(config.tpt_cache);
-        if let Some(tracer) = cma_ptracer(
-            size,
-            sys::yama_ptrace_scope(),
-            std::os::unix::process::parent_id(),
-        ) {
-            // Should the kernel refuse, the probe below finds CMA forbidden and the peers
-            // stage payloads through the rings instead.
-            let _ = sys::allow_cma_from_descendants_of(tracer);
-        }
+        // Should the kernel refuse, the probe below finds CMA forbidden and the peers stage
+        // payloads through the rings instead.
+        sys::admit_cma_from_siblings(size);
         let probe = own.seg.addr_of(0);
         let wire_start = tcp::WireStart::new(&config.wire, rank, size)?;
         let mut mine = Vec::with_capacity(12 + tcp::WIRE_ADDRESS_BYTES);
@@ -242,7 +236,7 @@ impl SoftNic {
             let cma = match config.dma {
                 DmaMode::Staged => false,
                 DmaMode::Auto | DmaMode::Cma => {
-                    let ok = cma_permitted(pid, probe);
+                    let ok = sys::cma_read_word(pid, probe) == Some(MAGIC);
                     if !ok && config.dma == DmaMode::Cma {
                         return Err(Error::InvalidArgument(format!(
                             "PAGEWIRE_SOFT_DMA=cma, but the kernel forbids process_vm_readv from \
@@ -445,43 +439,6 @@ impl SoftNic {
             format!("{how}; regions follow their address range (no long-term pins or no memory monitor)")
         }
     }
-}
-
-/// The process whose descendants may read and write this rank's memory with CMA, when this
-/// rank must name one: under Yama's `ptrace_scope` 1, a process may only trace its own
-/// descendants or processes that named it (or one of its ancestors) their ptracer, so ranks
-/// that are siblings cannot use `process_vm_readv` on each other unless each names their
-/// common parent. That parent is `pwrun` (or the test or benchmark that launched the job),
-/// or under `mpirun` the launcher's local proxy (MPICH's `hydra_pmi_proxy`, Open MPI's
-/// `prted`): its descendants are this host's processes of the job, not other programs of
-/// the same user (`PR_SET_PTRACER_ANY` would admit those too).
-///
-/// `None` when nothing needs naming or naming would not help: a single-rank job (no peer
-/// reads its memory); no Yama, or scope 0 (siblings may already), 2 or 3 (only
-/// `CAP_SYS_PTRACE`, or nobody, whatever is named); a rank whose parent is gone or is
-/// `init` (pid 1, whose descendants are every process). Peers then find CMA forbidden at
-/// start-up and stage payloads through the rings.
-fn cma_ptracer(ranks: usize, yama_scope: Option<u32>, parent: u32) -> Option<u32> {
-    (ranks > 1 && yama_scope == Some(1) && parent > 1).then_some(parent)
-}
-
-fn cma_permitted(pid: u32, probe: u64) -> bool {
-    let mut word = [0u8; 8];
-    let local = [Extent {
-        addr: word.as_mut_ptr() as u64,
-        len: 8,
-    }];
-    let ok = sys::cma_copy(
-        pid,
-        CmaDirection::Read,
-        &local,
-        &[Extent {
-            addr: probe,
-            len: 8,
-        }],
-    )
-    .is_ok();
-    ok && u64::from_le_bytes(word) == MAGIC
 }
 
 impl Drop for SoftNic {
@@ -707,21 +664,6 @@ impl Nic for SoftNic {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_cma_ptracer_is_the_parent_only_where_yama_needs_one() {
-        // Siblings under Yama scope 1 name their parent (pwrun, mpirun's proxy).
-        assert_eq!(cma_ptracer(4, Some(1), 4242), Some(4242));
-        // A single rank has no peer to admit.
-        assert_eq!(cma_ptracer(1, Some(1), 4242), None);
-        // No Yama, classic scope, admin-only or no ptrace at all: naming changes nothing.
-        for scope in [None, Some(0), Some(2), Some(3)] {
-            assert_eq!(cma_ptracer(4, scope, 4242), None, "{scope:?}");
-        }
-        // An orphan would admit every process by naming init.
-        assert_eq!(cma_ptracer(4, Some(1), 1), None);
-        assert_eq!(cma_ptracer(4, Some(1), 0), None);
-    }
 
     #[test]
     fn byte_sizes_parse_with_suffixes() {
