@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Pagewire next to MPICH (issue 5): one binary, pw-collbench built with the `mpi` feature,
-# run under mpirun on pagewire's transport in each buffer mode (copy, pindown, odp; ranks
-# bootstrapped by MPI, data on the soft NIC) and on the mpi transport (every call forwarded
+# Pagewire next to MPICH: one binary, pw-collbench built with the `mpi` feature, run under
+# mpirun on pagewire's transport on its default local path (shared memory between ranks of
+# one host) and in each buffer mode with local traffic through the soft NIC (copy, pindown,
+# odp; ranks bootstrapped by MPI) and on the mpi transport (every call forwarded
 # to the host MPI library, here Debian's MPICH). Prints a Markdown table of times (t_avg,
 # microseconds) and of pagewire's time over MPICH's.
 #   Allreduce (f32 sum) and Bcast on 2 and 4 ranks at 8 B, 64 KiB, 1 MiB, 4 MiB;
@@ -18,12 +19,15 @@ command -v ssh >/dev/null 2>&1 || mpirun+=(-launcher fork)
 cargo build --release -q --features pagewire/mpi -p pagewire-collectives --example pw-collbench \
   --target-dir target/mpi
 bench=target/mpi/release/examples/pw-collbench
-configs=(copy pindown odp mpi)
+configs=(local copy pindown odp mpi)
 
 run() { # CONFIG NP ARGS... -> the benchmark's output in $out/CONFIG-npNP-KERNELS.txt
   local config=$1 np=$2
   shift 2
-  local env=(PAGEWIRE_MODE="$config")
+  # The buffer modes govern the NIC path: their runs send local traffic through it; `local`
+  # is the default path between ranks of one host (shared memory and CMA).
+  local env=(PAGEWIRE_MODE="$config" PAGEWIRE_LOCAL=nic)
+  [ "$config" = local ] && env=(PAGEWIRE_MODE=copy PAGEWIRE_LOCAL=shm)
   [ "$config" = mpi ] && env=(PAGEWIRE_TRANSPORT=mpi)
   env "${env[@]}" timeout 600 "${mpirun[@]}" -np "$np" "$bench" "$@" \
     > "$out/$config-np$np-${*: -1}.txt"
@@ -57,10 +61,11 @@ for config in "${configs[@]}"; do
 done
 
 {
-  echo "| kernel | ranks | size | copy µs | pindown µs | odp µs | MPICH µs | copy/MPICH | pindown/MPICH | odp/MPICH |"
-  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-  join -j1 <(awk '{print $1"/"$2"/"$3, $4}' "$out/copy.rows" | sort) \
-           <(awk '{print $1"/"$2"/"$3, $4}' "$out/pindown.rows" | sort) |
+  echo "| kernel | ranks | size | local µs | copy µs | pindown µs | odp µs | MPICH µs | local/MPICH | copy/MPICH | pindown/MPICH | odp/MPICH |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  join -j1 <(awk '{print $1"/"$2"/"$3, $4}' "$out/local.rows" | sort) \
+           <(awk '{print $1"/"$2"/"$3, $4}' "$out/copy.rows" | sort) |
+    join -j1 - <(awk '{print $1"/"$2"/"$3, $4}' "$out/pindown.rows" | sort) |
     join -j1 - <(awk '{print $1"/"$2"/"$3, $4}' "$out/odp.rows" | sort) |
     join -j1 - <(awk '{print $1"/"$2"/"$3, $4}' "$out/mpi.rows" | sort) |
     tr '/' ' ' |
@@ -68,7 +73,7 @@ done
       order = ($1 == "allreduce") ? 1 : ($1 == "bcast") ? 2 : 3
       printf "%d %d %012d %s\n", order, $2, $3, $0
     }' | sort -k1,1n -k2,2n -k3,3n | cut -d' ' -f4- |
-    while read -r kernel np bytes copy pindown odp mpi; do
+    while read -r kernel np bytes local copy pindown odp mpi; do
       case $bytes in
         8) size="8 B" ;; 65536) size="64 KiB" ;; 1048576) size="1 MiB" ;; 4194304) size="4 MiB" ;;
         *) size="$bytes B" ;;
@@ -78,7 +83,7 @@ done
       [ "$kernel" = pingpong ] && name="PingPong"
       [ "$kernel" = allreduce ] && name="Allreduce"
       [ "$kernel" = bcast ] && name="Bcast"
-      echo "| $name | $np | $size | $copy | $pindown | $odp | $mpi | $(ratio "$copy" "$mpi") | $(ratio "$pindown" "$mpi") | $(ratio "$odp" "$mpi") |"
+      echo "| $name | $np | $size | $local | $copy | $pindown | $odp | $mpi | $(ratio "$local" "$mpi") | $(ratio "$copy" "$mpi") | $(ratio "$pindown" "$mpi") | $(ratio "$odp" "$mpi") |"
     done
 } | tee "$out/table.md"
 cat "$out/machine.txt"
