@@ -58,6 +58,14 @@
 //! for ever, as in MPI (the facade's default fatal error handler ends the job instead).
 //! An argument that is wrong on one rank only (a receive buffer of the wrong length) is
 //! reported the same way: the rank runs the schedule on a scratch buffer, poisoned.
+//!
+//! # Empty calls
+//!
+//! A broadcast, reduce, allreduce, allgather or alltoall whose buffers are all empty on
+//! this rank returns at once without a message, as MPICH's and MVAPICH's do (an empty
+//! collective is then as cheap as a function call, not a round of messages). The price: a
+//! rank that passes a non-zero count while another passes zero waits for a message that
+//! never comes; this mismatch is not reported.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -148,6 +156,9 @@ impl<'a> Group<'a> {
     /// Copies `buf` of `root` into `buf` of every rank (`MPI_Bcast`).
     pub fn bcast<T: Pod>(&mut self, buf: &mut [T], root: usize) -> Result<()> {
         self.check_root(root)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
         let mut c = Call::new::<T>(self, Coll::Bcast);
         bcast::bcast(&mut c, bytes_mut(buf), root)?;
         c.finish()
@@ -164,6 +175,9 @@ impl<'a> Group<'a> {
     ) -> Result<()> {
         self.check_root(root)?;
         op.check()?;
+        if send.is_empty() && recv.as_ref().is_none_or(|r| r.is_empty()) {
+            return Ok(());
+        }
         let mut c = Call::new::<T>(self, Coll::Reduce);
         let mut scratch = Vec::new();
         let out = if c.rank() == root {
@@ -183,6 +197,9 @@ impl<'a> Group<'a> {
         op: &O,
     ) -> Result<()> {
         op.check()?;
+        if send.is_empty() && recv.is_empty() {
+            return Ok(());
+        }
         let mut c = Call::new::<T>(self, Coll::Allreduce);
         let mut scratch = Vec::new();
         let out = out_buf(&mut c, recv, send.len(), &mut scratch, "recv", "send");
@@ -194,6 +211,9 @@ impl<'a> Group<'a> {
     /// (`MPI_Allgather`).
     pub fn allgather<T: Pod>(&mut self, send: &[T], recv: &mut [T]) -> Result<()> {
         let p = self.size;
+        if send.is_empty() && recv.is_empty() {
+            return Ok(());
+        }
         let mut c = Call::new::<T>(self, Coll::Allgather);
         let mut scratch = Vec::new();
         let out = out_buf(
@@ -238,6 +258,9 @@ impl<'a> Group<'a> {
     /// this rank lands at the same place of its `recv` (`MPI_Alltoall`).
     pub fn alltoall<T: Pod>(&mut self, send: &[T], recv: &mut [T]) -> Result<()> {
         let p = self.size;
+        if send.is_empty() && recv.is_empty() {
+            return Ok(());
+        }
         let mut c = Call::new::<T>(self, Coll::Alltoall);
         let m = send.len() / p;
         if send.len() != m * p {
