@@ -1,5 +1,6 @@
 //! Fuzz targets (issue 15): the ring packet decoder ([`crate::nic::soft::ring::decode`]),
-//! the message decoder ([`crate::msg::wire::decode_message`]), the bootstrap protocol's
+//! the message decoders ([`crate::msg::wire::decode_message`] and the local path's
+//! [`crate::msg::wire::decode_short`]), the bootstrap protocol's
 //! parsers ([`crate::boot::pwrun_client::wire`]), the frames of `pwrun --hosts` and its
 //! agents (`boot/hosts/relay.rs`) and the TCP wire's frame decoder
 //! ([`crate::nic::soft::tcp::frame::decode`], issue 18), each driven by a small
@@ -351,6 +352,41 @@ fn fuzz_message_decoder() {
             true
         },
     );
+}
+
+#[test]
+#[ignore = "fuzzing: run by .ci/fuzz.sh"]
+fn fuzz_short_message_decoder() {
+    let short = |tag: i32, context: u32, payload: &[u8]| {
+        let mut h = Header::new(MsgKind::Eager);
+        h.tag = tag;
+        h.context = context;
+        let mut v = h
+            .short_form()
+            .expect("an eager header has a short form")
+            .to_vec();
+        v.extend_from_slice(payload);
+        v
+    };
+    let seeds = vec![
+        short(0, 0, &[]),
+        short(7, 1 << 31, b"12345678"),
+        short(i32::MAX, u32::MAX, &[0xa5; 40]),
+    ];
+    for s in &seeds {
+        assert!(wire::decode_short(s).is_ok(), "seed {s:?}");
+    }
+    drive("short message decoder", &seeds, 64, |input| {
+        let Ok((kind, h)) = wire::decode_short(input) else {
+            return false;
+        };
+        assert_eq!(kind, MsgKind::Eager);
+        assert_eq!(h.flags, 0, "a short message is never synchronous");
+        assert_eq!(h.size as usize, input.len() - wire::SHORT_HEADER_BYTES);
+        let again = h.short_form().expect("what decodes has a short form");
+        assert_eq!(again[..], input[..wire::SHORT_HEADER_BYTES], "round trip");
+        true
+    });
 }
 
 #[test]

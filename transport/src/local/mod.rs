@@ -243,10 +243,16 @@ impl LocalPath {
         self.geometry.cells()
     }
 
-    /// Writes a message of `len` bytes into the next cell of this rank's ring at `peer`
-    /// (`fill` gets the cell's bytes) and publishes it; false when the ring is full (the
-    /// peer has not read enough yet: try again after progress).
-    pub fn try_send(&mut self, peer: usize, len: usize, fill: impl FnOnce(&mut [u8])) -> bool {
+    /// Writes a message of `len` bytes (`short`: in the short form) into the next cell of
+    /// this rank's ring at `peer` (`fill` gets the cell's bytes) and publishes it; false when
+    /// the ring is full (the peer has not read enough yet: try again after progress).
+    pub fn try_send(
+        &mut self,
+        peer: usize,
+        len: usize,
+        short: bool,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> bool {
         let g = self.geometry;
         assert!(len <= g.capacity(), "a local message larger than a cell");
         let p = self.peers[peer].as_mut().expect("a local peer");
@@ -260,14 +266,15 @@ impl LocalPath {
                 return false;
             }
         }
-        g.publish(seg, p.outbound, p.head, len, fill);
+        g.publish(seg, p.outbound, p.head, len, short, fill);
         p.head += 1;
         true
     }
 
     /// The oldest message from `peer` that this rank has not released: where its bytes are
-    /// in this rank's segment ([`LocalPath::message`]) and how many there are.
-    pub fn peek(&self, peer: usize) -> Option<(usize, usize)> {
+    /// in this rank's segment ([`LocalPath::message`]), how many there are, and whether it
+    /// is in the short form.
+    pub fn peek(&self, peer: usize) -> Option<(usize, usize, bool)> {
         let p = self.peers[peer].as_ref()?;
         self.geometry.published(&self.own, p.inbound, p.next)
     }

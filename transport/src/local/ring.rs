@@ -3,13 +3,14 @@
 //!
 //! A segment starts with a header line (a magic word, then the geometry) followed by one
 //! ring per sender of the host. A ring is a line holding the consumer's position, then
-//! `cells` cells. A cell holds its sequence word, the message's length and the message (the
-//! layer's 64-byte header and its payload). The sender fills the cell at its position, then
-//! stores the sequence word (position + 1) with release ordering; the receiver, polling the
-//! sequence word of its next position with acquire ordering, reads the message where it
-//! lies and, once done with it, stores its new position. The sender reads that position
-//! only when the ring looks full, so an 8-byte message costs the cache lines of one cell
-//! and nothing else.
+//! `cells` cells. A cell is one control word, then the message. The control word holds the
+//! message's sequence number (its position + 1, modulo 2^32), its length and a bit the
+//! message layer gives the message's form (its full 64-byte header or the short one of an
+//! eager message: `msg/wire.rs`). The sender fills the cell at its position, then stores
+//! the control word with release ordering; the receiver, polling the control word of its
+//! next position with acquire ordering, reads the message where it lies and, once done with
+//! it, stores its new position. The sender reads that position only when the ring looks
+//! full, so a short eager message of up to 44 bytes costs one cache line and nothing else.
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
@@ -21,8 +22,10 @@ pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"pwlocal1");
 
 /// A cache line.
 const LINE: usize = 64;
-/// Bytes of a cell before its message: the sequence word and the length.
-const CELL_HEADER: usize = 16;
+/// Bytes of a cell before its message: the control word.
+const CELL_HEADER: usize = 8;
+/// The control word's bit that marks the short form.
+const SHORT_BIT: u64 = 1 << 63;
 /// About how many bytes one ring takes: cells of small messages are many, of large ones few.
 const RING_TARGET_BYTES: usize = 512 << 10;
 
@@ -113,38 +116,42 @@ impl Geometry {
         seg.words(self.ring_offset(ring), 1)[0].store(next, Release);
     }
 
-    /// Writes a message of `len` bytes (`fill` gets them) at position `pos` of ring `ring`
-    /// of `seg`, then publishes it. The caller checked that the ring has room.
+    /// Writes a message of `len` bytes (`fill` gets them; `short`: in the short form) at
+    /// position `pos` of ring `ring` of `seg`, then publishes it. The caller checked that the
+    /// ring has room.
     pub(crate) fn publish(
         &self,
         seg: &mut SharedSegment,
         ring: usize,
         pos: u64,
         len: usize,
+        short: bool,
         fill: impl FnOnce(&mut [u8]),
     ) {
         let at = self.cell_offset(ring, pos);
         fill(seg.bytes_mut(at + CELL_HEADER, len));
-        let w = seg.words(at, 2);
-        w[1].store(len as u64, Relaxed);
-        w[0].store(pos + 1, Release);
+        let form = if short { SHORT_BIT } else { 0 };
+        let word = form | (len as u64) << 32 | (pos + 1) & 0xffff_ffff;
+        seg.words(at, 1)[0].store(word, Release);
     }
 
     /// The message at position `pos` of ring `ring` of `seg`, if it is published: where
-    /// its bytes start in `seg`, and how many there are (at most a cell's).
+    /// its bytes start in `seg`, how many there are (at most a cell's) and whether it is in
+    /// the short form. The sequence number is compared modulo 2^32: a cell last held the
+    /// message a lap (at most 64 positions) earlier.
     pub(crate) fn published(
         &self,
         seg: &SharedSegment,
         ring: usize,
         pos: u64,
-    ) -> Option<(usize, usize)> {
+    ) -> Option<(usize, usize, bool)> {
         let at = self.cell_offset(ring, pos);
-        let w = seg.words(at, 2);
-        if w[0].load(Acquire) != pos + 1 {
+        let word = seg.words(at, 1)[0].load(Acquire);
+        if word & 0xffff_ffff != (pos + 1) & 0xffff_ffff {
             return None;
         }
-        let len = (w[1].load(Relaxed) as usize).min(self.capacity());
-        Some((at + CELL_HEADER, len))
+        let len = ((word >> 32) as usize & 0x7fff_ffff).min(self.capacity());
+        Some((at + CELL_HEADER, len, word & SHORT_BIT != 0))
     }
 }
 
@@ -176,7 +183,7 @@ mod tests {
         let mut head = 0;
         // Fill ring 1 completely; ring 0 stays empty.
         while head < g.consumed(&seg, 1) + g.cells() {
-            g.publish(&mut seg, 1, head, 3, |b| {
+            g.publish(&mut seg, 1, head, 3, head % 2 == 0, |b| {
                 b.copy_from_slice(&[head as u8, 1, 2])
             });
             head += 1;
@@ -187,8 +194,9 @@ mod tests {
             "another ring is untouched"
         );
         let mut next = 0;
-        while let Some((at, len)) = g.published(&seg, 1, next) {
+        while let Some((at, len, short)) = g.published(&seg, 1, next) {
             assert_eq!(len, 3);
+            assert_eq!(short, next % 2 == 0, "the form travels with the message");
             assert_eq!(seg.bytes(at, 3), &[next as u8, 1, 2]);
             next += 1;
             g.consume(&seg, 1, next);
@@ -196,8 +204,8 @@ mod tests {
         assert_eq!(next, g.cells());
         // Room again: the next lap reuses the cells, and old sequence words do not count.
         assert!(g.published(&seg, 1, next).is_none());
-        g.publish(&mut seg, 1, head, 1, |b| b[0] = 9);
-        assert_eq!(g.published(&seg, 1, next).map(|(_, l)| l), Some(1));
+        g.publish(&mut seg, 1, head, 1, false, |b| b[0] = 9);
+        assert_eq!(g.published(&seg, 1, next).map(|(_, l, _)| l), Some(1));
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! Control messages (CTS, FIN, chunk notices, acknowledgements) use extra slots and no credit.
 
 use super::matching::Envelope;
-use super::wire::{self, Header, MsgKind, HEADER_BYTES};
+use super::wire::{self, Header, MsgKind};
 use super::{
     Arrival, EagerData, Payload, PointToPoint, Req, RequestId, SendReq, SendState, Status,
     Unexpected,
@@ -103,7 +103,13 @@ impl PointToPoint {
     /// and nothing of the message is used.
     pub(crate) fn handle_incoming(&mut self, peer: usize, at: Arrival, len: usize) -> Result<()> {
         let bytes = self.arrived_bytes(peer, at);
-        let (kind, h) = match wire::decode_message(&bytes[..len.min(bytes.len())]) {
+        let bytes = &bytes[..len.min(bytes.len())];
+        let decoded = match at {
+            Arrival::ShortCell(_) => wire::decode_short(bytes),
+            _ => wire::decode_message(bytes),
+        };
+        let body = at.header_bytes();
+        let (kind, h) = match decoded {
             Ok(m) => m,
             Err(why) => {
                 self.protocol_violation(peer, why);
@@ -155,8 +161,7 @@ impl PointToPoint {
                             _ => {
                                 p.unexpected_bytes += size;
                                 EagerData::Owned(
-                                    self.arrived_bytes(peer, at)[HEADER_BYTES..HEADER_BYTES + size]
-                                        .to_vec(),
+                                    self.arrived_bytes(peer, at)[body..body + size].to_vec(),
                                 )
                             }
                         };
@@ -178,7 +183,7 @@ impl PointToPoint {
                 Ok(())
             }
             MsgKind::Rts if h.flags & wire::LOCAL_COPY != 0 => {
-                let payload = &self.arrived_bytes(peer, at)[HEADER_BYTES..len];
+                let payload = &self.arrived_bytes(peer, at)[body..len];
                 let Ok(source) = wire::LocalSource::decode(payload, h.size) else {
                     unreachable!("decode_message checked the source");
                 };
@@ -193,7 +198,7 @@ impl PointToPoint {
                 self.put_back_data(peer, at)
             }
             MsgKind::Rts => {
-                let chunks = Self::decode_chunks(&self.arrived_bytes(peer, at)[HEADER_BYTES..len]);
+                let chunks = Self::decode_chunks(&self.arrived_bytes(peer, at)[body..len]);
                 match self.matcher.take_posted(&env) {
                     Some(rid) => self.start_rndv_recv(rid, peer, h, chunks)?,
                     None => {
@@ -234,7 +239,7 @@ impl PointToPoint {
                 Ok(())
             }
             MsgKind::CopyShare => {
-                let payload = &self.arrived_bytes(peer, at)[HEADER_BYTES..len];
+                let payload = &self.arrived_bytes(peer, at)[body..len];
                 let Ok(dest) = wire::LocalSource::decode_any(payload) else {
                     unreachable!("decode_message checked the description");
                 };
@@ -257,7 +262,9 @@ impl PointToPoint {
     pub(crate) fn arrived_bytes(&self, peer: usize, at: Arrival) -> &[u8] {
         match at {
             Arrival::Slot(slot) => self.slot_bytes_of(peer, slot),
-            Arrival::Cell(offset) => self.local.as_ref().expect("a local path").message(offset),
+            Arrival::Cell(offset) | Arrival::ShortCell(offset) => {
+                self.local.as_ref().expect("a local path").message(offset)
+            }
         }
     }
 
@@ -266,7 +273,7 @@ impl PointToPoint {
     fn put_back_data(&mut self, peer: usize, at: Arrival) -> Result<()> {
         match at {
             Arrival::Slot(slot) => self.repost_data_slot(peer, slot),
-            Arrival::Cell(_) => Ok(()),
+            Arrival::Cell(_) | Arrival::ShortCell(_) => Ok(()),
         }
     }
 
@@ -274,7 +281,7 @@ impl PointToPoint {
     fn put_back_control(&mut self, peer: usize, at: Arrival) -> Result<()> {
         match at {
             Arrival::Slot(slot) => self.post_slot(peer, slot),
-            Arrival::Cell(_) => Ok(()),
+            Arrival::Cell(_) | Arrival::ShortCell(_) => Ok(()),
         }
     }
 
@@ -310,7 +317,7 @@ impl PointToPoint {
         let n = size.min(buf.len());
         buf.write(
             0,
-            &self.arrived_bytes(peer, at)[HEADER_BYTES..HEADER_BYTES + n],
+            &self.arrived_bytes(peer, at)[at.header_bytes()..at.header_bytes() + n],
         );
         self.complete_eager(rid, env, size, buf.len());
     }

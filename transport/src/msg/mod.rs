@@ -67,7 +67,7 @@ use failure::Failing;
 use matching::Matcher;
 use raw::{UserBuf, UserBufMut};
 use request::Slab;
-use wire::{Header, HEADER_BYTES};
+use wire::{Header, HEADER_BYTES, SHORT_HEADER_BYTES};
 
 /// The largest valid tag (`MPI_TAG_UB`).
 pub const TAG_UB: i32 = i32::MAX;
@@ -248,6 +248,7 @@ impl PointToPoint {
                 control: VecDeque::new(),
                 in_flight: 0,
                 unexpected_bytes: 0,
+                local_copies_out: 0,
                 dead: None,
                 in_service: false,
             })
@@ -502,12 +503,18 @@ impl PointToPoint {
             let local = self.local.as_ref().expect("a local path");
             let (peer, budget) = (local.local_ranks()[i], local.cells());
             for _ in 0..budget {
-                let Some((offset, len)) = self.local.as_ref().and_then(|l| l.peek(peer)) else {
+                let Some((offset, len, short)) = self.local.as_ref().and_then(|l| l.peek(peer))
+                else {
                     break;
+                };
+                let at = if short {
+                    Arrival::ShortCell(offset)
+                } else {
+                    Arrival::Cell(offset)
                 };
                 // Nothing more is taken from a peer that failed (or broke the protocol).
                 if self.peers[peer].dead.is_none() {
-                    if let Err(e) = self.handle_incoming(peer, Arrival::Cell(offset), len) {
+                    if let Err(e) = self.handle_incoming(peer, at, len) {
                         first_err.get_or_insert(e);
                     }
                 }

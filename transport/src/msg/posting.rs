@@ -51,8 +51,16 @@ impl PointToPoint {
                 Payload::Bytes(b) => b.len(),
             };
             h.credits = 0;
+            if let Some(short) = h.short_form() {
+                return Ok(
+                    local.try_send(peer, SHORT_HEADER_BYTES + payload, true, |cell| {
+                        cell[..SHORT_HEADER_BYTES].copy_from_slice(&short);
+                        fill_payload(&src, &mut cell[SHORT_HEADER_BYTES..]);
+                    }),
+                );
+            }
             let header = h.encode();
-            return Ok(local.try_send(peer, HEADER_BYTES + payload, |cell| {
+            return Ok(local.try_send(peer, HEADER_BYTES + payload, false, |cell| {
                 cell[..HEADER_BYTES].copy_from_slice(&header);
                 fill_payload(&src, &mut cell[HEADER_BYTES..]);
             }));

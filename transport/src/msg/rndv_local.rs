@@ -12,7 +12,10 @@
 //! From `PAGEWIRE_RNDV_SPLIT_MIN` bytes (64 KiB) both CPUs copy, as the NIC path's split
 //! rendezvous does: the receiver first sends CopyShare, describing its buffer, and copies
 //! the front half while the sender writes the back half with `process_vm_writev` and
-//! answers ShareDone; the receive completes when both halves are in.
+//! answers ShareDone; the receive completes when both halves are in. Not while this rank
+//! has a local rendezvous of its own out to the sender (a sendrecv, an exchange): the
+//! sender's CPU is then busy copying that one, so a share would only wait for it, and each
+//! side copying its own receive keeps both CPUs busy without the extra messages.
 
 use super::wire::{self, Header, LocalSource, MsgKind, HEADER_BYTES};
 use super::*;
@@ -130,6 +133,7 @@ impl PointToPoint {
         self.counters.rndv_sent += 1;
         if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
             s.state = SendState::LocalCopy { _packed: packed };
+            self.peers[peer].local_copies_out += 1;
         }
         Ok(true)
     }
@@ -154,7 +158,10 @@ impl PointToPoint {
             .as_ref()
             .and_then(|l| l.pid_of(peer))
             .expect("a local RTS comes from a local peer");
-        if n >= self.cfg.split_min && self.share_local_copy(rid, peer, &h, n)? {
+        if n >= self.cfg.split_min
+            && self.peers[peer].local_copies_out == 0
+            && self.share_local_copy(rid, peer, &h, n)?
+        {
             // The sender copies the back; this side the front.
             let k = split_point(n);
             let front = sys::cma_copy(

@@ -51,6 +51,18 @@ pub(crate) enum Arrival {
     Slot(usize),
     /// In a cell of the local path, from this byte of this rank's segment.
     Cell(usize),
+    /// The same, in the short form (`wire::decode_short`).
+    ShortCell(usize),
+}
+
+impl Arrival {
+    /// Bytes of the header before the payload.
+    pub(crate) fn header_bytes(self) -> usize {
+        match self {
+            Arrival::ShortCell(_) => wire::SHORT_HEADER_BYTES,
+            _ => wire::HEADER_BYTES,
+        }
+    }
 }
 
 /// Where a chunk of a rendezvous send can be read (RGET).
@@ -148,6 +160,9 @@ pub(crate) struct Peer {
     pub in_flight: u32,
     /// Bytes of unexpected eager data copied out for this peer.
     pub unexpected_bytes: usize,
+    /// Local rendezvous sends to this peer whose data it has not yet copied (it is busy
+    /// with them: `rndv_local.rs` does not ask it to share a copy meanwhile).
+    pub local_copies_out: u32,
     /// Set once the NIC reported the peer unreachable.
     pub dead: Option<WcStatus>,
     /// In `PointToPoint::service` (it has queued sends, queued control messages or credits

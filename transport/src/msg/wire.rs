@@ -1,7 +1,13 @@
-//! The message layer's wire header: 64 bytes at the start of every SEND it makes.
+//! The message layer's wire header: 64 bytes at the start of every SEND it makes; and its
+//! short form, 12 bytes, that the local path's cells carry for an eager message that is
+//! not synchronous (kind, flags, tag and context: the size is the cell's, and nothing
+//! else of the header is used), so that a small message fits one cache line.
 
 /// Bytes of the header.
 pub const HEADER_BYTES: usize = 64;
+
+/// Bytes of the short form: kind, flags, two reserved (zero) bytes, tag, context.
+pub const SHORT_HEADER_BYTES: usize = 12;
 
 /// What a message is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,6 +86,29 @@ const KNOWN_FLAGS: u8 =
     SYNC | GET | ALL_DONE | HAS_CHUNK | SCATTER_GATHER | LOCAL_COPY | COPY_FAILED;
 /// Bytes of one chunk descriptor in the payload of an RTS.
 pub const CHUNK_DESC_BYTES: usize = 32;
+
+/// Decodes and checks a message in the short form (`bytes`: the short header, then the
+/// payload): an eager message that is not synchronous, whose size is its payload's.
+pub fn decode_short(bytes: &[u8]) -> Result<(MsgKind, Header), &'static str> {
+    if bytes.len() < SHORT_HEADER_BYTES {
+        return Err("shorter than a short message header");
+    }
+    let h = Header {
+        kind: bytes[0],
+        flags: bytes[1],
+        tag: i32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes")),
+        context: u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")),
+        size: (bytes.len() - SHORT_HEADER_BYTES) as u64,
+        ..Header::default()
+    };
+    if h.kind() != Some(MsgKind::Eager) {
+        return Err("a short message that is not eager data");
+    }
+    if h.flags != 0 || bytes[2..4] != [0, 0] {
+        return Err("a short message with flags or reserved bits");
+    }
+    Ok((MsgKind::Eager, h))
+}
 
 /// Decodes and checks a message as a peer sent it (`bytes`: the header, then the payload):
 /// its kind and header, or why no correct peer could have sent it. A pure function of the
@@ -300,6 +329,19 @@ impl Header {
         MsgKind::from_u8(self.kind)
     }
 
+    /// The short form of this header, if it has one: an eager message, not synchronous,
+    /// returning no credits (what [`decode_short`] gives back, the size aside).
+    pub fn short_form(&self) -> Option<[u8; SHORT_HEADER_BYTES]> {
+        if self.kind != MsgKind::Eager as u8 || self.flags != 0 || self.credits != 0 {
+            return None;
+        }
+        let mut b = [0u8; SHORT_HEADER_BYTES];
+        b[0] = self.kind;
+        b[4..8].copy_from_slice(&self.tag.to_le_bytes());
+        b[8..12].copy_from_slice(&self.context.to_le_bytes());
+        Some(b)
+    }
+
     /// Little-endian encoding.
     pub fn encode(&self) -> [u8; HEADER_BYTES] {
         let mut b = [0u8; HEADER_BYTES];
@@ -343,6 +385,34 @@ impl Header {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_asynchronous_eager_header_has_a_short_form_and_nothing_else_does() {
+        let mut h = Header::new(MsgKind::Eager);
+        h.tag = 0x7fff_fff0;
+        h.context = 0x8000_0003;
+        h.sreq = 99; // not carried: only a synchronous send needs it
+        let mut m = h.short_form().expect("a short form").to_vec();
+        m.extend_from_slice(b"payload");
+        let (kind, back) = decode_short(&m).unwrap();
+        assert_eq!(kind, MsgKind::Eager);
+        assert_eq!((back.tag, back.context, back.size), (h.tag, h.context, 7));
+        let sync = Header { flags: SYNC, ..h };
+        assert!(sync.short_form().is_none());
+        assert!(Header::new(MsgKind::Rts).short_form().is_none());
+        assert!(Header { credits: 1, ..h }.short_form().is_none());
+        // What a correct peer never puts in the short form is refused.
+        let mut bad = m.clone();
+        bad[1] = SYNC;
+        assert!(decode_short(&bad).is_err());
+        bad = m.clone();
+        bad[0] = MsgKind::CopyDone as u8;
+        assert!(decode_short(&bad).is_err());
+        bad = m.clone();
+        bad[3] = 1;
+        assert!(decode_short(&bad).is_err());
+        assert!(decode_short(&m[..SHORT_HEADER_BYTES - 1]).is_err());
+    }
 
     #[test]
     fn header_round_trips() {
