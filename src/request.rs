@@ -22,6 +22,8 @@
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 
+use smallvec::SmallVec;
+
 use pagewire_transport::msg::raw::{Layout, UserBuf, UserBufMut};
 
 use crate::backend::{
@@ -59,6 +61,48 @@ impl Pending for PendingRequest {
     }
     fn is_done(&mut self) -> bool {
         RequestBackend::is_done(self)
+    }
+}
+
+/// What a request holds: a backend request on the caller's memory itself, kept inline (the
+/// common case costs no allocation), or any other operation, boxed.
+pub(crate) enum Operation<'a> {
+    /// A send from, or a receive into, the caller's buffer as it is.
+    Direct(PendingRequest),
+    /// Anything else: a packed send, a receive through a scratch message, a collective.
+    Boxed(Box<dyn Pending + 'a>),
+}
+
+impl<'a> From<Box<dyn Pending + 'a>> for Operation<'a> {
+    fn from(b: Box<dyn Pending + 'a>) -> Self {
+        Operation::Boxed(b)
+    }
+}
+
+impl Pending for Operation<'_> {
+    fn wait(&mut self) -> Result<Status> {
+        match self {
+            Operation::Direct(r) => Pending::wait(r),
+            Operation::Boxed(b) => b.wait(),
+        }
+    }
+    fn test(&mut self) -> Result<Option<Status>> {
+        match self {
+            Operation::Direct(r) => Pending::test(r),
+            Operation::Boxed(b) => b.test(),
+        }
+    }
+    fn cancel(&mut self) -> bool {
+        match self {
+            Operation::Direct(r) => Pending::cancel(r),
+            Operation::Boxed(b) => b.cancel(),
+        }
+    }
+    fn is_done(&mut self) -> bool {
+        match self {
+            Operation::Direct(r) => Pending::is_done(r),
+            Operation::Boxed(b) => b.is_done(),
+        }
     }
 }
 
@@ -120,10 +164,11 @@ impl Pending for PointToPoint<'_> {
 mod registry {
     use super::*;
 
-    /// The operations of a scope's requests, by key; `None`: a free slot.
+    /// The operations of a scope's requests, by key; `None`: a free slot. The first few
+    /// live in the scope itself (a sendrecv-like scope allocates nothing).
     pub struct Registry<'a> {
-        pub(super) operations: RefCell<Vec<Option<Box<dyn Pending + 'a>>>>,
-        pub(super) free: RefCell<Vec<usize>>,
+        pub(super) operations: RefCell<SmallVec<[Option<Operation<'a>>; 4]>>,
+        pub(super) free: RefCell<SmallVec<[usize; 4]>>,
     }
 
     /// Gives a scope's registry, if it has one (the static scope has none: its requests own
@@ -138,12 +183,12 @@ use registry::{HasRegistry, Registry};
 impl<'a> Registry<'a> {
     fn new() -> Self {
         Registry {
-            operations: RefCell::new(Vec::new()),
-            free: RefCell::new(Vec::new()),
+            operations: RefCell::new(SmallVec::new()),
+            free: RefCell::new(SmallVec::new()),
         }
     }
 
-    fn adopt(&self, operation: Box<dyn Pending + 'a>) -> usize {
+    fn adopt(&self, operation: Operation<'a>) -> usize {
         let mut operations = self.operations.borrow_mut();
         match self.free.borrow_mut().pop() {
             Some(key) => {
@@ -157,7 +202,7 @@ impl<'a> Registry<'a> {
         }
     }
 
-    fn take(&self, key: usize) -> Option<Box<dyn Pending + 'a>> {
+    fn take(&self, key: usize) -> Option<Operation<'a>> {
         let operation = self.operations.borrow_mut().get_mut(key)?.take();
         if operation.is_some() {
             self.free.borrow_mut().push(key);
@@ -170,7 +215,7 @@ impl<'a> Registry<'a> {
         let op = operations[key]
             .as_mut()
             .expect("a live request of this scope");
-        f(&mut **op)
+        f(op)
     }
 }
 
@@ -255,7 +300,7 @@ enum Slot<'a> {
     /// In its local scope, under this key.
     Scoped(usize),
     /// Owned by the request (static scope).
-    Owned(RefCell<Box<dyn Pending + 'a>>),
+    Owned(RefCell<Operation<'a>>),
     /// Finished.
     Done,
 }
@@ -284,7 +329,8 @@ impl<'a, D: ?Sized, S: Scope<'a>> std::fmt::Debug for Request<'a, D, S> {
 
 impl<'a, D: ?Sized, S: Scope<'a>> Request<'a, D, S> {
     /// A request for `operation` on `data`, kept by `scope`.
-    pub(crate) fn new(operation: Box<dyn Pending + 'a>, scope: S, data: *const D) -> Self {
+    pub(crate) fn new(operation: impl Into<Operation<'a>>, scope: S, data: *const D) -> Self {
+        let operation = operation.into();
         let slot = match scope.registry() {
             Some(r) => Slot::Scoped(r.adopt(operation)),
             None => Slot::Owned(RefCell::new(operation)),
@@ -297,7 +343,7 @@ impl<'a, D: ?Sized, S: Scope<'a>> Request<'a, D, S> {
         }
     }
 
-    fn take_operation(&mut self) -> Option<Box<dyn Pending + 'a>> {
+    fn take_operation(&mut self) -> Option<Operation<'a>> {
         match std::mem::replace(&mut self.slot, Slot::Done) {
             Slot::Scoped(key) => self.scope.registry().and_then(|r| r.take(key)),
             Slot::Owned(op) => Some(op.into_inner()),
@@ -311,7 +357,7 @@ impl<'a, D: ?Sized, S: Scope<'a>> Request<'a, D, S> {
                 let registry = self.scope.registry().expect("a scoped request's registry");
                 registry.with(*key, f)
             }
-            Slot::Owned(op) => f(&mut **op.get_mut()),
+            Slot::Owned(op) => f(op.get_mut()),
             Slot::Done => panic!("pagewire: a request used after it completed"),
         }
     }
@@ -624,20 +670,19 @@ pub(crate) fn start_send<'a>(
     tag: Tag,
     bytes: std::borrow::Cow<'a, [u8]>,
     sync: bool,
-) -> Result<Box<dyn Pending + 'a>> {
+) -> Result<Operation<'a>> {
     // SAFETY: the bytes are borrowed for `'a` or owned by the operation, which finishes
     // before either ends (see the module documentation).
     let buf = unsafe { UserBuf::new(bytes.as_ptr(), bytes.len()) };
     let request = backend.immediate_send(dest, tag, buf, sync)?;
-    let packed_send = match bytes {
-        std::borrow::Cow::Owned(v) => Some(v),
-        std::borrow::Cow::Borrowed(_) => None,
-    };
-    Ok(Box::new(PointToPoint {
-        request,
-        _packed_send: packed_send,
-        receive: None,
-    }))
+    Ok(match bytes {
+        std::borrow::Cow::Owned(v) => Operation::Boxed(Box::new(PointToPoint {
+            request,
+            _packed_send: Some(v),
+            receive: None,
+        })),
+        std::borrow::Cow::Borrowed(_) => Operation::Direct(request),
+    })
 }
 
 /// Starts sending `buf` to `dest`: the buffer itself when it has no gaps, or has gaps the
@@ -648,16 +693,12 @@ pub(crate) fn start_buffer_send<'a, B: crate::datatype::Buffer + ?Sized>(
     tag: Tag,
     buf: &'a B,
     sync: bool,
-) -> Result<Box<dyn Pending + 'a>> {
+) -> Result<Operation<'a>> {
     // SAFETY: `buf` is borrowed for `'a`, and the operation finishes before `'a` ends (see
     // the module documentation).
     if let Some(gapped) = unsafe { lend_gapped(buf, |l| backend.moves_in_place(l)) } {
         let request = backend.immediate_send(dest, tag, gapped, sync)?;
-        return Ok(Box::new(PointToPoint {
-            request,
-            _packed_send: None,
-            receive: None,
-        }));
+        return Ok(Operation::Direct(request));
     }
     start_send(backend, dest, tag, packed(buf), sync)
 }
@@ -691,14 +732,17 @@ pub(crate) fn start_receive<'a>(
     src: Option<usize>,
     tag: Option<Tag>,
     landing: Landing<'a>,
-) -> Result<Box<dyn Pending + 'a>> {
+) -> Result<Operation<'a>> {
     let (buf, receive) = receive_target(landing, |l| backend.moves_in_place(l));
     let request = backend.immediate_receive(src, tag, buf)?;
-    Ok(Box::new(PointToPoint {
-        request,
-        _packed_send: None,
-        receive,
-    }))
+    Ok(match receive {
+        None => Operation::Direct(request),
+        receive => Operation::Boxed(Box::new(PointToPoint {
+            request,
+            _packed_send: None,
+            receive,
+        })),
+    })
 }
 
 /// Starts receiving the message a matched probe took out of matching into `landing`

@@ -227,6 +227,17 @@ impl PointToPointBackend for CommBackend {
     fn receive(&self, source: Option<usize>, tag: Option<i32>, bytes: &mut [u8]) -> Result<Status> {
         dispatch!(self, b => b.receive(source, tag, bytes))
     }
+    fn send_receive(
+        &self,
+        dest: usize,
+        send_tag: i32,
+        send: &[u8],
+        source: Option<usize>,
+        recv_tag: Option<i32>,
+        recv: &mut [u8],
+    ) -> Result<Status> {
+        dispatch!(self, b => b.send_receive(dest, send_tag, send, source, recv_tag, recv))
+    }
     fn moves_in_place(&self, layout: &Layout) -> bool {
         dispatch!(self, b => b.moves_in_place(layout))
     }

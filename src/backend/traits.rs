@@ -81,6 +81,18 @@ pub(crate) trait PointToPointBackend {
     /// Receives into `bytes` from `source` (`None`: any) with `tag` (`None`: any)
     /// (`MPI_Recv`).
     fn receive(&self, source: Option<usize>, tag: Option<i32>, bytes: &mut [u8]) -> Result<Status>;
+    /// Sends `send` to `dest` and receives into `recv` from `source` (`None`: any) with
+    /// `recv_tag` (`None`: any) at once, the receive posted first (`MPI_Sendrecv`); the
+    /// receive's status.
+    fn send_receive(
+        &self,
+        dest: usize,
+        send_tag: i32,
+        send: &[u8],
+        source: Option<usize>,
+        recv_tag: Option<i32>,
+        recv: &mut [u8],
+    ) -> Result<Status>;
     /// Whether a buffer with gaps laid out as `layout` goes to [`Self::immediate_send`] or
     /// [`Self::immediate_receive`] as it is rather than packed (pagewire's message layer:
     /// `PointToPoint::moves_in_place`; the host MPI library is given packed bytes).

@@ -8,7 +8,7 @@ use super::*;
 struct Attached {
     capacity: usize,
     /// Each send's operation and bytes (the operation owns its copy).
-    sends: Vec<(Box<dyn Pending>, usize)>,
+    sends: Vec<(request::Operation<'static>, usize)>,
 }
 
 thread_local! {

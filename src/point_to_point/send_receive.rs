@@ -29,9 +29,30 @@ where
     B: BufferMut + ?Sized,
     S: Source,
 {
+    // Contiguous buffers on one communicator: one call of the backend, no requests.
+    if std::ptr::eq(destination.destination_comm(), source.comm())
+        && msg.as_datatype().type_map().is_contiguous()
+    {
+        if let Some(bytes) = Landing::new(buf).contiguous() {
+            let (dest, src) = (fatal(destination.destination()), fatal(source.source()));
+            let backend = destination.destination_comm().backend();
+            return Status::new(fatal(backend.send_receive(
+                dest,
+                send_tag,
+                &packed(msg),
+                src,
+                receive_tag,
+                bytes,
+            )));
+        }
+    }
+    // The receive goes first, as MPICH's and Open MPI's MPI_Sendrecv post theirs: the
+    // partner's message then finds it posted instead of arriving unexpected (and being
+    // copied twice) while this rank is still sending.
     request::scope(|scope| {
+        let received = fatal(source.try_immediate_receive_into_with_tag(scope, buf, receive_tag));
         let send = destination.immediate_send_with_tag(scope, msg, send_tag);
-        let status = fatal(source.try_receive_into_with_tag(buf, receive_tag));
+        let status = received.wait();
         send.wait();
         status
     })
@@ -45,9 +66,10 @@ where
     D: Destination,
     S: Source,
 {
+    let future = source.immediate_receive::<R>();
     request::scope(|scope| {
         let send = destination.immediate_send(scope, msg);
-        let received = source.receive::<R>();
+        let received = future.get();
         send.wait();
         received
     })
@@ -64,14 +86,17 @@ where
     let copy: Vec<u8> = packed(buf).into_owned();
     let dest = fatal(destination.destination());
     let backend = destination.destination_comm().backend();
-    let mut op = fatal(request::start_send(
-        backend,
-        dest,
-        0,
-        Cow::Owned(copy),
-        false,
-    ));
-    let status = fatal(source.try_receive_into_with_tag(buf, None));
-    fatal(op.wait());
-    status
+    request::scope(|scope| {
+        let received = fatal(source.try_immediate_receive_into_with_tag(scope, buf, None));
+        let mut op = fatal(request::start_send(
+            backend,
+            dest,
+            0,
+            Cow::Owned(copy),
+            false,
+        ));
+        let status = received.wait();
+        fatal(op.wait());
+        status
+    })
 }

@@ -183,6 +183,19 @@ impl PointToPointBackend for HostMpiComm {
         self.mpi.recv(source, tag, bytes)
     }
 
+    fn send_receive(
+        &self,
+        dest: usize,
+        send_tag: i32,
+        send: &[u8],
+        source: Option<usize>,
+        recv_tag: Option<i32>,
+        recv: &mut [u8],
+    ) -> Result<Status> {
+        self.mpi
+            .sendrecv(dest, send_tag, send, source, recv_tag, recv)
+    }
+
     fn moves_in_place(&self, _layout: &Layout) -> bool {
         // The host MPI library is given packed bytes.
         false

@@ -455,6 +455,40 @@ pub(super) fn recv(comm: &PeerComm, buf: &mut [u8], source: i32, tag: i32) -> Re
     received("MPI_Recv", rc, &st, buf.len())
 }
 
+/// `MPI_Sendrecv` of bytes: `send` to `dest`, into `recv` from `source`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn sendrecv(
+    comm: &PeerComm,
+    send: &[u8],
+    dest: i32,
+    send_tag: i32,
+    recv: &mut [u8],
+    source: i32,
+    recv_tag: i32,
+) -> Result<Status> {
+    let (ns, nr) = (count(send.len())?, count(recv.len())?);
+    let mut st = empty_status();
+    // SAFETY: MPI reads `ns` bytes of `send` and writes at most `nr` bytes into `recv` (a
+    // distinct, mutably borrowed slice) and one status, within this blocking call.
+    let rc = unsafe {
+        ffi::MPI_Sendrecv(
+            send.as_ptr().cast(),
+            ns,
+            byte(),
+            dest,
+            send_tag,
+            recv.as_mut_ptr().cast(),
+            nr,
+            byte(),
+            source,
+            recv_tag,
+            comm.as_raw(),
+            &mut st,
+        )
+    };
+    received("MPI_Sendrecv", rc, &st, recv.len())
+}
+
 pub(super) fn probe(comm: &PeerComm, source: i32, tag: i32) -> Result<Status> {
     let mut st = empty_status();
     // SAFETY: writes one status.

@@ -330,6 +330,30 @@ impl HostMpi {
         ffi::recv(self.p2p(), buf, source, ffi::tag_or_any(tag))
     }
 
+    /// Sends `send` to `dest` and receives into `recv` from `source` (`None` source or tag:
+    /// wildcards) in one call (`MPI_Sendrecv`); truncation as for [`HostMpi::recv`].
+    pub fn sendrecv(
+        &self,
+        dest: usize,
+        send_tag: i32,
+        send: &[u8],
+        source: Option<usize>,
+        recv_tag: Option<i32>,
+        recv: &mut [u8],
+    ) -> Result<Status> {
+        let dest = self.peer(dest)?;
+        let source = self.source(source)?;
+        ffi::sendrecv(
+            self.p2p(),
+            send,
+            dest,
+            send_tag,
+            recv,
+            source,
+            ffi::tag_or_any(recv_tag),
+        )
+    }
+
     /// Waits for a matching message without receiving it (`MPI_Probe`); the status holds its
     /// size in bytes.
     pub fn probe(&self, source: Option<usize>, tag: Option<i32>) -> Result<Status> {

@@ -30,6 +30,21 @@ impl PointToPointBackend for PagewireComm {
             .map(|s| in_group(self.ranks.as_deref(), s))
     }
 
+    fn send_receive(
+        &self,
+        dest: usize,
+        send_tag: i32,
+        send: &[u8],
+        source: Option<usize>,
+        recv_tag: Option<i32>,
+        recv: &mut [u8],
+    ) -> Result<Status> {
+        let mut p2p = self.universe.p2p.borrow_mut();
+        let (dest, source) = (self.world_rank(dest), source.map(|r| self.world_rank(r)));
+        p2p.sendrecv(dest, send_tag, send, source, recv_tag, recv, self.context)
+            .map(|s| in_group(self.ranks.as_deref(), s))
+    }
+
     fn moves_in_place(&self, layout: &Layout) -> bool {
         self.universe.p2p.borrow().moves_in_place(layout)
     }
