@@ -90,6 +90,15 @@ for env in PAGEWIRE_TRANSPORT=mpi PAGEWIRE_MODE=copy; do
     --sizes 8,1M --iters 20 allreduce bcast pingpong
 done
 
+# examples/rsmpi_api (the rsmpi-API program of tools/bench/local_path.sh), short: the same
+# source on rsmpi over MPICH, and on pagewire under mpirun; each run checks the data it moved.
+cargo build --release --features mpi --example rsmpi_api "${T[@]}"
+for api in rsmpi pagewire; do
+  timeout 300 "${mpirun[@]}" -np 2 target/mpi/release/examples/rsmpi_api --api "$api" \
+    --msglog 0:18 --iter 50 > /dev/null
+done
+echo "mpi: examples/rsmpi_api ran on rsmpi and on pagewire"
+
 # pw-msgperf bootstrapped by MPI, data on the soft NIC.
 cargo build --release -p pagewire-tools --bin pw-msgperf --features pagewire/mpi "${T[@]}"
 for np in 2 4; do

@@ -4,8 +4,11 @@
 #   mpich  mpirun -np 2 -bind-to core BIN --transport mpi   (every call to the host MPICH)
 #   local  pwrun -n 2 --bind-to core BIN, PAGEWIRE_LOCAL=shm (shared memory + CMA, default)
 #   nic    the same with PAGEWIRE_LOCAL=nic PAGEWIRE_MODE=copy (local traffic on the soft NIC)
-# Benchmarks: imb-bench PingPong Sendrecv Allreduce -msglog 0:22, warm and with
-# -off_cache -1; beff --short --test --memory-per-process 128 (the reference run's settings).
+# Benchmarks: imb-bench's IMB_BENCHMARKS -msglog 0:22, warm and with -off_cache -1;
+# examples/rsmpi_api (one program written against rsmpi's API: ping-pong, send_receive_into,
+# all_reduce_into), on rsmpi itself over MPICH (`--api rsmpi` under mpirun: no pagewire code at
+# all) and on pagewire (`--api pagewire` under pwrun); beff --short --test
+# --memory-per-process 128 (the reference run's settings).
 # The three configurations alternate, benchmark by benchmark, for ROUNDS rounds (the order
 # rotates each round). Every raw output is kept in OUTDIR as CONFIG-BENCH-rROUND.txt (stderr
 # in .err when not empty), with machine.txt; tools/bench/local_path_table.py then prints a
@@ -23,6 +26,7 @@
 #   IMB_ARGS []           more imb-bench flags, e.g. "-iter 200" or "-time 2"
 #   BEFF_ARGS [--short --test --memory-per-process 128]
 #   SIZES [0,8,1K,64K,1M,4M]  sizes in the table (K/M suffixes), or `all`
+#   API [1]               0: leave out the rsmpi-API program
 #   TIMEOUT [300]         seconds per run before it is stopped (counted as failed)
 #   BUILD [1]             0: use the binaries already built (target/mpi, target/release)
 # Needs what .ci/mpi.sh installs (mpich, libmpich-dev, libclang-dev, pkg-config) and python3.
@@ -47,12 +51,14 @@ command -v ssh >/dev/null 2>&1 || mpirun+=(-launcher fork)
 
 if [ "${BUILD:-1}" != 0 ]; then
   cargo build --release -q --features mpi -p imb-bench -p beff --target-dir target/mpi
+  cargo build --release -q --features mpi --example rsmpi_api --target-dir target/mpi
   cargo build --release -q -p pagewire-tools --bin pwrun
 fi
 imb=target/mpi/release/imb-bench
 beff=target/mpi/release/beff
+api=target/mpi/release/examples/rsmpi_api
 pwrun=target/release/pwrun
-for bin in "$imb" "$beff" "$pwrun"; do
+for bin in "$imb" "$beff" "$api" "$pwrun"; do
   [ -x "$bin" ] || { echo "local_path.sh: $bin is missing (run without BUILD=0)" >&2; exit 2; }
 done
 
@@ -66,7 +72,7 @@ load() { cut -d' ' -f1-3 /proc/loadavg; }
   echo "pagewire: $(git rev-parse --short HEAD 2>/dev/null || echo '?')," \
     "$(git status --porcelain 2>/dev/null | wc -l) files changed or new in the work tree"
   echo "rounds: $rounds; imb-bench ${imb_benchmarks[*]} -msglog $msglog${imb_extra[*]:+ ${imb_extra[*]}}" \
-    "(warm, and -off_cache -1); beff ${beff_args[*]}"
+    "(warm, and -off_cache -1); rsmpi_api -msglog $msglog; beff ${beff_args[*]}"
 } > "$out/machine.txt"
 busy=$(awk -v n="$(nproc)" '{ print ($1 > n / 2) ? 1 : 0 }' /proc/loadavg)
 [ "$busy" = 1 ] && echo "local_path.sh: warning: load $(load) on $(nproc) cores; the figures will be noisy" >&2
@@ -77,12 +83,16 @@ run() {
   local config=$1 bench=$2 round=$3
   shift 3
   local base="$out/$config-$bench-r$round" rc=0
+  # What carries the calls: imb-bench and beff name a transport; the rsmpi-API program a
+  # library (rsmpi itself under mpirun).
+  local on_mpi=(--transport mpi) on_pagewire=(--transport soft)
+  if [ "$bench" = api ]; then on_mpi=(--api rsmpi) on_pagewire=(--api pagewire); fi
   case $config in
-    mpich) timeout "$limit" "${mpirun[@]}" -np "$np" -bind-to core "$@" --transport mpi ;;
+    mpich) timeout "$limit" "${mpirun[@]}" -np "$np" -bind-to core "$@" "${on_mpi[@]}" ;;
     local) env PAGEWIRE_LOCAL=shm PAGEWIRE_MODE=copy \
-             "$pwrun" -n "$np" --bind-to core --timeout "$limit" -- "$@" --transport soft ;;
+             "$pwrun" -n "$np" --bind-to core --timeout "$limit" -- "$@" "${on_pagewire[@]}" ;;
     nic) env PAGEWIRE_LOCAL=nic PAGEWIRE_MODE=copy \
-           "$pwrun" -n "$np" --bind-to core --timeout "$limit" -- "$@" --transport soft ;;
+           "$pwrun" -n "$np" --bind-to core --timeout "$limit" -- "$@" "${on_pagewire[@]}" ;;
   esac > "$base.txt" 2> "$base.err" || rc=$?
   [ -s "$base.err" ] || rm -f "$base.err"
   if [ "$rc" != 0 ]; then
@@ -107,6 +117,11 @@ for ((r = 1; r <= rounds; r++)); do
     run "$c" imb-offcache "$r" "$imb" "${imb_benchmarks[@]}" -msglog "$msglog" -npmin "$np" \
       -off_cache -1 --no-progress ${imb_extra[@]+"${imb_extra[@]}"}
   done
+  if [ "${API:-1}" != 0 ]; then
+    for c in "${order[@]}"; do
+      run "$c" api "$r" "$api" --msglog "$msglog"
+    done
+  fi
   for c in "${order[@]}"; do
     run "$c" beff "$r" "$beff" "${beff_args[@]}"
   done
@@ -123,6 +138,7 @@ done
   echo
   echo "Times in µs (PingPong t[usec], the others' t_avg[usec]); ratios are pagewire"
   echo "over MPICH per round, median (min–max) over $rounds round(s): below 1 = pagewire faster."
+  echo "Run \"rsmpi API\": examples/rsmpi_api, the same source on rsmpi over MPICH and on pagewire."
   echo "b_eff: ratio of MB/s, above 1 = pagewire better. local = PAGEWIRE_LOCAL=shm;"
   echo "nic = PAGEWIRE_LOCAL=nic, PAGEWIRE_MODE=copy."
   echo

@@ -4,7 +4,9 @@
 Reads the raw outputs that local_path.sh saves in OUTDIR, named CONFIG-BENCH-rROUND.txt:
   CONFIG  mpich (the mpi transport under mpirun), local (PAGEWIRE_LOCAL=shm under pwrun),
           nic (PAGEWIRE_LOCAL=nic, PAGEWIRE_MODE=copy, under pwrun);
-  BENCH   imb-warm, imb-offcache (imb-bench's IMB-MPI1 tables) or beff (b_eff's summary line).
+  BENCH   imb-warm, imb-offcache (imb-bench's IMB-MPI1 tables), api (examples/rsmpi_api's
+          tables, in IMB's format: rsmpi itself over MPICH against pagewire) or beff (b_eff's
+          summary line).
 Writes OUTDIR/rows.tsv (every figure parsed, one per line) and prints a Markdown summary:
 per benchmark and message size the MPICH time (median over the rounds) and, for local and
 nic, the ratio pagewire / MPICH as `median (min-max)` over the rounds, each round's
@@ -25,7 +27,7 @@ import sys
 
 CONFIGS = ("mpich", "local", "nic")
 PAGEWIRE = ("local", "nic")
-IMB = (("imb-warm", "warm"), ("imb-offcache", "off_cache -1"))
+IMB = (("imb-warm", "warm"), ("imb-offcache", "off_cache -1"), ("api", "rsmpi API"))
 BENCH_ORDER = ("PingPong", "Sendrecv", "Exchange", "Allreduce", "Bcast", "Alltoall")
 BEFF_LINE = re.compile(r"^b_eff\S*\s*=\s*([0-9.]+)\s*MB/s")
 
@@ -143,12 +145,15 @@ def main(argv):
     beff = {}
     missing = []
     rows = []
+    # A run without the rsmpi-API program (API=0) has none of its outputs: not missing.
+    ran = {b for b, _ in IMB if any(n.startswith(f"mpich-{b}-r") for n in os.listdir(outdir))}
     for config in CONFIGS:
         for r in rounds:
             for bench_id, _label in IMB:
                 path = os.path.join(outdir, f"{config}-{bench_id}-r{r}.txt")
                 if not os.path.exists(path):
-                    missing.append(os.path.basename(path))
+                    if bench_id in ran or bench_id != "api":
+                        missing.append(os.path.basename(path))
                     continue
                 tables = parse_imb(path)
                 if not tables:
@@ -183,7 +188,7 @@ def main(argv):
                         key=lambda b: (BENCH_ORDER.index(b) if b in BENCH_ORDER else 99, b))
 
     out = []
-    out.append("| benchmark | buffers | size | MPICH µs | local/MPICH | nic/MPICH |")
+    out.append("| benchmark | run | size | MPICH µs | local/MPICH | nic/MPICH |")
     out.append("|---|---|---:|---:|---:|---:|")
     for bench in benchmarks:
         for bench_id, label in IMB:
