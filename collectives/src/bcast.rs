@@ -33,9 +33,15 @@ pub(crate) fn bcast(c: &mut Call, buf: &mut [u8], root: usize) -> Result<()> {
         BcastAlgo::ScatterAllgather => algo::BCAST_SCATTER_ALLGATHER,
         _ => algo::BCAST_BINOMIAL,
     };
-    let offs = balanced_offsets(n, p, 1);
-    let range_of = |a: u8, v: usize| {
-        if a == algo::BCAST_SCATTER_ALLGATHER {
+    // The scatter's blocks (the binomial tree sends the whole message: no offsets).
+    let scatter = |a: u8| a == algo::BCAST_SCATTER_ALLGATHER;
+    let mut offs = if scatter(mine) {
+        balanced_offsets(n, p, 1)
+    } else {
+        Vec::new()
+    };
+    let range_of = |offs: &[usize], a: u8, v: usize| {
+        if scatter(a) {
             offs[v]..offs[v + Binomial::subtree_of(p, v)]
         } else {
             0..n
@@ -43,7 +49,12 @@ pub(crate) fn bcast(c: &mut Call, buf: &mut [u8], root: usize) -> Result<()> {
     };
     let mut run = mine;
     if let Some(parent) = tree.parent() {
-        let got = c.recv_with(real(parent), None, &mut buf[range_of(mine, vr)], None)?;
+        let got = c.recv_with(
+            real(parent),
+            None,
+            &mut buf[range_of(&offs, mine, vr)],
+            None,
+        )?;
         if got.algo != mine
             && (got.algo == algo::BCAST_BINOMIAL || got.algo == algo::BCAST_SCATTER_ALLGATHER)
         {
@@ -57,12 +68,15 @@ pub(crate) fn bcast(c: &mut Call, buf: &mut [u8], root: usize) -> Result<()> {
                 c.amount(n)
             ));
             run = got.algo;
+            if scatter(run) {
+                offs = balanced_offsets(n, p, 1);
+            }
         }
     }
     for &(child, _) in tree.children().iter().rev() {
-        c.send(real(child), run, &buf[range_of(run, child)])?;
+        c.send(real(child), run, &buf[range_of(&offs, run, child)])?;
     }
-    if run == algo::BCAST_SCATTER_ALLGATHER {
+    if scatter(run) {
         allgather::ring(c, buf, &offs, Some(root), run)?;
     }
     Ok(())

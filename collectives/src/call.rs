@@ -168,20 +168,19 @@ pub(crate) struct Call<'g, 'a> {
     pub(crate) g: &'g mut Group<'a>,
     pub(crate) coll: Coll,
     poison: Option<Poison>,
-    /// Bytes per element and the element's name, for messages.
+    /// Bytes per element and the element's type, for messages.
     unit: usize,
     type_name: &'static str,
 }
 
 impl<'g, 'a> Call<'g, 'a> {
     pub(crate) fn new<T>(g: &'g mut Group<'a>, coll: Coll) -> Self {
-        let full = std::any::type_name::<T>();
         Call {
             g,
             coll,
             poison: None,
             unit: std::mem::size_of::<T>().max(1),
-            type_name: full.rsplit("::").next().unwrap_or(full),
+            type_name: std::any::type_name::<T>(),
         }
     }
 
@@ -201,11 +200,9 @@ impl<'g, 'a> Call<'g, 'a> {
     pub(crate) fn amount(&self, bytes: usize) -> String {
         if bytes % self.unit == 0 {
             let n = bytes / self.unit;
-            format!(
-                "{n} element{} ({})",
-                if n == 1 { "" } else { "s" },
-                self.type_name
-            )
+            // The path is cut only here, on the way to an error message.
+            let name = self.type_name.rsplit("::").next().unwrap_or(self.type_name);
+            format!("{n} element{} ({})", if n == 1 { "" } else { "s" }, name)
         } else {
             format!("{bytes} bytes")
         }

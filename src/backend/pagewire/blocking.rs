@@ -21,6 +21,9 @@ pub(super) fn send(
     bytes: &[u8],
     sync: bool,
 ) -> Result<Status> {
+    if !sync {
+        return p2p.send(dest, tag, context, bytes);
+    }
     // SAFETY: the request is waited for before this function returns, so `bytes` is
     // borrowed for the whole operation.
     let buf = unsafe { UserBuf::new(bytes.as_ptr(), bytes.len()) };

@@ -97,6 +97,42 @@ impl PointToPoint {
         Ok(id)
     }
 
+    /// Sends `buf` to `dest` at once if it goes eagerly and nothing is queued before it (a
+    /// credit, or room in the local path's ring): what [`PointToPoint::isend`] followed by
+    /// a wait does for such a message, without a request. `Ok(false)`: not sent, nothing
+    /// happened (start it with `isend`). The blocking calls try it first.
+    pub fn send_eager_now(
+        &mut self,
+        dest: usize,
+        tag: i32,
+        context: u32,
+        buf: &UserBuf,
+    ) -> Result<bool> {
+        self.check_rank(dest)?;
+        Self::check_tag(tag)?;
+        let local = self.is_local(dest);
+        let p = &self.peers[dest];
+        if buf.len() > self.cfg.eager_limit
+            || !p.queued.is_empty()
+            || (!local && p.credits == 0)
+            || p.dead.is_some()
+        {
+            return Ok(false);
+        }
+        let mut h = Header::new(wire::MsgKind::Eager);
+        h.tag = tag;
+        h.context = context;
+        h.size = buf.len() as u64;
+        if !self.send_message(dest, h, Payload::User(buf, 0, buf.len()))? {
+            return Ok(false);
+        }
+        self.counters.eager_sent += 1;
+        if !local {
+            self.peers[dest].credits -= 1;
+        }
+        Ok(true)
+    }
+
     /// Starts receiving into `buf` (`MPI_Irecv`); `source`/`tag` `None` are wildcards.
     pub fn irecv(
         &mut self,

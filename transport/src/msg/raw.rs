@@ -33,10 +33,23 @@ impl super::PointToPoint {
         context: u32,
         buf: &[u8],
     ) -> Result<super::Status> {
-        // SAFETY: waited for below, while `buf` is borrowed.
+        // SAFETY: sent before this returns (eagerly), or waited for below, while `buf` is
+        // borrowed.
         let b = unsafe { UserBuf::new(buf.as_ptr(), buf.len()) };
+        if self.send_eager_now(dest, tag, context, &b)? {
+            return Ok(self.sent_status(tag, buf.len()));
+        }
         let id = self.isend(dest, tag, context, b, false)?;
         self.wait(id)
+    }
+
+    /// The status of a completed send of `len` bytes.
+    pub(crate) fn sent_status(&self, tag: i32, len: usize) -> super::Status {
+        super::Status {
+            source: self.rank(),
+            tag,
+            count: len,
+        }
     }
 
     /// Receives into `buf` (`MPI_Recv`); `source`/`tag` `None` are wildcards.
@@ -71,12 +84,18 @@ impl super::PointToPoint {
         let rid = self.irecv(source, recv_tag, context, r)?;
         // SAFETY: as above.
         let s = unsafe { UserBuf::new(send.as_ptr(), send.len()) };
-        let sid = self.isend(dest, send_tag, context, s, false);
+        let sid = match self.send_eager_now(dest, send_tag, context, &s) {
+            Ok(true) => None,
+            Ok(false) => Some(self.isend(dest, send_tag, context, s, false)),
+            Err(e) => Some(Err(e)),
+        };
         let rstatus = self.wait(rid);
-        if let Ok(sid) = sid {
-            self.wait(sid)?;
-        } else {
-            sid?;
+        match sid {
+            Some(Ok(sid)) => {
+                self.wait(sid)?;
+            }
+            Some(Err(e)) => return Err(e),
+            None => {}
         }
         rstatus
     }

@@ -323,7 +323,7 @@ impl PointToPoint {
         }
         let next = if sg { descs.len() } else { leases.len() } as u32;
         if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
-            s.state = SendState::Rndv(RndvSend {
+            s.state = SendState::Rndv(Box::new(RndvSend {
                 t,
                 size: buf.len(),
                 get,
@@ -337,7 +337,7 @@ impl PointToPoint {
                 rreq: None,
                 next_key: 0,
                 scatter_gather: sg,
-            });
+            }));
             if sg {
                 self.counters.rndv_scatter_gather += 1;
             }

@@ -233,12 +233,12 @@ impl PointToPoint {
         }
         self.counters.rndv_split += 1;
         if let Some(Req::Recv(r)) = self.reqs.get_mut(rid) {
-            r.state = RecvState::LocalSplit(LocalSplitRecv {
+            r.state = RecvState::LocalSplit(Box::new(LocalSplitRecv {
                 peer,
                 tag: h.tag,
                 size: h.size as usize,
                 failed: None,
-            });
+            }));
         }
         Ok(true)
     }

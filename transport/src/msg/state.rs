@@ -113,8 +113,8 @@ pub(crate) enum SendState {
     Queued,
     /// Eager synchronous send: waiting to hear it matched.
     AwaitSyncAck,
-    /// Rendezvous in progress.
-    Rndv(rndv::RndvSend),
+    /// Rendezvous in progress (boxed: an eager request stays small, and cheap to move).
+    Rndv(Box<rndv::RndvSend>),
     /// Local rendezvous: the receiver copies from the buffer (or from `_packed`, a packed
     /// copy of a buffer whose runs did not fit the RTS) until it says it is done.
     LocalCopy { _packed: Option<Vec<u8>> },
@@ -131,7 +131,7 @@ pub(crate) enum RecvState {
     Rndv(Box<rndv::RndvRecv>),
     /// Local rendezvous split between both sides: this side copied the front of the
     /// message and waits for the sender to say it wrote the back.
-    LocalSplit(rndv_local::LocalSplitRecv),
+    LocalSplit(Box<rndv_local::LocalSplitRecv>),
 }
 
 /// An RDMA operation in flight for a rendezvous chunk.
