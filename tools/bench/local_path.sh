@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Pagewire's local path next to MPICH on one host: the same two binaries, imb-bench and
-# beff built with the `mpi` feature, on 2 ranks in three configurations:
+# Pagewire's local path next to MPICH (and Open MPI) on one host: the same binaries,
+# imb-bench and beff built with the `mpi` feature, on 2 ranks in three or four
+# configurations:
 #   mpich  mpirun -np 2 -bind-to core BIN --transport mpi   (every call to the host MPICH)
+#   ompi   mpirun.openmpi -np 2 --bind-to core BIN --transport mpi, the binaries built
+#          against Open MPI (MPICC=mpicc.openmpi, target/ompi): where Debian's openmpi-bin
+#          and libopenmpi-dev are installed beside MPICH (OMPI=0 leaves it out)
 #   local  pwrun -n 2 --bind-to core BIN, PAGEWIRE_LOCAL=shm (shared memory + CMA, default)
 #   nic    the same with PAGEWIRE_LOCAL=nic PAGEWIRE_MODE=copy (local traffic on the soft NIC)
 # Benchmarks: imb-bench's IMB_BENCHMARKS -msglog 0:22, warm and with -off_cache -1;
@@ -27,6 +31,8 @@
 #   BEFF_ARGS [--short --test --memory-per-process 128]
 #   SIZES [0,8,1K,64K,1M,4M]  sizes in the table (K/M suffixes), or `all`
 #   API [1]               0: leave out the rsmpi-API program
+#   OMPI [auto]           1: Open MPI too (fails without mpirun.openmpi), 0: not, auto: if
+#                         mpirun.openmpi is installed
 #   TIMEOUT [300]         seconds per run before it is stopped (counted as failed)
 #   BUILD [1]             0: use the binaries already built (target/mpi, target/release)
 # Needs what .ci/mpi.sh installs (mpich, libmpich-dev, libclang-dev, pkg-config) and python3.
@@ -44,15 +50,42 @@ sizes=${SIZES:-0,8,1K,64K,1M,4M}
 limit=${TIMEOUT:-300}
 mkdir -p "$out"
 # Raw outputs of an earlier run in this directory must not mix with this one's.
-rm -f "$out"/{mpich,local,nic}-*-r*.txt "$out"/{mpich,local,nic}-*-r*.err \
+rm -f "$out"/{mpich,ompi,local,nic}-*-r*.txt "$out"/{mpich,ompi,local,nic}-*-r*.err \
   "$out"/failures.txt "$out"/summary.md "$out"/rows.tsv
+# MPICH by its own names where Debian gives them (installing Open MPI beside it makes
+# Open MPI the default `mpirun` and `mpicc`).
 mpirun=(mpirun)
+command -v mpirun.mpich >/dev/null 2>&1 && mpirun=(mpirun.mpich)
 command -v ssh >/dev/null 2>&1 || mpirun+=(-launcher fork)
+mpicc_mpich=mpicc
+command -v mpicc.mpich >/dev/null 2>&1 && mpicc_mpich=mpicc.mpich
+case ${OMPI:-auto} in
+  0) ompi=0 ;;
+  1) ompi=1 ;;
+  *) ompi=$(command -v mpirun.openmpi >/dev/null 2>&1 && echo 1 || echo 0) ;;
+esac
+# Open MPI's launcher: as root it must be told so; more ranks than cores need
+# --oversubscribe, and cannot be bound one to a core.
+ompirun=(mpirun.openmpi -np "$np")
+[ "$(id -u)" = 0 ] && ompirun+=(--allow-run-as-root)
+if [ "$np" -gt "$(nproc)" ]; then
+  ompirun+=(--oversubscribe --bind-to none)
+else
+  ompirun+=(--bind-to core)
+fi
 
 if [ "${BUILD:-1}" != 0 ]; then
-  cargo build --release -q --features mpi -p imb-bench -p beff --target-dir target/mpi
-  cargo build --release -q --features mpi --example rsmpi_api --target-dir target/mpi
+  MPICC=$mpicc_mpich cargo build --release -q --features mpi -p imb-bench -p beff \
+    --target-dir target/mpi
+  MPICC=$mpicc_mpich cargo build --release -q --features mpi --example rsmpi_api \
+    --target-dir target/mpi
   cargo build --release -q -p pagewire-tools --bin pwrun
+  if [ "$ompi" = 1 ]; then
+    MPICC=mpicc.openmpi cargo build --release -q --features mpi -p imb-bench -p beff \
+      --target-dir target/ompi
+    MPICC=mpicc.openmpi cargo build --release -q --features mpi --example rsmpi_api \
+      --target-dir target/ompi
+  fi
 fi
 imb=target/mpi/release/imb-bench
 beff=target/mpi/release/beff
@@ -61,6 +94,12 @@ pwrun=target/release/pwrun
 for bin in "$imb" "$beff" "$api" "$pwrun"; do
   [ -x "$bin" ] || { echo "local_path.sh: $bin is missing (run without BUILD=0)" >&2; exit 2; }
 done
+if [ "$ompi" = 1 ]; then
+  for bin in "$imb" "$beff" "$api"; do
+    b=${bin/target\/mpi\//target/ompi/}
+    [ -x "$b" ] || { echo "local_path.sh: $b is missing (run without BUILD=0)" >&2; exit 2; }
+  done
+fi
 
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 {
@@ -68,7 +107,8 @@ load() { cut -d' ' -f1-3 /proc/loadavg; }
   echo "uname: $(uname -a)"
   echo "nproc: $(nproc)"
   echo "load before: $(load)"
-  mpirun --version 2>&1 | sed -n 1,3p | sed 's/^/mpirun: /'
+  "${mpirun[0]}" --version 2>&1 | sed -n 1,3p | sed 's/^/mpirun: /'
+  [ "$ompi" = 1 ] && mpirun.openmpi --version 2>&1 | sed -n 1p | sed 's/^/mpirun.openmpi: /'
   echo "pagewire: $(git rev-parse --short HEAD 2>/dev/null || echo '?')," \
     "$(git status --porcelain 2>/dev/null | wc -l) files changed or new in the work tree"
   echo "rounds: $rounds; imb-bench ${imb_benchmarks[*]} -msglog $msglog${imb_extra[*]:+ ${imb_extra[*]}}" \
@@ -89,6 +129,8 @@ run() {
   if [ "$bench" = api ]; then on_mpi=(--api rsmpi) on_pagewire=(--api pagewire); fi
   case $config in
     mpich) timeout "$limit" "${mpirun[@]}" -np "$np" -bind-to core "$@" "${on_mpi[@]}" ;;
+    ompi) timeout "$limit" "${ompirun[@]}" "${1/target\/mpi\//target/ompi/}" "${@:2}" \
+            "${on_mpi[@]}" ;;
     local) env PAGEWIRE_LOCAL=shm PAGEWIRE_MODE=copy \
              "$pwrun" -n "$np" --bind-to core --timeout "$limit" -- "$@" "${on_pagewire[@]}" ;;
     nic) env PAGEWIRE_LOCAL=nic PAGEWIRE_MODE=copy \
@@ -103,10 +145,11 @@ run() {
 }
 
 configs=(mpich local nic)
+[ "$ompi" = 1 ] && configs=(mpich ompi local nic)
 start=$SECONDS
 for ((r = 1; r <= rounds; r++)); do
   # Rotate the order so that no configuration always runs first (or right after another).
-  k=$(((r - 1) % 3))
+  k=$(((r - 1) % ${#configs[@]}))
   order=("${configs[@]:k}" "${configs[@]:0:k}")
   echo "round $r/$rounds (${order[*]}), $((SECONDS - start)) s so far, load $(load)" >&2
   for c in "${order[@]}"; do
@@ -140,7 +183,8 @@ done
   echo "over MPICH per round, median (min–max) over $rounds round(s): below 1 = pagewire faster."
   echo "Run \"rsmpi API\": examples/rsmpi_api, the same source on rsmpi over MPICH and on pagewire."
   echo "b_eff: ratio of MB/s, above 1 = pagewire better. local = PAGEWIRE_LOCAL=shm;"
-  echo "nic = PAGEWIRE_LOCAL=nic, PAGEWIRE_MODE=copy."
+  echo "nic = PAGEWIRE_LOCAL=nic, PAGEWIRE_MODE=copy. local/OMPI: over Open MPI's time (or MB/s)."
+  echo "Where MPICH's time is below 1 µs, a ratio says little (its state changes between runs)."
   echo
   python3 tools/bench/local_path_table.py "$out" "$rounds" "$sizes"
   if [ -s "$out/failures.txt" ]; then

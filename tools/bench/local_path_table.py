@@ -2,8 +2,9 @@
 """The tables of tools/bench/local_path.sh: pagewire's local path next to MPICH.
 
 Reads the raw outputs that local_path.sh saves in OUTDIR, named CONFIG-BENCH-rROUND.txt:
-  CONFIG  mpich (the mpi transport under mpirun), local (PAGEWIRE_LOCAL=shm under pwrun),
-          nic (PAGEWIRE_LOCAL=nic, PAGEWIRE_MODE=copy, under pwrun);
+  CONFIG  mpich (the mpi transport under mpirun), ompi (the same on Open MPI, when it was
+          run), local (PAGEWIRE_LOCAL=shm under pwrun), nic (PAGEWIRE_LOCAL=nic,
+          PAGEWIRE_MODE=copy, under pwrun);
   BENCH   imb-warm, imb-offcache (imb-bench's IMB-MPI1 tables), api (examples/rsmpi_api's
           tables, in IMB's format: rsmpi itself over MPICH against pagewire) or beff (b_eff's
           summary line).
@@ -13,6 +14,7 @@ nic, the ratio pagewire / MPICH as `median (min-max)` over the rounds, each roun
 pagewire time divided by the MPICH time of the same round (the runs of a round are next
 to each other in time). Times are PingPong's t[usec] and the t_avg[usec] of the others;
 below 1 = pagewire faster. For b_eff the ratio is of MB/s: above 1 = pagewire better.
+With Open MPI's outputs, two columns more: its time and local's ratio over it.
 
 Usage: local_path_table.py OUTDIR ROUNDS [SIZES]
   SIZES: comma-separated byte counts with optional K/M suffix (default 0,8,1K,64K,1M,4M), or
@@ -25,7 +27,7 @@ import re
 import statistics
 import sys
 
-CONFIGS = ("mpich", "local", "nic")
+CONFIGS = ("mpich", "ompi", "local", "nic")
 PAGEWIRE = ("local", "nic")
 IMB = (("imb-warm", "warm"), ("imb-offcache", "off_cache -1"), ("api", "rsmpi API"))
 BENCH_ORDER = ("PingPong", "Sendrecv", "Exchange", "Allreduce", "Bcast", "Alltoall")
@@ -105,6 +107,8 @@ def human(n):
 
 
 def fmt_time(t):
+    if t is None:
+        return "—"
     if t >= 100:
         return f"{t:.0f}"
     if t >= 10:
@@ -121,12 +125,12 @@ def fmt_ratios(ratios):
     return f"{med:.2f} ({min(ratios):.2f}–{max(ratios):.2f})"
 
 
-def ratios_for(data, key, config, rounds):
-    """Per-round ratios config / mpich, over the rounds where both were measured."""
+def ratios_for(data, key, config, rounds, base="mpich"):
+    """Per-round ratios config / base, over the rounds where both were measured."""
     out = []
     for r in rounds:
         p = data.get((config, r), {}).get(key)
-        m = data.get(("mpich", r), {}).get(key)
+        m = data.get((base, r), {}).get(key)
         if p is not None and m:
             out.append(p / m)
     return out
@@ -147,7 +151,10 @@ def main(argv):
     rows = []
     # A run without the rsmpi-API program (API=0) has none of its outputs: not missing.
     ran = {b for b, _ in IMB if any(n.startswith(f"mpich-{b}-r") for n in os.listdir(outdir))}
+    with_ompi = any(n.startswith("ompi-") for n in os.listdir(outdir))
     for config in CONFIGS:
+        if config == "ompi" and not with_ompi:
+            continue
         for r in rounds:
             for bench_id, _label in IMB:
                 path = os.path.join(outdir, f"{config}-{bench_id}-r{r}.txt")
@@ -187,27 +194,50 @@ def main(argv):
     benchmarks = sorted({k[1] for k in keys},
                         key=lambda b: (BENCH_ORDER.index(b) if b in BENCH_ORDER else 99, b))
 
+    def median_of(data, config, key):
+        v = [data[(config, r)][key] for r in rounds if key in data.get((config, r), {})]
+        return statistics.median(v) if v else None
+
     out = []
-    out.append("| benchmark | run | size | MPICH µs | local/MPICH | nic/MPICH |")
-    out.append("|---|---|---:|---:|---:|---:|")
+    if with_ompi:
+        out.append("| benchmark | run | size | MPICH µs | Open MPI µs | local/MPICH | "
+                   "local/OMPI | nic/MPICH |")
+        out.append("|---|---|---:|---:|---:|---:|---:|---:|")
+    else:
+        out.append("| benchmark | run | size | MPICH µs | local/MPICH | nic/MPICH |")
+        out.append("|---|---|---:|---:|---:|---:|")
     for bench in benchmarks:
         for bench_id, label in IMB:
             measured = sorted(k[2] for k in keys if k[0] == bench_id and k[1] == bench)
             shown = measured if sizes is None else [s for s in sizes if s in measured]
             for nbytes in shown:
                 key = (bench_id, bench, nbytes)
-                mpich = [imb[("mpich", r)][key] for r in rounds
-                         if key in imb.get(("mpich", r), {})]
+                mpich = fmt_time(median_of(imb, "mpich", key))
                 cells = [fmt_ratios(ratios_for(imb, key, c, rounds)) for c in PAGEWIRE]
-                out.append(f"| {bench} | {label} | {human(nbytes)} | "
-                           f"{fmt_time(statistics.median(mpich))} | {cells[0]} | {cells[1]} |")
+                if with_ompi:
+                    om = median_of(imb, "ompi", key)
+                    om = "—" if om is None else fmt_time(om)
+                    vs = fmt_ratios(ratios_for(imb, key, "local", rounds, base="ompi"))
+                    out.append(f"| {bench} | {label} | {human(nbytes)} | {mpich} | {om} | "
+                               f"{cells[0]} | {vs} | {cells[1]} |")
+                else:
+                    out.append(f"| {bench} | {label} | {human(nbytes)} | {mpich} | "
+                               f"{cells[0]} | {cells[1]} |")
     out.append("")
-    out.append("| b_eff | MPICH MB/s | local/MPICH | nic/MPICH |")
-    out.append("|---|---:|---:|---:|")
-    mpich = [beff[("mpich", r)]["b_eff"] for r in rounds if ("mpich", r) in beff]
+    mpich = median_of(beff, "mpich", "b_eff")
+    med = "—" if mpich is None else f"{mpich:.0f}"
     cells = [fmt_ratios(ratios_for(beff, "b_eff", c, rounds)) for c in PAGEWIRE]
-    med = f"{statistics.median(mpich):.0f}" if mpich else "—"
-    out.append(f"| b_eff | {med} | {cells[0]} | {cells[1]} |")
+    if with_ompi:
+        om = median_of(beff, "ompi", "b_eff")
+        om = "—" if om is None else f"{om:.0f}"
+        vs = fmt_ratios(ratios_for(beff, "b_eff", "local", rounds, base="ompi"))
+        out.append("| b_eff | MPICH MB/s | Open MPI MB/s | local/MPICH | local/OMPI | nic/MPICH |")
+        out.append("|---|---:|---:|---:|---:|---:|")
+        out.append(f"| b_eff | {med} | {om} | {cells[0]} | {vs} | {cells[1]} |")
+    else:
+        out.append("| b_eff | MPICH MB/s | local/MPICH | nic/MPICH |")
+        out.append("|---|---:|---:|---:|")
+        out.append(f"| b_eff | {med} | {cells[0]} | {cells[1]} |")
     if missing:
         out.append("")
         out.append("Missing or unparsable outputs: " + ", ".join(missing))
