@@ -356,6 +356,57 @@ fn ten_thousand_unexpected_sends_on_the_local_path_are_all_delivered() {
     );
 }
 
+/// CPU time this process has used so far (user and system, `/proc/self/stat`), in clock
+/// ticks.
+fn cpu_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("read /proc/self/stat");
+    // The fields after the command's closing parenthesis; utime and stime are the 14th and
+    // 15th of the line, the 12th and 13th from the state on.
+    let rest = &stat[stat.rfind(')').expect("a command name") + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// With waits that yield (as when ranks outnumber CPUs; here `PAGEWIRE_WAIT=yield`), a rank
+/// that waits long for a message on the local path sleeps rather than polling, and the
+/// message wakes it.
+fn sleeps_while_it_waits(u: &pagewire::Universe) {
+    let world = u.world();
+    let peer = world.process_at_rank(1 - world.rank());
+    let pause = std::time::Duration::from_millis(300);
+    // Through the NIC (`PAGEWIRE_LOCAL=nic`) a waiting rank yields, it does not sleep.
+    let sleeps = u.local_path() == "shm";
+    for round in 0..3u64 {
+        if world.rank() == 0 {
+            let (ticks, t0) = (cpu_ticks(), std::time::Instant::now());
+            let mut v = 0u64;
+            peer.receive_into(&mut v);
+            let (used, waited) = (cpu_ticks() - ticks, t0.elapsed());
+            assert_eq!(v, round);
+            assert!(waited >= pause / 2, "waited only {waited:?}");
+            // 100 ticks a second: a rank polling for 300 ms uses about 30.
+            assert!(
+                !sleeps || used <= 10,
+                "rank 0 used {used} ticks of CPU in {waited:?} of waiting: it did not sleep"
+            );
+        } else {
+            std::thread::sleep(pause);
+            peer.send(&round);
+        }
+        world.barrier();
+    }
+}
+
+#[test]
+fn a_rank_waiting_long_sleeps_and_a_message_wakes_it() {
+    ranks(
+        "a_rank_waiting_long_sleeps_and_a_message_wakes_it",
+        2,
+        &[("PAGEWIRE_WAIT", "yield")],
+        sleeps_while_it_waits,
+    );
+}
+
 fn bad_arguments(u: &pagewire::Universe) {
     let world = u.world();
     let mut buf = [0u8; 4];

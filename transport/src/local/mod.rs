@@ -9,12 +9,19 @@
 //! of its host (`ring.rs`). Posting and polling are plain loads and stores in it; the kernel
 //! is entered only for the single copy of a large message.
 //!
+//! When ranks outnumber CPUs, a rank that has waited a while with nothing to do sleeps on a
+//! futex in its segment instead of yielding in a loop on a CPU the ranks it waits for need;
+//! a sender that publishes a message to a sleeping rank wakes it (`LocalPath::sleep`).
+//!
 //! Which peers are local is settled once, at start-up, and the same on both sides: the same
 //! host (`HostKey`: kernel, `/dev/shm`, PID namespace), `PAGEWIRE_LOCAL=shm` on both, and
 //! CMA permitted both ways. A peer is local or remote for the whole job, so MPI's order of
 //! the messages of a pair holds whichever path they take.
 
 mod ring;
+
+use std::sync::atomic::{fence, Ordering::SeqCst};
+use std::time::Duration;
 
 use crate::boot::{self, Bootstrap};
 use crate::error::{Error, Result};
@@ -84,6 +91,8 @@ pub struct LocalPath {
     peers: Vec<Option<LocalPeer>>,
     /// The local ranks, this one included, in rank order: what progress polls.
     local: Vec<usize>,
+    /// Ranks may sleep (`LocalPath::sleep`): a send checks whether its receiver does.
+    wake_sleepers: bool,
 }
 
 /// What a rank tells the others at start-up: whether it takes the local path, its pid,
@@ -208,6 +217,7 @@ impl LocalPath {
             geometry,
             peers,
             local,
+            wake_sleepers: false,
         }))
     }
 
@@ -268,7 +278,38 @@ impl LocalPath {
         }
         g.publish(seg, p.outbound, p.head, len, short, fill);
         p.head += 1;
+        if self.wake_sleepers {
+            // Pairs with the fence in `sleep`: either the receiver sees this message before
+            // it sleeps, or this sees it asleep.
+            fence(SeqCst);
+            if g.asleep(seg).load(SeqCst) != 0 {
+                g.bell(seg).fetch_add(1, SeqCst);
+                sys::futex_wake(g.bell(seg));
+            }
+        }
         true
+    }
+
+    /// Lets ranks sleep in [`LocalPath::sleep`] (every rank of the job sets the same: when
+    /// ranks outnumber CPUs), and so makes every send check whether its receiver sleeps.
+    pub fn allow_sleep(&mut self, on: bool) {
+        self.wake_sleepers = on;
+    }
+
+    /// Sleeps until a local peer publishes a message for this rank (or at most `timeout`):
+    /// returns at once if one is already there. Only with [`LocalPath::allow_sleep`].
+    pub fn sleep(&self, timeout: Duration) {
+        let g = &self.geometry;
+        let (asleep, bell) = (g.asleep(&self.own), g.bell(&self.own));
+        asleep.store(1, SeqCst);
+        fence(SeqCst);
+        // The bell is read before the rings: a message published after the check bumps it,
+        // and the futex then does not sleep.
+        let seen = bell.load(SeqCst);
+        if self.local.iter().all(|&peer| self.peek(peer).is_none()) {
+            sys::futex_wait(bell, seen, timeout);
+        }
+        asleep.store(0, SeqCst);
     }
 
     /// The oldest message from `peer` that this rank has not released: where its bytes are

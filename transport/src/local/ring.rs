@@ -1,8 +1,9 @@
 //! The rings of the local path: where they lie in a rank's segment, and the single-producer
 //! single-consumer protocol that moves messages through them with plain loads and stores.
 //!
-//! A segment starts with a header line (a magic word, then the geometry) followed by one
-//! ring per sender of the host. A ring is a line holding the consumer's position, then
+//! A segment starts with a header line (a magic word, the geometry, and the owner's sleep
+//! words: whether it sleeps, and the futex its senders ring) followed by one ring per
+//! sender of the host. A ring is a line holding the consumer's position, then
 //! `cells` cells. A cell is one control word, then the message. The control word holds the
 //! message's sequence number (its position + 1, modulo 2^32), its length and a bit the
 //! message layer gives the message's form (its full 64-byte header or the short one of an
@@ -12,6 +13,7 @@
 //! it, stores its new position. The sender reads that position only when the ring looks
 //! full, so a short eager message of up to 44 bytes costs one cache line and nothing else.
 
+use std::sync::atomic::AtomicU32;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 use crate::error::{Error, Result};
@@ -75,6 +77,16 @@ impl Geometry {
     /// Bytes of a segment.
     pub(crate) fn segment_bytes(&self) -> usize {
         LINE + self.rings * self.ring_bytes()
+    }
+
+    /// Whether the segment's owner is asleep (non-zero) waiting for a message.
+    pub(crate) fn asleep<'s>(&self, seg: &'s SharedSegment) -> &'s AtomicU32 {
+        seg.word32(32)
+    }
+
+    /// The futex word the owner sleeps on; a sender that finds it asleep bumps and wakes it.
+    pub(crate) fn bell<'s>(&self, seg: &'s SharedSegment) -> &'s AtomicU32 {
+        seg.word32(36)
     }
 
     /// Writes the header of a new segment.

@@ -294,6 +294,12 @@ impl PointToPoint {
                 continue;
             }
             idle_polls += 1;
+            if idle_polls >= SLEEP_AFTER_IDLE_POLLS && self.all_local && self.yield_when_idle {
+                // Ranks outnumber CPUs: give the CPU up until a local peer sends something.
+                if let Some(local) = &self.local {
+                    local.sleep(SLEEP_TIMEOUT);
+                }
+            }
             if idle_polls % IDLE_POLLS_PER_CLOCK_READ == 0 {
                 let since = *idle_since.get_or_insert_with(Instant::now);
                 if since.elapsed() > LIVENESS_CHECK_AFTER {

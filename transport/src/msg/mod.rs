@@ -83,6 +83,14 @@ const IDLE_POLLS_PER_CLOCK_READ: u32 = 256;
 /// Completions taken from the NIC per poll.
 const POLL_BATCH: usize = 64;
 
+/// Empty progress passes in a row before a rank that yields when idle starts yielding.
+const SPIN_PASSES_BEFORE_YIELD: u32 = 64;
+/// Empty polls in a row (yielding) after which a waiting rank sleeps, when ranks outnumber
+/// CPUs and every rank is on the local path (`LocalPath::sleep`).
+pub(crate) const SLEEP_AFTER_IDLE_POLLS: u32 = 512;
+/// The longest such sleep: the wait then looks round (liveness, the NIC) and sleeps again.
+pub(crate) const SLEEP_TIMEOUT: Duration = Duration::from_millis(1);
+
 /// Progress passes per NIC poll when every rank is reached through the local path.
 const NIC_POLL_EVERY_WHEN_LOCAL: u32 = 64;
 
@@ -148,6 +156,8 @@ pub struct PointToPoint {
     all_local: bool,
     /// Progress passes so far (wrapping).
     passes: u32,
+    /// Progress passes in a row that found nothing (the yield waits for a few).
+    idle_passes: u32,
 }
 
 impl std::fmt::Debug for PointToPoint {
@@ -285,6 +295,7 @@ impl PointToPoint {
                 .is_some_and(|l| l.local_ranks().len() == size),
             local,
             passes: 0,
+            idle_passes: 0,
         };
         p2p.yield_when_idle = match p2p.cfg.wait {
             WaitPolicy::Spin => false,
@@ -292,6 +303,9 @@ impl PointToPoint {
             // Every rank of the soft NIC runs on this host.
             WaitPolicy::Auto => p2p.nic.capabilities().provider == "soft" && size > online_cpus(),
         };
+        if let Some(local) = p2p.local.as_mut() {
+            local.allow_sleep(p2p.yield_when_idle);
+        }
         for peer in 0..size {
             for slot in 0..per_peer {
                 p2p.post_slot(peer, slot)?;
@@ -445,8 +459,14 @@ impl PointToPoint {
             self.settle_all_failing();
         }
         self.last_progress_made = events > 0;
-        if events == 0 && self.yield_when_idle {
-            std::thread::yield_now();
+        if events > 0 {
+            self.idle_passes = 0;
+        } else {
+            self.idle_passes = self.idle_passes.saturating_add(1);
+            // A few passes spin first: an answer from a rank that has a CPU is that close.
+            if self.yield_when_idle && self.idle_passes > SPIN_PASSES_BEFORE_YIELD {
+                std::thread::yield_now();
+            }
         }
         match first_err {
             Some(e) => Err(e),
