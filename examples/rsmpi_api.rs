@@ -112,6 +112,20 @@ macro_rules! program {
                 (lo, hi, sum / world.size() as f64)
             }
 
+            /// Runs `once` a tenth of `reps` times untimed, then, from a barrier, `reps` times:
+            /// the seconds those took on this rank.
+            fn timed<C: Communicator>(world: &C, reps: u64, mut once: impl FnMut()) -> f64 {
+                for _ in 0..(reps / 10).max(1) {
+                    once();
+                }
+                world.barrier();
+                let t0 = mpi::time();
+                for _ in 0..reps {
+                    once();
+                }
+                mpi::time() - t0
+            }
+
             fn banner(rank: i32, name: &str, procs: i32, columns: &str) {
                 if rank == 0 {
                     println!("#----------------------------------------------------------------");
@@ -160,15 +174,7 @@ macro_rules! program {
                                     }
                                     _ => {}
                                 };
-                                for _ in 0..(reps / 10).max(1) {
-                                    once(&mut recv);
-                                }
-                                world.barrier();
-                                let t0 = mpi::time();
-                                for _ in 0..reps {
-                                    once(&mut recv);
-                                }
-                                let elapsed = mpi::time() - t0;
+                                let elapsed = timed(&world, reps, || once(&mut recv));
                                 assert!(rank > 1 || recv.iter().all(|&b| b == 1), "ping-pong data");
                                 let t = elapsed / (2 * reps) as f64 * 1e6;
                                 if rank == 0 {
@@ -192,15 +198,7 @@ macro_rules! program {
                                 let once = |recv: &mut [u8]| {
                                     mpi::point_to_point::send_receive_into(&send[..], &right, recv, &left);
                                 };
-                                for _ in 0..(reps / 10).max(1) {
-                                    once(&mut recv);
-                                }
-                                world.barrier();
-                                let t0 = mpi::time();
-                                for _ in 0..reps {
-                                    once(&mut recv);
-                                }
-                                let elapsed = mpi::time() - t0;
+                                let elapsed = timed(&world, reps, || once(&mut recv));
                                 let from = ((rank + size - 1) % size) as u8;
                                 assert!(recv.iter().all(|&b| b == from), "send_receive data");
                                 let (lo, hi, avg) = spread(&world, elapsed, reps);
@@ -229,15 +227,7 @@ macro_rules! program {
                                 let once = |recv: &mut [f32]| {
                                     world.all_reduce_into(&send[..], recv, SystemOperation::sum());
                                 };
-                                for _ in 0..(reps / 10).max(1) {
-                                    once(&mut recv);
-                                }
-                                world.barrier();
-                                let t0 = mpi::time();
-                                for _ in 0..reps {
-                                    once(&mut recv);
-                                }
-                                let elapsed = mpi::time() - t0;
+                                let elapsed = timed(&world, reps, || once(&mut recv));
                                 assert!(recv.iter().all(|&x| x == size as f32), "all_reduce sums");
                                 let (lo, hi, avg) = spread(&world, elapsed, reps);
                                 if rank == 0 {

@@ -28,6 +28,10 @@ const LINE: usize = 64;
 const CELL_HEADER: usize = 8;
 /// The control word's bit that marks the short form.
 const SHORT_BIT: u64 = 1 << 63;
+/// Where the header line holds the owner's sleep words (after the four words of
+/// `write_header`): whether it sleeps, and the futex its senders ring.
+const ASLEEP_AT: usize = 32;
+const BELL_AT: usize = 36;
 /// About how many bytes one ring takes: cells of small messages are many, of large ones few.
 const RING_TARGET_BYTES: usize = 512 << 10;
 
@@ -81,12 +85,12 @@ impl Geometry {
 
     /// Whether the segment's owner is asleep (non-zero) waiting for a message.
     pub(crate) fn asleep<'s>(&self, seg: &'s SharedSegment) -> &'s AtomicU32 {
-        seg.word32(32)
+        seg.word32(ASLEEP_AT)
     }
 
     /// The futex word the owner sleeps on; a sender that finds it asleep bumps and wakes it.
     pub(crate) fn bell<'s>(&self, seg: &'s SharedSegment) -> &'s AtomicU32 {
-        seg.word32(36)
+        seg.word32(BELL_AT)
     }
 
     /// Writes the header of a new segment.

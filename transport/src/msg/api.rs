@@ -119,14 +119,9 @@ impl PointToPoint {
         {
             return Ok(false);
         }
-        let mut h = Header::new(wire::MsgKind::Eager);
-        h.tag = tag;
-        h.context = context;
-        h.size = buf.len() as u64;
-        if !self.send_message(dest, h, Payload::User(buf, 0, buf.len()))? {
+        if !self.post_eager(dest, tag, context, buf, None)? {
             return Ok(false);
         }
-        self.counters.eager_sent += 1;
         if !local {
             self.peers[dest].credits -= 1;
         }

@@ -12,6 +12,7 @@
 //! Control messages (CTS, FIN, chunk notices, acknowledgements) use extra slots and no credit.
 
 use super::matching::Envelope;
+use super::raw::UserBuf;
 use super::wire::{self, Header, MsgKind};
 use super::{
     Arrival, EagerData, Payload, PointToPoint, Req, RequestId, SendReq, SendState, Status,
@@ -44,29 +45,15 @@ impl PointToPoint {
             };
             let (tag, context, buf, sync) = (s.tag, s.context, s.buf.clone(), s.sync);
             let started = if buf.len() <= self.cfg.eager_limit {
-                let mut h = Header::new(MsgKind::Eager);
-                h.tag = tag;
-                h.context = context;
-                h.size = buf.len() as u64;
-                h.sreq = id.0;
-                if sync {
-                    h.flags |= wire::SYNC;
-                }
-                let sent = self.send_message(peer, h, Payload::User(&buf, 0, buf.len()))?;
+                let sent = self.post_eager(peer, tag, context, &buf, sync.then_some(id))?;
                 if sent {
-                    self.counters.eager_sent += 1;
                     if sync {
                         if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
                             s.state = SendState::AwaitSyncAck;
                         }
                     } else {
                         // The payload is copied out: the user's buffer is free again.
-                        let status = Status {
-                            source: self.rank(),
-                            tag,
-                            count: buf.len(),
-                        };
-                        self.complete(id, Ok(status));
+                        self.complete(id, Ok(self.sent_status(tag, buf.len())));
                     }
                 }
                 sent
@@ -84,6 +71,32 @@ impl PointToPoint {
             self.peers[peer].queued.pop_front();
         }
         Ok(())
+    }
+
+    /// Sends `buf` to `peer` as one eager message (synchronous when `sync_id` names the
+    /// send that waits for its match); false if the queue pair, the slots or the local ring
+    /// are full. The caller checked the size, and takes the credit.
+    pub(crate) fn post_eager(
+        &mut self,
+        peer: usize,
+        tag: i32,
+        context: u32,
+        buf: &UserBuf,
+        sync_id: Option<RequestId>,
+    ) -> Result<bool> {
+        let mut h = Header::new(MsgKind::Eager);
+        h.tag = tag;
+        h.context = context;
+        h.size = buf.len() as u64;
+        if let Some(id) = sync_id {
+            h.sreq = id.0;
+            h.flags |= wire::SYNC;
+        }
+        let sent = self.send_message(peer, h, Payload::User(buf, 0, buf.len()))?;
+        if sent {
+            self.counters.eager_sent += 1;
+        }
+        Ok(sent)
     }
 
     /// Sends an explicit credit message when half the credits are owed and nothing else
@@ -223,11 +236,7 @@ impl PointToPoint {
                         self.protocol_violation(peer, "a sync ack for another rank's send");
                         return Ok(());
                     }
-                    let status = Status {
-                        source: self.rank(),
-                        tag: s.tag,
-                        count: s.buf.len(),
-                    };
+                    let status = self.sent_status(s.tag, s.buf.len());
                     self.complete(id, Ok(status));
                 }
                 self.put_back_control(peer, at)
@@ -314,11 +323,8 @@ impl PointToPoint {
             return;
         };
         let buf = r.buf.clone();
-        let n = size.min(buf.len());
-        buf.write(
-            0,
-            &self.arrived_bytes(peer, at)[at.header_bytes()..at.header_bytes() + n],
-        );
+        let (n, body) = (size.min(buf.len()), at.header_bytes());
+        buf.write(0, &self.arrived_bytes(peer, at)[body..body + n]);
         self.complete_eager(rid, env, size, buf.len());
     }
 

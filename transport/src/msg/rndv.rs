@@ -514,11 +514,7 @@ impl PointToPoint {
             return;
         };
         if rs.all_done && rs.leases.is_empty() && rs.writes_out == 0 && rs.pending_cts.is_empty() {
-            let status = Status {
-                source: self.rank(),
-                tag: s.tag,
-                count: rs.size,
-            };
+            let status = self.sent_status(s.tag, rs.size);
             self.complete(id, Ok(status));
         }
     }

@@ -383,11 +383,7 @@ impl PointToPoint {
                 what: "the receiver reading this send's buffer",
             })
         } else {
-            Ok(Status {
-                source: self.rank(),
-                tag: s.tag,
-                count: s.buf.len(),
-            })
+            Ok(self.sent_status(s.tag, s.buf.len()))
         };
         self.complete(id, result);
     }
