@@ -83,12 +83,9 @@ fn point_to_point_once(
             });
         }
         Benchmark::Sendrecv => {
+            // IMB calls MPI_Sendrecv, receiving with MPI_ANY_TAG.
             let (s, r) = bufs.bytes(i, size, size);
-            request::scope(|scope| {
-                let received = left.immediate_receive_into(scope, r);
-                right.send(s);
-                received.wait();
-            });
+            pagewire::point_to_point::send_receive_into_with_tags(s, &right, 0, r, &left, None);
         }
         Benchmark::Exchange => {
             let (s, r) = bufs.bytes(i, 2 * size, size);
