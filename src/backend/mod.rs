@@ -209,7 +209,7 @@ impl CommunicatorBackend for CommBackend {
     fn mode_name(&self) -> &'static str {
         dispatch!(self, b => b.mode_name())
     }
-    fn with_message_layer<R>(&self, f: impl FnOnce(&PointToPoint) -> R) -> Result<R> {
+    fn with_message_layer<R>(&self, f: impl FnOnce(&mut PointToPoint) -> R) -> Result<R> {
         dispatch!(self, b => b.with_message_layer(f))
     }
     fn bootstrap(&self) -> &dyn Bootstrap {

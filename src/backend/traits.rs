@@ -63,7 +63,7 @@ pub(crate) trait CommunicatorBackend: Sized {
     /// The buffer mode moving user buffers (`"mpi"` where the MPI library moves them).
     fn mode_name(&self) -> &'static str;
     /// Runs `f` on pagewire's message layer, or says why this backend has none.
-    fn with_message_layer<R>(&self, f: impl FnOnce(&PointToPoint) -> R) -> Result<R>;
+    fn with_message_layer<R>(&self, f: impl FnOnce(&mut PointToPoint) -> R) -> Result<R>;
     /// The bootstrap the universe started with, which finalises it.
     fn bootstrap(&self) -> &dyn Bootstrap;
 }

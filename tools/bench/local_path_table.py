@@ -14,7 +14,8 @@ nic, the ratio pagewire / MPICH as `median (min-max)` over the rounds, each roun
 pagewire time divided by the MPICH time of the same round (the runs of a round are next
 to each other in time). Times are PingPong's t[usec] and the t_avg[usec] of the others;
 below 1 = pagewire faster. For b_eff the ratio is of MB/s: above 1 = pagewire better.
-With Open MPI's outputs, two columns more: its time and local's ratio over it.
+With Open MPI's outputs, two columns more: its time and local's ratio over it. Last, per
+configuration, Sendrecv's time at 8 B over PingPong's (warm), the same round's runs.
 
 Usage: local_path_table.py OUTDIR ROUNDS [SIZES]
   SIZES: comma-separated byte counts with optional K/M suffix (default 0,8,1K,64K,1M,4M), or
@@ -238,6 +239,24 @@ def main(argv):
         out.append("| b_eff | MPICH MB/s | local/MPICH | nic/MPICH |")
         out.append("|---|---:|---:|---:|")
         out.append(f"| b_eff | {med} | {cells[0]} | {cells[1]} |")
+    # Bidirectional against one-way traffic in each configuration: Sendrecv's time over
+    # PingPong's at 8 B (warm), each round's runs of one configuration divided.
+    out.append("")
+    out.append("| Sendrecv 8 B / PingPong 8 B, warm | " +
+               " | ".join(c for c in CONFIGS if c != "ompi" or with_ompi) + " |")
+    out.append("|---|" + "---:|" * len([c for c in CONFIGS if c != "ompi" or with_ompi]))
+    cells = []
+    for c in CONFIGS:
+        if c == "ompi" and not with_ompi:
+            continue
+        ratios = []
+        for r in rounds:
+            d = imb.get((c, r), {})
+            sr, pp = d.get(("imb-warm", "Sendrecv", 8)), d.get(("imb-warm", "PingPong", 8))
+            if sr is not None and pp:
+                ratios.append(sr / pp)
+        cells.append(fmt_ratios(ratios))
+    out.append("| ratio | " + " | ".join(cells) + " |")
     if missing:
         out.append("")
         out.append("Missing or unparsable outputs: " + ", ".join(missing))

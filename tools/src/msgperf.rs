@@ -250,6 +250,21 @@ pub struct RunOptions {
     /// PingPong with a buffer with gaps: the message's bytes in runs of `.0` bytes, `.1`
     /// bytes apart (an MPI vector of bytes; issue 14's scatter-gather rendezvous).
     pub vector: Option<(usize, usize)>,
+    /// Which calls the PingPong kernel makes.
+    pub layer: Layer,
+}
+
+/// The calls a PingPong repetition makes: the rsmpi-shaped API a user calls, or the message
+/// layer beneath it, so that one run shows what the API adds to a message.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Layer {
+    /// `Process::send` and `Process::receive_into`.
+    #[default]
+    Api,
+    /// The message layer's blocking `send` and `recv` on the world's context (its
+    /// `RefCell` borrow included, a few nanoseconds).
+    Message,
 }
 
 /// The vector of bytes `size` message bytes make in runs of `run` bytes with `hole` bytes
@@ -342,9 +357,12 @@ pub fn run(u: &pagewire::Universe, kernel: Kernel, sizes: &[usize], o: RunOption
         };
         // Warm-up, as IMB does before each size.
         let vector = o.vector.map(|(run, hole)| byte_vector(size, run, hole).0);
-        let once = |m: &mut pagewire::sys::AnonMapping, off: usize| match &vector {
-            Some(t) => pingpong_vector(&peer, me, m.as_mut_slice(), t),
-            None => pingpong_once(&peer, me, &mut m.as_mut_slice()[off..off + size]),
+        let once = |m: &mut pagewire::sys::AnonMapping, off: usize| match (&vector, o.layer) {
+            (Some(t), _) => pingpong_vector(&peer, me, m.as_mut_slice(), t),
+            (None, Layer::Api) => pingpong_once(&peer, me, &mut m.as_mut_slice()[off..off + size]),
+            (None, Layer::Message) => u.with_p2p_mut(|p2p| {
+                pingpong_message_layer(p2p, me as usize, &mut m.as_mut_slice()[off..off + size])
+            }),
         };
         for i in 0..reps.min(10) {
             let off = at(i);
@@ -432,6 +450,20 @@ fn pingpong_once(peer: &pagewire::Process<'_>, me: i32, buf: &mut [u8]) {
     } else {
         peer.receive_into(&mut *buf);
         peer.send(&*buf);
+    }
+}
+
+/// [`pingpong_once`] on the message layer: the calls `Process::send` and `receive_into` make
+/// beneath the API, on the world communicator's context (0) and tag 0.
+fn pingpong_message_layer(p2p: &mut pagewire::msg::PointToPoint, me: usize, buf: &mut [u8]) {
+    let peer = 1 - me;
+    let fail = |e| panic!("pw-msgperf: the message layer failed: {e}");
+    if me == 0 {
+        p2p.send(peer, 0, 0, buf).unwrap_or_else(fail);
+        p2p.recv(Some(peer), Some(0), 0, buf).unwrap_or_else(fail);
+    } else {
+        p2p.recv(Some(peer), Some(0), 0, buf).unwrap_or_else(fail);
+        p2p.send(peer, 0, 0, buf).unwrap_or_else(fail);
     }
 }
 

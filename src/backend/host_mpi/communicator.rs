@@ -153,7 +153,7 @@ impl CommunicatorBackend for HostMpiComm {
         "mpi"
     }
 
-    fn with_message_layer<R>(&self, _f: impl FnOnce(&PointToPoint) -> R) -> Result<R> {
+    fn with_message_layer<R>(&self, _f: impl FnOnce(&mut PointToPoint) -> R) -> Result<R> {
         Err(Error::InvalidArgument(
             "PAGEWIRE_TRANSPORT=mpi: the host MPI library moves the data, so pagewire's \
              message layer (its counters, buffer mode and NIC) is not running"

@@ -323,8 +323,8 @@ impl CommunicatorBackend for PagewireComm {
         self.universe.p2p.borrow().mode_name()
     }
 
-    fn with_message_layer<R>(&self, f: impl FnOnce(&PointToPoint) -> R) -> Result<R> {
-        Ok(f(&self.universe.p2p.borrow()))
+    fn with_message_layer<R>(&self, f: impl FnOnce(&mut PointToPoint) -> R) -> Result<R> {
+        Ok(f(&mut self.universe.p2p.borrow_mut()))
     }
 
     fn bootstrap(&self) -> &dyn Bootstrap {

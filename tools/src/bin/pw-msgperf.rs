@@ -37,6 +37,10 @@ struct Args {
     /// bytes apart (an MPI vector of bytes), e.g. `16K:4K`. Not with --off-cache or --cold.
     #[arg(long, value_parser = parse_vector, value_name = "RUN:HOLE")]
     vector: Option<(usize, usize)>,
+    /// The calls PingPong makes: the rsmpi-shaped API's `send`/`receive_into`, or the
+    /// message layer's `send`/`recv` beneath them (what the API adds is the difference).
+    #[arg(long, value_enum, default_value_t = msgperf::Layer::Api)]
+    layer: msgperf::Layer,
     /// Ranks to start when not under a launcher.
     #[arg(long, default_value_t = 2)]
     np: usize,
@@ -79,6 +83,13 @@ fn main() -> anyhow::Result<()> {
     anyhow::ensure!(
         args.vector.is_none() || (args.off_cache.is_none() && !args.cold),
         "--vector runs without --off-cache and --cold"
+    );
+    anyhow::ensure!(
+        args.layer == msgperf::Layer::Api
+            || (args.vector.is_none()
+                && !args.kernels.is_empty()
+                && args.kernels.iter().all(|k| *k == Kernel::Pingpong)),
+        "--layer message runs the pingpong kernel only (name it), without --vector"
     );
     // A bad PAGEWIRE_* setting is reported once, here, not by every rank started below.
     pagewire::UniverseConfig::from_env()?;
@@ -135,6 +146,7 @@ fn main() -> anyhow::Result<()> {
                 pattern: args.pattern,
                 cold: args.cold,
                 vector: args.vector,
+                layer: args.layer,
             },
         );
         if world.rank() == 0 {
@@ -150,6 +162,9 @@ fn main() -> anyhow::Result<()> {
                 },
                 (_, _) => "Stream (window of nonblocking sends)".to_string(),
             };
+            if args.layer == msgperf::Layer::Message {
+                name.push_str(" (message layer: send and recv beneath the API)");
+            }
             if args.cold && k == Kernel::Pingpong {
                 name.push_str(" (cold: pages discarded before each repetition)");
             }
@@ -175,6 +190,7 @@ fn main() -> anyhow::Result<()> {
             let v = serde_json::json!({
                 "mode": mode,
                 "local_path": path,
+                "layer": args.layer,
                 "eager_limit": eager,
                 "placement": placement,
                 "results": all.iter().map(|(k, r)| serde_json::json!({"kernel": k, "rows": r})).collect::<Vec<_>>(),
