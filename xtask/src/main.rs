@@ -2,7 +2,7 @@
 //!
 //! `complexity`: the code each buffer mode costs beyond the shared protocols — lines and
 //! cyclomatic/cognitive complexity per function, measured with rust-code-analysis — as a
-//! table, JSON and an SVG bar chart (seed 000, 000_888b45e1079982d9.txt, section 6.3). The
+//! table, JSON and an SVG bar chart ([Lesokhin17], section 6.3). The
 //! files each mode counts are in [`modes::FILE_SETS`].
 
 #![forbid(unsafe_code)]
@@ -30,7 +30,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Task {
     /// Lines of code and cyclomatic/cognitive complexity of the code each buffer mode needs
-    /// beyond the shared protocols (seed 000 section 6.3).
+    /// beyond the shared protocols ([Lesokhin17] section 6.3).
     Complexity {
         /// Also write the results as JSON to this file.
         #[arg(long, value_name = "FILE")]
@@ -113,7 +113,7 @@ mod tests {
         let pindown = rows.iter().find(|r| r.row == Row::Pindown).unwrap();
         let odp = rows.iter().find(|r| r.row == Row::Odp).unwrap();
         assert!(pindown.test_lines.sloc > 0.0);
-        // Seed 000 section 6.3's point, on this tree: the pin-down cache costs more code.
+        // [Lesokhin17] section 6.3's point, on this tree: the pin-down cache costs more code.
         assert!(pindown.lines.sloc > odp.lines.sloc);
     }
 }
