@@ -51,7 +51,11 @@ impl UniverseConfig {
     /// Reads `PAGEWIRE_TRANSPORT` (`mpi`, or a NIC provider that
     /// [`nic::open`](crate::nic::open) checks), `PAGEWIRE_MODE` (`copy`, `pindown` or `odp`),
     /// the modes' and the message layer's settings.
+    /// First, every `PAGEWIRE_*` variable must be a setting
+    /// ([`check_environment`](pagewire_transport::env::settings::check_environment)): a
+    /// misspelt one is an error naming the setting meant.
     pub fn from_env() -> Result<UniverseConfig> {
+        pagewire_transport::env::settings::check_environment()?;
         let transport = match std::env::var("PAGEWIRE_TRANSPORT").as_deref() {
             Ok("mpi") if cfg!(feature = "mpi") => TransportKind::HostMpi,
             Ok("mpi") => return Err(no_mpi_feature()),

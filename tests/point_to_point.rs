@@ -883,7 +883,7 @@ fn pindown_mode_falls_back_to_copying_when_nothing_fits() {
     );
 }
 
-/// [Wyckoff05]'s staleness scenarios in the pin-down mode: a cached registration whose memory
+/// Wyckoff05's staleness scenarios in the pin-down mode: a cached registration whose memory
 /// is unmapped (and new memory mapped, usually at the same address), or discarded with
 /// MADV_DONTNEED, is invalidated before it could be used again, and the receiver gets the
 /// new bytes.

@@ -1,6 +1,6 @@
 //! b_eff, the effective bandwidth benchmark of Rolf Rabenseifner (HLRS), following the
 //! definition of its version 3.6 (b_eff.c revision 3.6.0.1), on pagewire's rsmpi-shaped
-//! API. It is the second benchmark of [Lesokhin17]'s evaluation (section 6.2, Table 6: b_eff
+//! API. It is the second benchmark of Lesokhin17's evaluation (section 6.2, Table 6: b_eff
 //! in the pinning, NPF and copying configurations).
 //!
 //! b_eff measures the accumulated bandwidth of all processes at 21 message lengths

@@ -1,7 +1,7 @@
 //! `beff`: the effective bandwidth benchmark b_eff (version 3.6's definition) on pagewire.
 //! Started without a launcher it starts itself on `--np` ranks (2); under `pwrun` or (feature
 //! `mpi`) `mpirun` it runs on the job's ranks. `--mode all` runs once per buffer mode and
-//! prints the three side by side ([Lesokhin17] Table 6).
+//! prints the three side by side (Lesokhin17 Table 6).
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -262,7 +262,7 @@ fn all_modes(args: &Args) -> anyhow::Result<()> {
     let first = &runs[0].result;
     println!();
     println!(
-        "# beff --mode all: {} processes, {} MB per process, seed {seed} ([Lesokhin17] Table 6: \
+        "# beff --mode all: {} processes, {} MB per process, seed {seed} (Lesokhin17 Table 6: \
          b_eff in MB/s with pinning, NPF and copying)",
         first.processes, first.memory_per_process_mb
     );

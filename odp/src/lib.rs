@@ -1,14 +1,14 @@
 //! The `odp` buffer mode: user buffers go to the NIC as they are, unpinned, through
-//! on-demand paging ([ODP13]; [Lesokhin17] sections 4 and 6). Pages reach the NIC's tables by
+//! on-demand paging (ODP13; Lesokhin17 sections 4 and 6). Pages reach the NIC's tables by
 //! network page faults on first use, or ahead of use by prefetch; memory changes clear them.
 //!
 //! - `PAGEWIRE_ODP=implicit` (default): one ODP region covers the whole address space,
 //!   registered once at start-up, so the data path makes no registration call at all
-//!   (implicit ODP, [ODP13] "Huge MR support").
+//!   (implicit ODP, ODP13 "Huge MR support").
 //! - `PAGEWIRE_ODP=explicit`: an ODP region per transfer, registered when it begins and
 //!   deregistered when it ends (cheap: nothing is pinned).
 //! - `PAGEWIRE_ODP_PREFETCH=off|rendezvous|always`: `rendezvous` (default) prefetches each
-//!   buffer when the protocol knows it is about to move — [ODP13]'s "MPI rendezvous
+//!   buffer when the protocol knows it is about to move — ODP13's "MPI rendezvous
 //!   optimization": the receive buffer when the RTS matches, before any data arrives; the
 //!   send buffer when a CTS arrives (RPUT) or right after the RTS of an RGET has gone out
 //!   (the receiver will read it). Without it, faults on the target side are responder

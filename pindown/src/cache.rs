@@ -1,4 +1,4 @@
-//! The pin-down cache (Tezuka et al.'s "pin-down cache", [Wyckoff05] reference 10; [NFS-RDMA]
+//! The pin-down cache (Tezuka et al.'s "pin-down cache", Wyckoff05 reference 10; NFS-RDMA
 //! "Buffer Registration Cache"): user buffers are registered in place and the registrations
 //! kept for reuse, within limits, and dropped when the address space changes under them.
 //!
@@ -34,11 +34,11 @@
 //!
 //! Releasing a lease keeps its registration cached; deregistration happens only on
 //! eviction, on invalidation, or when the cache is dropped. [`PinDownCache::invalidate`]
-//! (called when the memory monitor reports an unmap, remap, discard or fork, [Wyckoff05]
+//! (called when the memory monitor reports an unmap, remap, discard or fork, Wyckoff05
 //! sections IV and VI) removes every overlapping registration from the index at once, so it
 //! is never handed out again; an unused one is deregistered (unpinned) immediately and one
 //! in use when its last lease is released — so no pinned page outlives its mapping, the
-//! leak of [Wyckoff05] section VII, and no stale registration is ever used for a new transfer.
+//! leak of Wyckoff05 section VII, and no stale registration is ever used for a new transfer.
 
 use std::collections::HashMap;
 
@@ -317,7 +317,7 @@ impl<R: Registrar> PinDownCache<R> {
     /// copy-on-write after fork): every registration overlapping it leaves the index, and
     /// is deregistered now if unused, at its last release otherwise. Returns how many
     /// registrations were invalidated. A registration is invalidated whole even if only a
-    /// part of it changed: registrations cannot shrink ([Wyckoff05] Fig. 4 revokes the
+    /// part of it changed: registrations cannot shrink (Wyckoff05 Fig. 4 revokes the
     /// mappings that overlap the freed page and keeps the others).
     pub fn invalidate(&mut self, addr: u64, len: u64) -> usize {
         let range = Span {

@@ -301,7 +301,7 @@ fn invalidating_an_unused_entry_deregisters_at_once() {
     assert_eq!(c.invalidate(pg(1), P), 1);
     assert!(
         f.live_keys().is_empty(),
-        "unpinned at once ([Wyckoff05] section VII)"
+        "unpinned at once (Wyckoff05 section VII)"
     );
     c.check_invariants();
     let b = miss(touch(&mut c, pg(0), 2 * P));
@@ -743,7 +743,7 @@ fn concurrent_invalidations_never_pull_a_registration_from_under_a_lease() {
 /// IMB's `-off_cache` rotation: buffers `len + 64` bytes apart, so each shares a page with
 /// the next; each gets a registration of its own (no hull that grows with every buffer and
 /// is re-pinned whole). A buffer used twice in a row hits the second time. (IMB's own PingPong sends and receives through different
-/// rotating buffers, so there it never reuses one: [Lesokhin17] Fig. 9.)
+/// rotating buffers, so there it never reuses one: Lesokhin17 Fig. 9.)
 #[test]
 fn imb_off_cache_rotation_hits_on_reuse() {
     let len = 128 << 10;

@@ -1,8 +1,8 @@
 //! The `pindown` buffer mode's core: a pin-down (registration) cache (DESIGN.md "Buffer
-//! modes"; [Wyckoff05], [NFS-RDMA] "Buffer Registration Cache").
+//! modes"; Wyckoff05, NFS-RDMA "Buffer Registration Cache").
 //!
 //! User buffers are registered in place and the registrations kept for reuse, so a buffer
-//! sent again costs no registration ([Wyckoff05] Fig. 1: registering around every transfer
+//! sent again costs no registration (Wyckoff05 Fig. 1: registering around every transfer
 //! halves bandwidth). The cache is:
 //!
 //! - an interval index of page-aligned registrations: a buffer inside a cached registration
@@ -13,7 +13,7 @@
 //! - lazy: a released registration stays pinned until evicted, invalidated or dropped;
 //! - safe under memory changes: [`PinDownCache::invalidate`] drops every registration over
 //!   a changed range, unpinning unused ones at once and in-use ones at their last release
-//!   ([Wyckoff05] section VII: pinned pages must not outlive their mapping);
+//!   (Wyckoff05 section VII: pinned pages must not outlive their mapping);
 //! - never the reason a send fails: when nothing fits it answers [`Acquire::Fallback`] and
 //!   the caller copies.
 //!

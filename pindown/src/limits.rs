@@ -1,7 +1,7 @@
 //! How much the cache may keep pinned, and the configuration read from the environment.
 //!
 //! Static limits are what keep a registration cache from "growing endlessly, particularly in
-//! the face of applications with poor buffer reuse patterns" ([NFS-RDMA], "Buffer Registration
+//! the face of applications with poor buffer reuse patterns" (NFS-RDMA, "Buffer Registration
 //! Cache"); the default byte limit follows RLIMIT_MEMLOCK, the limit verbs registrations are
 //! charged against, minus what the rest of the rank pins (eager slots, a bounce pool).
 
@@ -26,7 +26,7 @@ impl Limits {
     pub const DEFAULT_MAX_ENTRIES: usize = 1024;
 
     /// Default byte limit when the locked-memory limit is unlimited: a cache must still be
-    /// bounded ([NFS-RDMA]).
+    /// bounded (NFS-RDMA).
     pub const DEFAULT_MAX_BYTES_UNLIMITED: u64 = 1 << 30;
 
     /// The defaults: `memlock_limit - reserve` bytes (or

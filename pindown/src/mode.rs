@@ -1,5 +1,5 @@
 //! The `pindown` buffer mode: user buffers registered in place and kept in a
-//! [`PinDownCache`](crate::PinDownCache) (DESIGN.md "Buffer modes"; [Wyckoff05]; [Lesokhin17] "pinning").
+//! [`PinDownCache`](crate::PinDownCache) (DESIGN.md "Buffer modes"; Wyckoff05; Lesokhin17 "pinning").
 //!
 //! A transfer leases the registration covering its whole buffer (one chunk, zero-copy).
 //! When the cache cannot register the buffer even after evicting everything unused, the
@@ -7,7 +7,7 @@
 //! `fallbacks`); a send never fails for lack of pinnable memory.
 //!
 //! Correctness needs invalidations: a cached registration over memory that was unmapped or
-//! remapped must never be used again ([Wyckoff05]). Every registration is watched by the
+//! remapped must never be used again (Wyckoff05). Every registration is watched by the
 //! memory monitor (`transport::memmon`, chosen by `PAGEWIRE_MEMMON`), whose sink invalidates
 //! the cache; before each lookup the mode flushes the monitor, so every change that
 //! returned to the application before the transfer began has reached the cache (the
@@ -17,14 +17,14 @@
 //!
 //! **Expert switch, unsafe:** `PAGEWIRE_PINDOWN_INVALIDATE=off` keeps every registration
 //! cached and ignores the monitor, as MPI libraries run that rely on malloc hooks they do
-//! not have, or `leave_pinned` without MMU notifiers ([Wyckoff05] §II-III). A buffer freed and
+//! not have, or `leave_pinned` without MMU notifiers (Wyckoff05 §II-III). A buffer freed and
 //! reallocated at the same address then reuses the stale registration, which stays bound to
 //! the old pages (issue 13): old bytes are sent and received bytes vanish. It exists to
 //! measure what invalidation costs and to show that the tests can see the failure.
 //!
 //! **Registration strategies** (`PAGEWIRE_PINDOWN_STRATEGY`, [`crate::strategy`]): the
 //! cache above (`cache`, the default), a registration per transfer (`per-op`), or an
-//! FMR-style pool that defers and batches deregistration (`key-pool`), [NFS-RDMA]'s
+//! FMR-style pool that defers and batches deregistration (`key-pool`), NFS-RDMA's
 //! strategies side by side.
 
 use std::sync::Arc;

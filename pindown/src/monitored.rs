@@ -1,6 +1,6 @@
 //! A registrar that watches every range it registers with a memory monitor
 //! (`transport::memmon`), so the cache hears when memory under a registration changes
-//! ([Wyckoff05]'s `dreg` design: the OS tells the cache).
+//! (Wyckoff05's `dreg` design: the OS tells the cache).
 //!
 //! Per the monitor's contract, a range is subscribed *before* it is registered, so a change
 //! between the two is seen. A range the monitor cannot watch (System V shared memory, most

@@ -1,7 +1,7 @@
 //! The cache shared between the message layer's thread and a memory-monitor thread.
 //!
 //! The message layer is single-threaded, but invalidations arrive from the monitor's thread
-//! ([Wyckoff05] section VI-A: "allocate a separate thread to wait for VM changes ... The
+//! (Wyckoff05 section VI-A: "allocate a separate thread to wait for VM changes ... The
 //! messaging library must be sure to provide locking around the use and modification of
 //! registrations in this scenario"; section VII measured that thread as the faster
 //! option). One mutex serialises every operation, and the lock is held only inside each

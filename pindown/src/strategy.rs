@@ -1,21 +1,21 @@
-//! Registration strategies of the `pindown` mode (issue 16, study 4; [NFS-RDMA] §3.2, §8):
+//! Registration strategies of the `pindown` mode (issue 16, study 4; NFS-RDMA §3.2, §8):
 //! how a user buffer gets a registration for one transfer.
 //!
-//! - `cache` (the default): the pin-down cache ([`crate::PinDownCache`]), [NFS-RDMA]'s "buffer
-//!   registration cache" and [Wyckoff05]'s subject: registrations kept and reused.
-//! - `per-op`: register before and deregister after every transfer, [NFS-RDMA]'s baseline
+//! - `cache` (the default): the pin-down cache ([`crate::PinDownCache`]), NFS-RDMA's "buffer
+//!   registration cache" and Wyckoff05's subject: registrations kept and reused.
+//! - `per-op`: register before and deregister after every transfer, NFS-RDMA's baseline
 //!   ("the transport has to register the buffer and deregister the buffer on every
 //!   operation").
-//! - `key-pool`: Fast Memory Registration as the Mellanox FMR pool does it ([NFS-RDMA] §3.2):
+//! - `key-pool`: Fast Memory Registration as the Mellanox FMR pool does it (NFS-RDMA §3.2):
 //!   each transfer still pins its buffer and fills a table entry, but a deregistration only
 //!   queues the entry; when the queue reaches the *dirty watermark* the whole batch is
 //!   invalidated at once. On the soft NIC, allocating a table entry is a store in shared
 //!   memory with no device command to wait for, so FMR's other saving, keys allocated at
 //!   start-up, has nothing to save here; what this strategy keeps is the batched, deferred
-//!   invalidation — and its cost, [NFS-RDMA]'s "window of vulnerability": until the batch is
+//!   invalidation — and its cost, NFS-RDMA's "window of vulnerability": until the batch is
 //!   flushed, a queued registration still answers its key and keeps its pages pinned.
 //!
-//! [NFS-RDMA]'s fourth strategy, *all-physical* registration (every physical page registered
+//! NFS-RDMA's fourth strategy, *all-physical* registration (every physical page registered
 //! once at start-up, so a transfer only translates addresses), has no user-space
 //! equivalent: a process cannot pin memory it has not mapped yet. Its per-transfer cost —
 //! a lookup, no registration — is what the `cache` strategy costs once every buffer is

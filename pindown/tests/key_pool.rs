@@ -1,6 +1,6 @@
-//! The `key-pool` registration strategy (FMR-style, [NFS-RDMA] §3.2) over the real soft NIC in
+//! The `key-pool` registration strategy (FMR-style, NFS-RDMA §3.2) over the real soft NIC in
 //! one rank: deregistrations wait in a queue until the dirty watermark, and until then a
-//! finished registration's key still works ([NFS-RDMA]'s window of vulnerability); the
+//! finished registration's key still works (NFS-RDMA's window of vulnerability); the
 //! memlock limit flushes the queue before refusing.
 
 mod common;

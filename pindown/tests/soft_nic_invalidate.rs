@@ -1,5 +1,5 @@
 //! The cache over the real soft NIC in one rank: what happens when memory changes under a
-//! cached registration ([Wyckoff05]), and when the NIC's locked-memory limit is below the
+//! cached registration (Wyckoff05), and when the NIC's locked-memory limit is below the
 //! cache's.
 
 mod common;
@@ -16,7 +16,7 @@ fn nic(memlock: u64) -> SoftNic {
     common::soft_nic(memlock, PinMethod::Mlock)
 }
 
-/// [Wyckoff05] Fig. 4 and section VII: part of a cached, pinned buffer is unmapped. Until the
+/// Wyckoff05 Fig. 4 and section VII: part of a cached, pinned buffer is unmapped. Until the
 /// invalidation the NIC still holds the pages (the leak of section VII); after it they are
 /// unpinned, and the cache never hands out the stale registration again.
 #[test]

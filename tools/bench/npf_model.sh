@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Issue 16, study 2: network page fault cost, the soft NIC's real figures next to the
-# `npf-model` profile (real OS work + the NIC firmware's part, modelled from [Lesokhin17]
-# Table 4) and next to [Lesokhin17]'s own (Table 4, Fig. 3(a)) and [ODP13]'s.
+# `npf-model` profile (real OS work + the NIC firmware's part, modelled from Lesokhin17
+# Table 4) and next to Lesokhin17's own (Table 4, Fig. 3(a)) and ODP13's.
 #
 # `pw-perftest read_lat --mr odp --cold`, 4 KiB and 4 MiB, 1000 iterations, 2 ranks:
-#   - resident, profile real:      pages in memory, unknown to the NIC ([Lesokhin17]'s minor NPF);
+#   - resident, profile real:      pages in memory, unknown to the NIC (Lesokhin17's minor NPF);
 #   - resident, profile npf-model: the same plus the modelled firmware time;
 #   - first touch, profile real:   fresh pages the fault must also allocate and zero.
 # The client (initiator) takes a requester fault per iteration writing its fresh landing
 # buffer; the server a responder fault reading a fresh source slice (the first 256 at 4 MiB:
 # the target span is capped at 1 GiB and then reused).
 # Prints a Markdown table and keeps the raw outputs and a plot (faults.svg: the requester
-# faults' median and 99th percentile by size, [Lesokhin17] Table 4's beside them).
+# faults' median and 99th percentile by size, Lesokhin17 Table 4's beside them).
 # Usage: tools/bench/npf_model.sh [OUTDIR]   (default: target/bench/npf-model)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -46,16 +46,16 @@ row() {
       done
     done
   done
-  echo "| [Lesokhin17] Table 4 (Connect-IB, minor) | 4 KB | | | | | 220 (90 % firmware) | 215 | 250 | 261 | 464 |"
-  echo "| [Lesokhin17] Table 4 (Connect-IB, minor) | 4 MB | | | | | 350 | 352 | 431 | 440 | 687 |"
-  echo "| [ODP13] (Mellanox slides, 2013: "page-in performance") | 4 KiB / 4 MiB | | | | | ~135 / ~1,000 | | | | |"
+  echo "| Lesokhin17 Table 4 (Connect-IB, minor) | 4 KB | | | | | 220 (90 % firmware) | 215 | 250 | 261 | 464 |"
+  echo "| Lesokhin17 Table 4 (Connect-IB, minor) | 4 MB | | | | | 350 | 352 | 431 | 440 | 687 |"
+  echo "| ODP13 (Mellanox slides, 2013: "page-in performance") | 4 KiB / 4 MiB | | | | | ~135 / ~1,000 | | | | |"
 } | tee "$out/summary.md"
 # Columns of the fault table: 1 #bytes, 2 side, 9 50 %, 11 99 %.
 plot_args=()
 for name in resident-real resident-npf-model first-touch-real; do
   plot_args+=("$name 50%=$out/$name.txt:1:9:2=client" "$name 99%=$out/$name.txt:1:11:2=client")
 done
-target/release/pw-plot --title "Network page faults on the soft NIC (requester side) and [Lesokhin17] Table 4" \
+target/release/pw-plot --title "Network page faults on the soft NIC (requester side) and Lesokhin17 Table 4" \
   --y-label "fault resolution [usec]" --out "$out/faults.svg" "${plot_args[@]}" \
-  "[Lesokhin17] Table 4 50%=4096:215,4194304:352" "[Lesokhin17] Table 4 99%=4096:261,4194304:440"
+  "Lesokhin17 Table 4 50%=4096:215,4194304:352" "Lesokhin17 Table 4 99%=4096:261,4194304:440"
 cat "$out/machine.txt"

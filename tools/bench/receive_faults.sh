@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16, study 1: the soft NIC's receive-fault policies ([Lesokhin17] §4-5, Figs. 4 and 10)
+# Issue 16, study 1: the soft NIC's receive-fault policies (Lesokhin17 §4-5, Figs. 4 and 10)
 # on the built-in launcher, 2 ranks, `pw-perftest send_bw` (ib_send_bw's shape: 64 KiB
 # SENDs, 128 outstanding, 512 receives posted, ODP memory on both sides).
 #   1. Fig. 10: one receive in N lands on memory the NIC has never mapped (a minor fault:
@@ -76,7 +76,7 @@ col() { for r in $(seq 1 "$repeats"); do stream "$out/raw/$1-$r.txt" | awk -v c=
   echo "Receive-side network page faults, \`pw-perftest send_bw\` (64 KiB SENDs, $iters per run, ODP), median of $repeats runs."
   echo "Machine: $(cat "$out/machine.txt" | tr '\n' ' ')"
   echo
-  echo "## Throughput relative to the no-fault optimum ([Lesokhin17] Fig. 10)"
+  echo "## Throughput relative to the no-fault optimum (Lesokhin17 Fig. 10)"
   echo
   echo "| fault | policy | optimum MB/s | 1 in 1024 | 1 in 256 | 1 in 64 | 1 in 16 |"
   echo "|---|---|---:|---:|---:|---:|---:|"
@@ -95,7 +95,7 @@ col() { for r in $(seq 1 "$repeats"); do stream "$out/raw/$1-$r.txt" | awk -v c=
   echo "Minor faults with the memory monitor (the default), major faults and their optimum with"
   echo "PAGEWIRE_SOFT_ODP_CHECK=pagemap (the monitor cannot watch a file mapping)."
   echo
-  echo "## A cold receive ring ([Lesokhin17] Fig. 4)"
+  echo "## A cold receive ring (Lesokhin17 Fig. 4)"
   echo
   echo "| receives posted | policy | total ms for $iters messages | ring filled once after ms |"
   echo "|---:|---|---:|---:|"
@@ -125,12 +125,12 @@ for p in $policies; do
     series+=("$(label "$p"), $kind=$pts")
   done
 done
-target/release/pw-plot --title "Receive faults ([Lesokhin17] Fig. 10): send_bw 64 KiB, throughput / optimum" \
+target/release/pw-plot --title "Receive faults (Lesokhin17 Fig. 10): send_bw 64 KiB, throughput / optimum" \
   --x-label "one fault every N receives" --y-label "throughput relative to no faults" \
   -o "$out/relative.svg" "${series[@]}" > /dev/null
 cold=()
 for p in $policies; do cold+=("$(label "$p")=$out/raw/cold-512-$(file "$p")-1.txt:2:3:1=#t"); done
 cold+=("backup, 4 MiB ring=$out/raw/cold-512-backup4m-1.txt:2:3:1=#t")
-target/release/pw-plot --title "A cold receive ring of 512 ([Lesokhin17] Fig. 4): receiver throughput over time" \
+target/release/pw-plot --title "A cold receive ring of 512 (Lesokhin17 Fig. 4): receiver throughput over time" \
   --x-label "time since the start [ms]" --y-label "MB/s" -o "$out/cold-ring.svg" "${cold[@]}" > /dev/null
 cat "$out/summary.md"

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 16, study 4: [NFS-RDMA]'s registration strategies side by side, as pindown variants
+# Issue 16, study 4: NFS-RDMA's registration strategies side by side, as pindown variants
 # (`PAGEWIRE_PINDOWN_STRATEGY`), on the built-in launcher and the soft NIC, 2 ranks, with
 # the memlock limit lifted (so no strategy falls back to copying):
 #   - per-op:   register before and deregister after every transfer;
 #   - key-pool: FMR-style, deregistrations deferred and flushed in batches of 32;
 #   - cache:    the pin-down cache; its buffer is reused, so every transfer is a hit, which
-#               is also the per-transfer cost of [NFS-RDMA]'s all-physical registration
+#               is also the per-transfer cost of NFS-RDMA's all-physical registration
 #               (translation only, no registration);
 #   - copy:     the copy mode, for reference.
 # `pw-msgperf pingpong --msglog 12:22 --iters 500` each. Prints a Markdown table of time per

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16, study 3: a bounded NIC translation cache ([Azimi03], "dynamic handle lookup").
+# Issue 16, study 3: a bounded NIC translation cache (Azimi03, "dynamic handle lookup").
 # The soft NIC's `tpt-cache` profile (PAGEWIRE_SOFT_TPT_CACHE=N: N entries, 4-way LRU, one per
 # key; a miss drops the request, the owner's driver thread fills the entry after a modelled
 # 5-500 us processing time, the initiator retransmits) swept over the cache size against the
@@ -39,7 +39,7 @@ mkdir -p "$out/raw"
 run() {
   local kind=$1 name=$2 entries=$3 mode=$4 f="$out/raw/$1-$2-r$5.txt"
   echo "# PAGEWIRE_SOFT_TPT_CACHE=$entries, buffer mode $mode ($([ "$entries" = 0 ] &&
-    echo "profile real: the translation cache off" || echo "profile real + tpt-cache: $entries entries, modelled miss processing from [Azimi03]"))" > "$f"
+    echo "profile real: the translation cache off" || echo "profile real + tpt-cache: $entries entries, modelled miss processing from Azimi03"))" > "$f"
   if [ "$kind" = imb ]; then
     PAGEWIRE_SOFT_TPT_CACHE=$entries target/release/imb-bench PingPong Allreduce --mode "$mode" \
       -off_cache -1 -msglog 0:20 --iter 200 --time 1 --no-progress >> "$f" 2>&1
@@ -89,7 +89,7 @@ beff() {
 }
 
 {
-  echo "Profile: real + tpt-cache (PAGEWIRE_SOFT_TPT_CACHE = entries; a miss's processing time is modelled from [Azimi03], its delay and the retransmission are real); buffer mode pindown unless said; 2 ranks; $(head -1 "$out/machine.txt" | cut -c3-)."
+  echo "Profile: real + tpt-cache (PAGEWIRE_SOFT_TPT_CACHE = entries; a miss's processing time is modelled from Azimi03, its delay and the retransmission are real); buffer mode pindown unless said; 2 ranks; $(head -1 "$out/machine.txt" | cut -c3-)."
   echo
   echo "| entries | IMB lookups | IMB misses | IMB miss rate | PingPong slowdown (geo. mean / max) | Allreduce slowdown (geo. mean / max) | b_eff miss rate | b_eff [MB/s] | b_eff slowdown | stall per miss µs | fill: wait µs (real) + processing µs (modelled) |"
   echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -112,9 +112,9 @@ beff() {
     echo "| 4, mode $mode | $lookups | $misses | $rate % | $pg / $pm | $ag / $am | | | | $penalty | $wait + $model |"
   done
   echo
-  echo "[Azimi03] (miNI on VMMC, Myrinet LANai9, 4 nodes, SPLASH-2 on the GeNIMA SVM protocol), VMH lookup cache of C = 8K-32K entries, lines of 8-128 entries, 2-8 ways:"
+  echo "Azimi03 (miNI on VMMC, Myrinet LANai9, 4 nodes, SPLASH-2 on the GeNIMA SVM protocol), VMH lookup cache of C = 8K-32K entries, lines of 8-128 entries, 2-8 ways:"
   echo
-  echo "| [Azimi03] | figure |"
+  echo "| Azimi03 | figure |"
   echo "|---|---|"
   echo "| miss rate, WaterNsquared, WaterSpatial, Ocean, Raytrace, Volrend (Fig. 5) | 0-2 % |"
   echo "| miss rate, FFT, LUContiguous, Radix (Fig. 5) | up to ~40 %, halved by doubling C at L128 |"
@@ -134,14 +134,14 @@ beff() {
     echo "$name $rate $brate $pg $ag $bs"
   done
 } > "$out/sweep.txt"
-target/release/pw-plot --title "Translation cache ([Azimi03]): slowdown against the cache off, pindown mode" \
+target/release/pw-plot --title "Translation cache (Azimi03): slowdown against the cache off, pindown mode" \
   --x-label "cache entries" --y-label "time / time with the cache off" --out "$out/slowdown.svg" \
   "IMB PingPong=$out/sweep.txt:1:4" "IMB Allreduce=$out/sweep.txt:1:5" "b_eff=$out/sweep.txt:1:6" \
-  "[Azimi03]: +3 % (tuned)=4:1.03,4096:1.03"
-target/release/pw-plot --title "Translation cache ([Azimi03]): miss rate, pindown mode" \
+  "Azimi03: +3 % (tuned)=4:1.03,4096:1.03"
+target/release/pw-plot --title "Translation cache (Azimi03): miss rate, pindown mode" \
   --x-label "cache entries" --y-label "misses per lookup [%]" --out "$out/miss-rate.svg" \
   "IMB PingPong+Allreduce=$out/sweep.txt:1:2" "b_eff=$out/sweep.txt:1:3" \
-  "[Azimi03] Fig. 5: 2 % (most applications)=4:2,4096:2"
+  "Azimi03 Fig. 5: 2 % (most applications)=4:2,4096:2"
 # The raw outputs (100 files, 1 MB) go into one archive: tar xzf raw.tar.gz to read them.
 tar czf "$out/raw.tar.gz" -C "$out" raw && rm -r "$out/raw"
 cat "$out/machine.txt"

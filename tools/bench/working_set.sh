@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16, study 5: a dynamic working set under one memory budget ([Lesokhin17] §6.1, Fig. 7).
+# Issue 16, study 5: a dynamic working set under one memory budget (Lesokhin17 §6.1, Fig. 7).
 # Two jobs (each a server with an LRU item store of 20 KiB items and a client, 2 ranks
 # under the built-in launcher) run at once in one cgroup v1 memory cgroup; at half time one
 # working set grows 100 MiB -> 900 MiB and the other shrinks 900 MiB -> 100 MiB.
@@ -73,7 +73,7 @@ cost() { # FILE: combined hits/s before, and GETs, registrations, NPFs per GET o
     END { printf "%s | %.2f | %.2f | %.2f", c, v["registrations"] / v["gets"], (v["npf_requester"] + v["npf_responder"]) / v["gets"], v["invalidated_pages"] / v["gets"] }' "$1"
 }
 {
-  echo "# Study 5: dynamic working set ([Lesokhin17] §6.1, Fig. 7)"
+  echo "# Study 5: dynamic working set (Lesokhin17 §6.1, Fig. 7)"
   echo
   echo "Command: \`tools/bench/working_set.sh $out\`. $(head -1 "$out/machine.txt" | sed 's/^# //')."
   sed -n 's/^# load before the study: /Load before the study: /p; s/^# load after the study: /Load after: /p' "$out/machine.txt"
@@ -98,7 +98,7 @@ cost() { # FILE: combined hits/s before, and GETs, registrations, NPFs per GET o
   echo
   grep -E '^# (pindown|odp): cgroup limit' "$out/pw-workset.txt" | sed 's/^# /- /'
   echo
-  echo "[Lesokhin17] §6.1 (Fig. 7; its plotted values are not in the text we have): two memcached"
+  echo "Lesokhin17 §6.1 (Fig. 7; its plotted values are not in the text we have): two memcached"
   echo "instances, 20 KB items, 1 GB for both (cgroups), 100 MB <-> 900 MB at 50 s; pinned,"
   echo "500 MB each, \"one of the two instances always suffer\"; with NPFs \"both instances enjoy"
   echo "the same performance\" after \"a short transition period\". Table 5, everything resident:"

@@ -66,7 +66,7 @@ fn parse_memlock(s: &str) -> std::result::Result<u64, String> {
     }
 }
 
-/// The locked-memory limit a run sees ([Lesokhin17] §6.2's two worlds).
+/// The locked-memory limit a run sees (Lesokhin17 §6.2's two worlds).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum MemlockWorld {
     /// Whatever the shell gives (copy and odp, which pin only their bounce pools).

@@ -16,7 +16,7 @@ pub enum Kernel {
     Pingpong,
     /// Windowed streaming bandwidth.
     Stream,
-    /// Resident and pinned memory after using 64 MiB of a 1 GiB buffer ([Lesokhin17] §6.1).
+    /// Resident and pinned memory after using 64 MiB of a 1 GiB buffer (Lesokhin17 §6.1).
     Footprint,
 }
 
@@ -417,7 +417,7 @@ pub fn run(u: &pagewire::Universe, kernel: Kernel, sizes: &[usize], o: RunOption
 
 /// Resident and pinned bytes (VmRSS, VmLck) of ranks 0 and 1 after moving 64 MiB back and
 /// forth through the first 64 MiB of a 1 GiB anonymous buffer (mapped, never touched
-/// otherwise), as [Lesokhin17] section 6.1 compares them.
+/// otherwise), as Lesokhin17 section 6.1 compares them.
 pub fn footprint(world: &SimpleCommunicator) -> Option<[(u64, u64); 2]> {
     const BIG: usize = 1 << 30;
     const USED: usize = 64 << 20;

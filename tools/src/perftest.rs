@@ -12,16 +12,16 @@
 //! inside the timed loop; `odp-prefetch` advises it there too. The target's landing or
 //! source memory is a fresh slice of a never-touched span per iteration in the ODP modes
 //! (responder faults in the timed loop); with `odp-prefetch` the target prefetches its whole
-//! span before the loop (a receiver that knows where data will land, [ODP13]); with
+//! span before the loop (a receiver that knows where data will land, ODP13); with
 //! `pinned` the target's buffer is registered once (pinning it per iteration would need a
 //! key exchange per message). The `memcpy` reference copies the same sizes in the same run,
 //! into a fresh destination per iteration under `--cold`.
 //!
 //! `--resident` (with `--cold`): the fresh buffers and spans are written by the CPU before
 //! they are registered, so the NIC's faults find the pages in memory and only map them —
-//! [Lesokhin17]'s minor network page faults (Table 4). Without it, a fault on a fresh page also
+//! Lesokhin17's minor network page faults (Table 4). Without it, a fault on a fresh page also
 //! allocates and zeroes it. Both print a per-size table of the faults: where their time went
-//! and their 50/95/99 %/max, next to [Lesokhin17]'s figures (issue 16, study 2; the
+//! and their 50/95/99 %/max, next to Lesokhin17's figures (issue 16, study 2; the
 //! `PAGEWIRE_SOFT_PROFILE=npf-model` profile adds the NIC firmware's part).
 
 mod measure;

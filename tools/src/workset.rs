@@ -1,4 +1,4 @@
-//! Issue 16, study 5: a dynamic working set under one memory budget ([Lesokhin17] §6.1,
+//! Issue 16, study 5: a dynamic working set under one memory budget (Lesokhin17 §6.1,
 //! Fig. 7), behind `pw-workset`.
 //!
 //! Two jobs, each a server rank holding an LRU item store and a client rank requesting
@@ -8,7 +8,7 @@
 //! budget is split statically, half per store, so the job with the large working set always
 //! misses; with on-demand paging (`odp`) each store may hold its largest working set, the
 //! stores are unpinned and the kernel moves the budget to the job that uses it. The clients
-//! count hits and misses per time window ([`report`]); [`plot`] draws them as [Lesokhin17]'s
+//! count hits and misses per time window ([`report`]); [`plot`] draws them as Lesokhin17's
 //! Fig. 7 (a: ODP per job, b: pinned per job, c: combined).
 
 pub mod cgroup;

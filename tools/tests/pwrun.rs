@@ -75,3 +75,48 @@ fn more_ranks_than_cores_falls_back_with_one_note() {
         }
     }
 }
+
+#[test]
+fn a_misspelt_setting_stops_pwrun_before_any_rank_starts() {
+    let marker = std::env::temp_dir().join(format!("pwrun-unknown-setting-{}", std::process::id()));
+    let touch = format!("touch {}", marker.display());
+    // In pwrun's environment.
+    let out = Command::new(env!("CARGO_BIN_EXE_pwrun"))
+        .args(["-n", "2", "--", "sh", "-c", &touch])
+        .env("PAGEWIRE_MDOE", "odp")
+        .output()
+        .expect("run pwrun");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(
+        err.trim(),
+        "pwrun: PAGEWIRE_MDOE is not a pagewire setting; did you mean PAGEWIRE_MODE? \
+         (docs/configuration.md lists them all)"
+    );
+    // In --env, for the ranks.
+    let (code, _, err) = pwrun(&[
+        "-n",
+        "2",
+        "--env",
+        "PAGEWIRE_EAGER_LIMT=4K",
+        "--",
+        "sh",
+        "-c",
+        &touch,
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("did you mean PAGEWIRE_EAGER_LIMIT?"), "{err}");
+    assert!(!marker.exists(), "a rank started");
+    // A known one is passed on.
+    let (code, out, err) = pwrun(&[
+        "-n",
+        "1",
+        "--env",
+        "PAGEWIRE_EAGER_LIMIT=4K",
+        "--",
+        "sh",
+        "-c",
+        "echo $PAGEWIRE_EAGER_LIMIT",
+    ]);
+    assert_eq!((code, out.trim()), (0, "4K"), "{err}");
+}

@@ -1,5 +1,8 @@
 //! Settings read from the environment, shared by the layers that read them (the lowest
-//! module but `sys`: it depends on nothing above the error type).
+//! module but `sys`: it depends on nothing above the error type), and the table of them all
+//! ([`settings`]).
+
+pub mod settings;
 
 use crate::error::{Error, Result};
 

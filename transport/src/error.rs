@@ -77,6 +77,20 @@ pub enum Error {
         accepted: String,
     },
 
+    /// A `PAGEWIRE_*` variable in the environment that is not a setting (misspelt, or from
+    /// another version): reported instead of ignored.
+    #[error(
+        "{variable} is not a pagewire setting{}{} (docs/configuration.md lists them all)",
+        if nearest.is_some() { "; did you mean " } else { "" },
+        nearest.map(|n| format!("{n}?")).unwrap_or_default()
+    )]
+    UnknownSetting {
+        /// The variable.
+        variable: String,
+        /// The known setting nearest to it, if one is near.
+        nearest: Option<&'static str>,
+    },
+
     /// A buffer mode failed for a reason of its own (its error, kept typed as the source:
     /// for the pin-down cache a `pagewire_pindown::Error`).
     #[error("{mode} buffer mode: {source}")]

@@ -8,7 +8,7 @@
 
 pub mod boot;
 pub mod buffer_mode;
-mod env;
+pub mod env;
 pub mod error;
 pub mod local;
 pub mod memmon;

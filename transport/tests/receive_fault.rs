@@ -1,5 +1,5 @@
 //! The soft NIC's receive-fault policies (issue 16 study 1, `PAGEWIRE_SOFT_RNPF`; seed
-//! [Lesokhin17] §4-5): two ranks, a stream of SENDs into receive
+//! Lesokhin17 §4-5): two ranks, a stream of SENDs into receive
 //! buffers the NIC has never mapped, one in two (the others prefetched), under `rnr`,
 //! `drop` and `backup` (with a ring large enough and one too small), on the CMA path and
 //! on the staged path. Every byte must land in its own buffer, the receives must complete

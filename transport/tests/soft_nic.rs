@@ -820,7 +820,7 @@ fn vmlck_rises_on_registration_and_falls_on_deregistration() {
 /// bound to the pages it pinned. After the application discards a registered range and
 /// writes new bytes there: a peer's READ through the region gets the old bytes, its WRITE
 /// lands where the application cannot see it (and a second READ finds it there), and a
-/// WRITE *from* a replaced local region sends its old bytes: what an HCA does ([Wyckoff05]).
+/// WRITE *from* a replaced local region sends its old bytes: what an HCA does (Wyckoff05).
 fn bound_body(r: &Rank) {
     const LEN: usize = 64 << 10;
     let qps = r.connect_all(false);
@@ -1503,7 +1503,7 @@ fn npf_parts_body(r: &Rank) {
     match std::env::var("PAGEWIRE_SOFT_PROFILE").as_deref() {
         Ok("npf-model") => assert!(
             c.npf_model_ns >= 147_000 * n,
-            "[Lesokhin17]'s firmware time is at least 147 µs a fault: {c:?}"
+            "Lesokhin17's firmware time is at least 147 µs a fault: {c:?}"
         ),
         _ => assert_eq!(c.npf_model_ns, 0, "the real profile models nothing"),
     }

@@ -1,5 +1,5 @@
 //! The soft NIC's bounded translation cache (issue 16 study 3, `PAGEWIRE_SOFT_TPT_CACHE`,
-//! after [Azimi03]): two ranks on the CMA path and on the staged
+//! after Azimi03): two ranks on the CMA path and on the staged
 //! path, checking the hits and misses of a known access pattern, the bytes of many regions
 //! through a cache of one or two entries, and that with the cache off nothing is counted.
 
@@ -89,7 +89,7 @@ fn known_pattern_body(r: &Rank) {
     }
     assert!(
         c.fill_model_ns >= c.fills * 5_000,
-        "[Azimi03]'s processing is at least 5 µs a miss: {c:?}"
+        "Azimi03's processing is at least 5 µs a miss: {c:?}"
     );
     r.boot.barrier().unwrap();
 }

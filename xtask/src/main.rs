@@ -2,8 +2,11 @@
 //!
 //! `complexity`: the code each buffer mode costs beyond the shared protocols — lines and
 //! cyclomatic/cognitive complexity per function, measured with rust-code-analysis — as a
-//! table, JSON and an SVG bar chart ([Lesokhin17], section 6.3). The
+//! table, JSON and an SVG bar chart (Lesokhin17, section 6.3). The
 //! files each mode counts are in [`modes::FILE_SETS`].
+//!
+//! `settings`: writes `docs/configuration.md` from the table of `PAGEWIRE_*` settings
+//! (`--check`: fails if the committed page differs).
 
 #![forbid(unsafe_code)]
 
@@ -11,6 +14,7 @@ mod measure;
 mod modes;
 mod plot;
 mod report;
+mod settings;
 
 use std::path::{Path, PathBuf};
 
@@ -30,7 +34,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Task {
     /// Lines of code and cyclomatic/cognitive complexity of the code each buffer mode needs
-    /// beyond the shared protocols ([Lesokhin17] section 6.3).
+    /// beyond the shared protocols (Lesokhin17 section 6.3).
     Complexity {
         /// Also write the results as JSON to this file.
         #[arg(long, value_name = "FILE")]
@@ -45,6 +49,12 @@ enum Task {
         /// The workspace to measure (default: the one this xtask belongs to).
         #[arg(long, value_name = "DIR")]
         root: Option<PathBuf>,
+    },
+    /// Writes docs/configuration.md from the table of PAGEWIRE_* settings.
+    Settings {
+        /// Only check that the committed page is current (exit status 1 if not).
+        #[arg(long)]
+        check: bool,
     },
 }
 
@@ -92,6 +102,22 @@ fn main() -> Result<()> {
                 eprintln!("wrote {}", path.display());
             }
         }
+        Task::Settings { check } => {
+            let path = workspace_root().join("docs/configuration.md");
+            let page = settings::page();
+            if check {
+                let committed = std::fs::read_to_string(&path).unwrap_or_default();
+                anyhow::ensure!(
+                    committed == page,
+                    "{} is out of date: run `cargo run -p xtask -- settings`",
+                    path.display()
+                );
+            } else {
+                std::fs::write(&path, page)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                eprintln!("wrote {}", path.display());
+            }
+        }
     }
     Ok(())
 }
@@ -113,7 +139,7 @@ mod tests {
         let pindown = rows.iter().find(|r| r.row == Row::Pindown).unwrap();
         let odp = rows.iter().find(|r| r.row == Row::Odp).unwrap();
         assert!(pindown.test_lines.sloc > 0.0);
-        // [Lesokhin17] section 6.3's point, on this tree: the pin-down cache costs more code.
+        // Lesokhin17 section 6.3's point, on this tree: the pin-down cache costs more code.
         assert!(pindown.lines.sloc > odp.lines.sloc);
     }
 }

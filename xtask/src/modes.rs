@@ -1,6 +1,6 @@
 //! Which code each buffer mode costs: the one table the complexity measurement reads.
 //!
-//! [Lesokhin17] (000_888b45e1079982d9.txt) section 6.3 weighs the buffer strategies by the lines
+//! Lesokhin17 (000_888b45e1079982d9.txt) section 6.3 weighs the buffer strategies by the lines
 //! of code each needs beyond the shared protocols. [`FILE_SETS`] lists, per row of the
 //! report, the files (or, for files the modes share with the rest of the NIC, the functions)
 //! that exist only because of that mode. The shared protocols — the message layer
@@ -12,7 +12,7 @@
 //!   counts toward the mode whose design needs it, and the entry names the others in
 //!   [`Entry::also_used_by`] (shown in the report, not counted twice):
 //!   - the memory-change monitor (`transport/src/memmon/`) counts toward `pindown`: a
-//!     pin-down cache is only correct with it ([Wyckoff05]). The soft NIC's ODP invalidation
+//!     pin-down cache is only correct with it (Wyckoff05). The soft NIC's ODP invalidation
 //!     uses it too, standing in for the kernel's MMU notifier that a real ODP NIC gets for
 //!     free;
 //!   - the copy mode (`copy.rs`) counts toward `copy`, although `pindown` falls back to it
@@ -20,7 +20,7 @@
 //! - **The NIC's ODP machinery is its own row, `odp-nic`, not part of `odp`.** The present
 //!   bitmap, the ODP invalidation watch and the network-page-fault path of the soft NIC are
 //!   what an ODP-capable NIC and its kernel driver do in firmware and kernel; the `odp` mode
-//!   only registers and prefetches. [Lesokhin17]'s argument is about the middleware's code, so
+//!   only registers and prefetches. Lesokhin17's argument is about the middleware's code, so
 //!   the mode's total is `odp`; the `odp-nic` row shows what the soft NIC had to emulate, so
 //!   a reader can add it if they see it otherwise. Of the soft NIC's shared files only whole
 //!   functions that exist for ODP are listed; ODP branches inside shared functions (the
@@ -141,7 +141,7 @@ pub const FILE_SETS: &[Entry] = &[
     test_file(Row::Pindown, "pindown/src/fake.rs"),
     test_file(Row::Pindown, "pindown/tests/soft_nic_invalidate.rs"),
     test_file(Row::Pindown, "pindown/tests/soft_nic_vmlck.rs"),
-    // ...and the memory-change monitor it needs ([Wyckoff05]).
+    // ...and the memory-change monitor it needs (Wyckoff05).
     Entry {
         also_used_by: &[Row::OdpNic],
         note: "the monitor; the soft NIC's ODP invalidation uses it as a real NIC uses the MMU notifier",

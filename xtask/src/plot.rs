@@ -60,7 +60,7 @@ pub fn svg(rows: &[RowSummary]) -> Result<String> {
                 .pos(Pos::new(h, v))
         };
         root.draw(&Text::new(
-            "Code each buffer mode needs beyond the shared protocols ([Lesokhin17] section 6.3)",
+            "Code each buffer mode needs beyond the shared protocols (Lesokhin17 section 6.3)",
             (WIDTH as i32 / 2, 10),
             text(20, HPos::Center, VPos::Top),
         ))

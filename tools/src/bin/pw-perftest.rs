@@ -38,7 +38,7 @@ struct Args {
     #[arg(long)]
     cold: bool,
     /// With --cold: the CPU writes every fresh buffer before the NIC sees it, so a network
-    /// page fault finds its pages in memory and only maps them for the NIC ([Lesokhin17]'s
+    /// page fault finds its pages in memory and only maps them for the NIC (Lesokhin17's
     /// "minor" NPF, Table 4); without it the fault also allocates and zeroes them.
     #[arg(long, requires = "cold")]
     resident: bool,
@@ -58,7 +58,7 @@ struct Args {
     /// send_bw: where the file of major faults is made (a directory on a disk, not tmpfs).
     #[arg(long, default_value = ".", requires = "rnpf_every")]
     rnpf_dir: std::path::PathBuf,
-    /// send_bw: the receive ring starts unmapped, without the warm-up pass ([Lesokhin17]
+    /// send_bw: the receive ring starts unmapped, without the warm-up pass (Lesokhin17
     /// Fig. 4's cold ring); prints the receiver's throughput over time.
     #[arg(long)]
     cold_ring: bool,

@@ -1,5 +1,5 @@
 //! `pw-workset`: issue 16, study 5 — two jobs whose working sets grow and shrink under one
-//! memory budget, pinned (`pindown`) against on-demand paging (`odp`), as [Lesokhin17] §6.1's
+//! memory budget, pinned (`pindown`) against on-demand paging (`odp`), as Lesokhin17 §6.1's
 //! Fig. 7. Prints hits per second over time per job for both modes, and a summary; `--plot`
 //! draws the figure.
 
@@ -18,29 +18,29 @@ const EXIT_SKIPPED: i32 = 77;
 #[derive(Parser, Debug)]
 #[command(
     version,
-    about = "Two jobs' working sets grow and shrink under one memory budget: hits/s over time, pinned vs on-demand paging ([Lesokhin17] §6.1, Fig. 7)"
+    about = "Two jobs' working sets grow and shrink under one memory budget: hits/s over time, pinned vs on-demand paging (Lesokhin17 §6.1, Fig. 7)"
 )]
 struct Args {
     #[command(subcommand)]
     command: Option<Command>,
     /// The memory both item stores share: the memory cgroup's limit, less --overhead
-    /// ([Lesokhin17]: 1 GB). Pinned, each store gets half.
+    /// (Lesokhin17: 1 GB). Pinned, each store gets half.
     #[arg(long, value_parser = parse_size, default_value = "1G")]
     budget: u64,
     /// Added to the cgroup's limit for the four processes' own memory (binaries, heaps,
     /// the NIC's rings and pools).
     #[arg(long, value_parser = parse_size, default_value = "128M")]
     overhead: u64,
-    /// Bytes per item ([Lesokhin17]: 20 KB); a multiple of 8.
+    /// Bytes per item (Lesokhin17: 20 KB); a multiple of 8.
     #[arg(long, value_parser = parse_size, default_value = "20K")]
     item_size: u64,
-    /// The small working set ([Lesokhin17]: 100 MB).
+    /// The small working set (Lesokhin17: 100 MB).
     #[arg(long, value_parser = parse_size, default_value = "100M")]
     small: u64,
-    /// The large working set ([Lesokhin17]: 900 MB).
+    /// The large working set (Lesokhin17: 900 MB).
     #[arg(long, value_parser = parse_size, default_value = "900M")]
     large: u64,
-    /// Seconds of the timed run of each mode ([Lesokhin17]: about 100).
+    /// Seconds of the timed run of each mode (Lesokhin17: about 100).
     #[arg(long, default_value_t = 60.0)]
     duration: f64,
     /// Seconds into the run at which the working sets change (default: half-way).
@@ -66,7 +66,7 @@ struct Args {
     /// Write each job's raw output and the cgroup's statistics into this directory.
     #[arg(long)]
     raw_dir: Option<PathBuf>,
-    /// Draw the figure ([Lesokhin17] Fig. 7's three panels) into this .svg file.
+    /// Draw the figure (Lesokhin17 Fig. 7's three panels) into this .svg file.
     #[arg(long)]
     plot: Option<PathBuf>,
 }
@@ -176,7 +176,7 @@ fn run_study(args: &Args) -> anyhow::Result<i32> {
         StoreKind::Anon => "anonymous memory",
     };
     println!(
-        "# pw-workset: [Lesokhin17] §6.1 Fig. 7 — budget {:.0} MiB (cgroup limit {:.0} MiB with {:.0} MiB for the processes), items of {} B, working sets {:.0} MiB and {:.0} MiB, switch at {} s of {} s, soft NIC profile {}",
+        "# pw-workset: Lesokhin17 §6.1 Fig. 7 — budget {:.0} MiB (cgroup limit {:.0} MiB with {:.0} MiB for the processes), items of {} B, working sets {:.0} MiB and {:.0} MiB, switch at {} s of {} s, soft NIC profile {}",
         mib(cfg.budget),
         mib(cfg.limit()),
         mib(cfg.overhead),

@@ -18,6 +18,7 @@ use clap::{Parser, ValueEnum};
 use pagewire_transport::boot::binding::BindTo;
 use pagewire_transport::boot::hosts::{self, HostList};
 use pagewire_transport::boot::{launch, launcher, LaunchConfig};
+use pagewire_transport::env::settings;
 use pagewire_transport::Error;
 
 /// Start N local ranks of PROGRAM under pagewire's built-in launcher.
@@ -119,6 +120,10 @@ fn run(cli: Cli) -> Result<i32> {
         (None, Some(h)) => h.slots(),
         (None, None) => unreachable!("clap requires -n without --hosts"),
     };
+    // A misspelt setting, in pwrun's environment or in --env, is reported once here rather
+    // than by every rank.
+    settings::check_environment()?;
+    settings::check_names(cli.env.iter().filter_map(|(k, _)| k.to_str()))?;
     let cfg = LaunchConfig {
         ranks,
         program,

@@ -1,4 +1,4 @@
-//! The network page faults of each size, side by side with [Lesokhin17]'s (issue 16, study 2):
+//! The network page faults of each size, side by side with Lesokhin17's (issue 16, study 2):
 //! where their time went (waiting for the driver thread, the OS's work, the modelled
 //! firmware time of the `npf-model` profile) and their tail (50/95/99 %/max, Table 4's
 //! columns).
@@ -58,7 +58,7 @@ pub fn rows(bytes: usize, client: &CountersSnapshot, server: &CountersSnapshot) 
         .collect()
 }
 
-/// Prints the rows and [Lesokhin17]'s figures under them.
+/// Prints the rows and Lesokhin17's figures under them.
 pub fn print(rows: &[NpfRow], profile: &str, dash: &str) {
     if rows.is_empty() {
         return;
@@ -98,12 +98,12 @@ pub fn print(rows: &[NpfRow], profile: &str, dash: &str) {
     }
     println!(" wait: filed -> driver thread (responder faults); OS: map + mark present (real);");
     println!(
-        " model: NIC firmware time added by the npf-model profile ([Lesokhin17] Table 4 less 10 %)."
+        " model: NIC firmware time added by the npf-model profile (Lesokhin17 Table 4 less 10 %)."
     );
     println!(
-        " [Lesokhin17] (Connect-IB, minor NPFs; Table 4, 50/95/99 %/max): 4 KB 215/250/261/464,"
+        " Lesokhin17 (Connect-IB, minor NPFs; Table 4, 50/95/99 %/max): 4 KB 215/250/261/464,"
     );
     println!(" 4 MB 352/431/440/687 usec; Fig. 3(a): 220 usec at 4 KB, 90 % hardware (firmware).");
-    println!(" [ODP13]: a 4 KiB fault ~135 usec, a 4 MiB fault ~1 ms.");
+    println!(" ODP13: a 4 KiB fault ~135 usec, a 4 MiB fault ~1 ms.");
     println!("{dash}");
 }

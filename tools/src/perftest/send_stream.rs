@@ -1,8 +1,8 @@
 //! `send_bw`, perftest's `ib_send_bw`: a stream of SENDs into a ring of posted receives,
 //! with receive-side network page faults injected at a given frequency (issue 16, study 1;
-//! [Lesokhin17] §6.4 and Fig. 10, whose benchmarks "synthetically generate rNPFs at a variable
+//! Lesokhin17 §6.4 and Fig. 10, whose benchmarks "synthetically generate rNPFs at a variable
 //! specified frequency" and "pre-fault the receive ring at startup"), or a ring that
-//! starts cold ([Lesokhin17] §5, Fig. 4). Throughput is what the receiver sees: messages
+//! starts cold (Lesokhin17 §5, Fig. 4). Throughput is what the receiver sees: messages
 //! completed in its receive queue over time. What the receiving NIC does on a fault is the
 //! job's `PAGEWIRE_SOFT_RNPF` policy.
 //!
@@ -56,7 +56,7 @@ pub struct StreamReport {
     pub timeline: Vec<(f64, f64)>,
     /// When every buffer of the receive ring had been filled once (the completion of
     /// receive number `rx_depth`), ms since the start: how long a cold ring takes to warm
-    /// ([Lesokhin17] Fig. 4).
+    /// (Lesokhin17 Fig. 4).
     pub ring_filled_ms: Option<f64>,
 }
 

@@ -1,5 +1,5 @@
 //! A cgroup v1 memory cgroup for one run: made with a limit, read for its statistics, and
-//! removed when dropped ([Lesokhin17] §6.1: "Using cgroups, we constrain the aggregated size of
+//! removed when dropped (Lesokhin17 §6.1: "Using cgroups, we constrain the aggregated size of
 //! both instances to 1GB").
 
 use std::path::{Path, PathBuf};

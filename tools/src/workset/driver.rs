@@ -19,11 +19,11 @@ use crate::error::{Error, Result};
 #[serde(rename_all = "lowercase")]
 pub enum StudyMode {
     /// `PAGEWIRE_MODE=pindown`: each store holds half the budget, anonymous memory pinned
-    /// whole at the start ([Lesokhin17]: "we have no choice but to statically divide the
+    /// whole at the start (Lesokhin17: "we have no choice but to statically divide the
     /// physical memory between the two, 500MB per instance").
     Pindown,
     /// `PAGEWIRE_MODE=odp`: each store can hold the largest working set, unpinned, and the
-    /// kernel lends the budget to whichever job uses it ([Lesokhin17]: "pages are mapped in
+    /// kernel lends the budget to whichever job uses it (Lesokhin17: "pages are mapped in
     /// the IOMMU on demand based on actual usage").
     Odp,
 }

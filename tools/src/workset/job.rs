@@ -1,5 +1,5 @@
 //! The two ranks of one job: a server holding an item store and a client requesting items
-//! from its working set, as memcached and memaslap in [Lesokhin17] §6.1.
+//! from its working set, as memcached and memaslap in Lesokhin17 §6.1.
 //!
 //! Every request and reply goes through pagewire's message layer. A GET is a 16-byte
 //! eager message; a hit is answered by sending the item straight out of the store, so the

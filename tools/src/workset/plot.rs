@@ -1,4 +1,4 @@
-//! The study's figure, laid out as [Lesokhin17]'s Fig. 7: hits per second over time (a) per job
+//! The study's figure, laid out as Lesokhin17's Fig. 7: hits per second over time (a) per job
 //! with on-demand paging, (b) per job with pinning, (c) both jobs combined, per mode. An
 //! SVG drawn with plotters on linear axes (the shared [`crate::plot`] draws log-log plots
 //! against message size).

@@ -141,7 +141,7 @@ pub fn hit_ratio(windows: &[Window], window_secs: f64, from: f64, to: f64) -> Op
 
 /// The two steady phases the summary compares: the second half of the time before the
 /// switch and the second half of the time after it (the first halves hold the warm-up of
-/// the timing and the transition after the switch, [Lesokhin17] Fig. 7's "short transition
+/// the timing and the transition after the switch, Lesokhin17 Fig. 7's "short transition
 /// period").
 pub fn steady_phases(switch_at: f64, duration: f64) -> [(f64, f64); 2] {
     [

@@ -1,4 +1,4 @@
-//! The working sets over time ([Lesokhin17] §6.1): at the switch, one job's working set grows
+//! The working sets over time (Lesokhin17 §6.1): at the switch, one job's working set grows
 //! from the small to the large size and the other's shrinks from the large to the small one
 //! (the seed: 100 MB to 900 MB and back, at 50 s).
 

@@ -1,5 +1,5 @@
 //! The item store's bookkeeping: which key lives in which slot, and which item to evict
-//! (least recently used), as memcached's LRU does ([Lesokhin17] §6.1: "memcached is an LRU
+//! (least recently used), as memcached's LRU does (Lesokhin17 §6.1: "memcached is an LRU
 //! cache, and so its hit rate is affected by its size").
 //!
 //! The bytes live elsewhere (an anonymous or a file mapping, `slot * item_size` bytes in);

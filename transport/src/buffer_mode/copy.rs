@@ -1,6 +1,6 @@
 //! The `copy` buffer mode: every payload goes through a pinned bounce pool sized at
 //! start-up, and large messages are pipelined in chunks so that copying one chunk overlaps
-//! moving another (MVAPICH's R3; [Lesokhin17] "copying"). The only mode whose pinned footprint is
+//! moving another (MVAPICH's R3; Lesokhin17 "copying"). The only mode whose pinned footprint is
 //! fixed and independent of the application.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

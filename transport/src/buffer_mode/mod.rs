@@ -12,8 +12,8 @@
 //! mode they run on.
 //!
 //! - `copy` ([`copy::CopyMode`], this crate): leases are slots of a pinned bounce pool, and
-//!   staging copies between the user buffer and the slot (MVAPICH's R3 pipelining; [Lesokhin17]
-//!   "copying", [NFS-RDMA] "inline/bounce").
+//!   staging copies between the user buffer and the slot (MVAPICH's R3 pipelining; Lesokhin17
+//!   "copying", NFS-RDMA "inline/bounce").
 //! - `pindown` and `odp` (their own crates): leases are the user buffer itself, as one chunk
 //!   (a registration from a pin-down cache, or an on-demand-paging key), and staging is a
 //!   no-op.
@@ -178,7 +178,7 @@ pub trait BufferMode: Send {
     /// The sending side is about to move `[offset, offset+len)` of the transfer's buffer at
     /// `user_addr`: the receiver will read it (the RTS of an RGET has gone out) or this side
     /// writes it now (a CTS arrived, RPUT). A mode may make it ready ahead of the NIC's
-    /// access: the ODP mode prefetches it ([ODP13]'s rendezvous optimisation). Default:
+    /// access: the ODP mode prefetches it (ODP13's rendezvous optimisation). Default:
     /// nothing.
     fn about_to_move(
         &mut self,

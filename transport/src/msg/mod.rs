@@ -10,7 +10,7 @@
 //! - Rendezvous (> eager limit): RTS, then RGET (`rndv_get.rs`: the receiver RDMA-READs) or
 //!   RPUT (`rndv_put.rs`: the receiver returns CTS, the sender RDMA-WRITEs), as a pipeline of
 //!   chunks whose size and depth the buffer mode decides (one chunk for zero-copy modes,
-//!   bounce-pool chunks for `copy`). [NFS-RDMA] sections 3-4 discuss the same inline/bulk and
+//!   bounce-pool chunks for `copy`). NFS-RDMA sections 3-4 discuss the same inline/bulk and
 //!   RDMA Read/Write choices for NFS.
 //! - Progress runs inside every call that waits or tests; there is no progress thread.
 //!

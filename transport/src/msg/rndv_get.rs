@@ -5,7 +5,7 @@
 //! receiver reads each chunk in pieces of its own granularity into landing leases, stages
 //! them in, and answers ChunkDone once a chunk is read in full; the sender then reuses that
 //! lease for its next chunk and announces it with ChunkReady. The ChunkDone that completes
-//! the receive carries ALL_DONE, which ends the send. [NFS-RDMA] calls this the Read-Read
+//! the receive carries ALL_DONE, which ends the send. NFS-RDMA calls this the Read-Read
 //! design.
 
 use super::rndv::{chunking, side_chunk, side_piece, NO_CHUNK};

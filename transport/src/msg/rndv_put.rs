@@ -4,7 +4,7 @@
 //! itself in zero-copy modes, a bounce slot in `copy`) and sends CTS with its offset and key;
 //! the sender writes it in pieces of its own granularity and, once the region is written in
 //! full, sends FIN on the same queue pair, so FIN arrives after the data. The receiver stages
-//! the chunk in and asks for the next. The last CTS carries ALL_DONE. [NFS-RDMA] calls this
+//! the chunk in and asks for the next. The last CTS carries ALL_DONE. NFS-RDMA calls this
 //! the Read-Write design's write half.
 
 use super::rndv::{chunking, side_chunk, side_piece, Cts};

@@ -73,7 +73,7 @@ impl Default for Latencies {
     }
 }
 
-/// Where the time of one network page fault went ([Lesokhin17] Fig. 3(a)'s breakdown, as far as
+/// Where the time of one network page fault went (Lesokhin17 Fig. 3(a)'s breakdown, as far as
 /// the soft NIC has its parts).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct NpfTiming {
@@ -86,7 +86,7 @@ pub(crate) struct NpfTiming {
     /// The operating system's work: mapping the pages and marking them present for the NIC
     /// ((iii)–(iv)), real on every profile.
     pub os_ns: u64,
-    /// Time added by the `npf-model` profile for the NIC's firmware ([Lesokhin17] Table 4);
+    /// Time added by the `npf-model` profile for the NIC's firmware (Lesokhin17 Table 4);
     /// 0 on the default profile.
     pub model_ns: u64,
 }
@@ -267,7 +267,7 @@ pub struct CountersSnapshot {
     /// present).
     pub npf_os_ns: u64,
     /// Of `npf_resolve_ns`: time the `npf-model` profile added for the NIC's firmware
-    /// (modelled, [Lesokhin17] Table 4; 0 on the default profile).
+    /// (modelled, Lesokhin17 Table 4; 0 on the default profile).
     pub npf_model_ns: u64,
     /// The longest fault resolution, in nanoseconds (kept as a level by `since`).
     pub npf_max_ns: u64,
@@ -575,7 +575,7 @@ mod tests {
     #[test]
     fn npf_percentiles_come_within_a_bucket_of_the_samples() {
         let c = Counters::default();
-        // 100 faults of 101..=200 µs, and one of 464 µs ([Lesokhin17] Table 4's 4 KB maximum).
+        // 100 faults of 101..=200 µs, and one of 464 µs (Lesokhin17 Table 4's 4 KB maximum).
         for us in 101..=200u64 {
             c.record_npf(
                 true,

@@ -2,7 +2,7 @@
 //!
 //! It mirrors the parts of libibverbs that pagewire uses: one protection domain per device
 //! context, memory regions with access flags (including on-demand paging and implicit ODP,
-//! [ODP13]), `advise` for prefetch, reliable-connected queue pairs, send and receive work
+//! ODP13), `advise` for prefetch, reliable-connected queue pairs, send and receive work
 //! requests with scatter-gather lists, and completion queues whose entries carry a status
 //! modelled on `ibv_wc_status`. A provider is one module: [`soft`] (default) or, with the
 //! `verbs` feature, rdma-core.
@@ -412,7 +412,7 @@ pub trait Nic: Send + Sync {
     /// pinned and pages are mapped into the NIC by network page faults.
     fn register(&self, addr: u64, len: u64, access: Access) -> Result<RegionInfo>;
 
-    /// Registers the whole address space with on-demand paging (implicit ODP, [ODP13]):
+    /// Registers the whole address space with on-demand paging (implicit ODP, ODP13):
     /// one key valid for any mapped address.
     fn register_implicit_odp(&self, access: Access) -> Result<RegionInfo>;
 

@@ -1,6 +1,6 @@
 //! Shared mappings of files on disk, for the studies that need memory the kernel can take
-//! back without swap: the item store of `pw-workset`'s on-demand-paging runs ([Lesokhin17]
-//! §6.1) and the never-cached pages of `pw-perftest send_bw --rnpf-kind major` ([Lesokhin17]
+//! back without swap: the item store of `pw-workset`'s on-demand-paging runs (Lesokhin17
+//! §6.1) and the never-cached pages of `pw-perftest send_bw --rnpf-kind major` (Lesokhin17
 //! Fig. 10).
 //!
 //! Why a file: this machine has no swap, and a memory cgroup can only take back memory it

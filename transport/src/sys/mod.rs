@@ -384,7 +384,7 @@ pub fn allow_cma_from_descendants_of(tracer: u32) -> io::Result<()> {
 }
 
 /// Sets this process's soft `RLIMIT_MEMLOCK` (`None`: unlimited), which the processes it
-/// starts inherit: the benchmarks' "HPC" (lifted) and "tight" worlds of [Lesokhin17] §6.2.
+/// starts inherit: the benchmarks' "HPC" (lifted) and "tight" worlds of Lesokhin17 §6.2.
 /// Returns the previous `(soft, hard)` pair for [`restore_memlock_rlimit`]. Past the hard
 /// limit the hard limit is raised too, which needs `CAP_SYS_RESOURCE` (root).
 pub fn set_memlock_rlimit(bytes: Option<u64>) -> io::Result<(u64, u64)> {

@@ -1,4 +1,4 @@
-//! Pinned regions stay bound to the pages they pinned (issue 13 item 2; [Wyckoff05]).
+//! Pinned regions stay bound to the pages they pinned (issue 13 item 2; Wyckoff05).
 //!
 //! A verbs region keeps using the pages `ibv_reg_mr` pinned: if the application unmaps,
 //! moves or discards (`MADV_DONTNEED`) the range while it is registered, the HCA goes on

@@ -233,7 +233,7 @@ impl RankMemory {
 }
 
 /// The responder-fault slot of one queue pair in the owner's segment: at most one
-/// outstanding fault per queue pair and direction ([ODP13]).
+/// outstanding fault per queue pair and direction (ODP13).
 pub(crate) struct NpfSlot<'a> {
     pub(super) w: &'a [AtomicU64],
     pub(super) filed: &'a AtomicU64,

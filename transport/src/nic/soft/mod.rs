@@ -19,11 +19,11 @@
 //! - **ODP**: regions are never pinned; pages start non-present in the NIC's bitmap
 //!   (`present.rs`); an access to a non-present page is a network page fault (NPF). Faults on
 //!   the initiator's own memory are resolved in place before data is read; faults on the
-//!   target's memory (rNPF, [Lesokhin17] section 4) answer the initiator receiver-not-ready while
+//!   target's memory (rNPF, Lesokhin17 section 4) answer the initiator receiver-not-ready while
 //!   the target's *driver thread* — the interrupt-handler analogue, asleep on a futex until a
 //!   peer rings its doorbell — populates the pages (`MADV_POPULATE_*`) and marks them
 //!   present; the initiator then retries. One outstanding fault per queue-pair direction
-//!   ([ODP13], "Concurrent page faults"); a whole work request's pages in one batch (seed
+//!   (ODP13, "Concurrent page faults"); a whole work request's pages in one batch (seed
 //!   000, "Optimizations").
 //! - **Invalidation**: every range made present is watched by the memory monitor, whose
 //!   sink clears the bits of pages that are unmapped, moved, discarded or shared by `fork`
@@ -560,7 +560,7 @@ impl Nic for SoftNic {
             )));
         }
         // The backup ring (`receive_fault.rs`): pinned by a registration of the NIC's own,
-        // as the driver of [Lesokhin17] Fig. 5 owns its ring.
+        // as the driver of Lesokhin17 Fig. 5 owns its ring.
         let backup = if self.inner.receive_fault.policy == ReceiveFaultPolicy::Backup {
             let bytes = self.inner.receive_fault.backup_ring_bytes as usize;
             let mem = sys::AnonMapping::new(bytes)

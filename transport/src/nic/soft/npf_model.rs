@@ -3,7 +3,7 @@
 //! The default profile charges only what this machine really spends: the operating system's
 //! work to map pages, the kernel copies, the driver thread's wake-up. A network page fault on
 //! an HCA also costs the NIC's own hardware and firmware — detecting the fault, raising the
-//! interrupt, walking the updated IOMMU tables and resuming the queue pair — which [Lesokhin17]
+//! interrupt, walking the updated IOMMU tables and resuming the queue pair — which Lesokhin17
 //! measured on a Connect-IB: a minor fault of a 4 KB message takes about 220 µs, "90% of
 //! which is due to hardware (firmware)" (§4 and Fig. 3(a)), and Table 4 gives its tail. The
 //! `npf-model` profile adds that hardware part, drawn per fault from Table 4's 4 KB row less
@@ -22,7 +22,7 @@ pub enum SoftProfile {
     #[default]
     Real,
     /// The real costs plus the NIC hardware's part of every network page fault, modelled
-    /// from [Lesokhin17] Table 4 (`npf-model`).
+    /// from Lesokhin17 Table 4 (`npf-model`).
     NpfModel,
 }
 
@@ -54,7 +54,7 @@ impl SoftProfile {
             SoftProfile::Real => "real: this machine's costs only",
             SoftProfile::NpfModel => {
                 "npf-model: real costs + modelled NIC firmware time per network page fault \
-                 ([Lesokhin17] Table 4, 4 KB row less the OS's 10 %)"
+                 (Lesokhin17 Table 4, 4 KB row less the OS's 10 %)"
             }
         }
     }
@@ -72,7 +72,7 @@ impl SoftProfile {
     }
 }
 
-/// The hardware part of a minor fault as (cumulative probability, µs): [Lesokhin17] Table 4's
+/// The hardware part of a minor fault as (cumulative probability, µs): Lesokhin17 Table 4's
 /// 4 KB row (50 % 215, 95 % 250, 99 % 261, max 464 µs) less the software's 10 % of the
 /// 220 µs mean (22 µs), which our own OS work replaces. The table gives nothing below the
 /// median; the 5th and 0th percentiles mirror the 95th and 99th around it (an assumption).

@@ -1,5 +1,5 @@
 //! The ODP page-present bitmap: one bit per page of a rank's address space telling whether
-//! the NIC holds a translation for it (the non-present entries of [ODP13]'s "HW translation
+//! the NIC holds a translation for it (the non-present entries of ODP13's "HW translation
 //! tables"). Kept in a sparse 4 GiB shared object (2^47 bytes / 4 KiB pages / 8 bits): only
 //! the parts covering used address ranges ever take memory. Set by the owner's driver when
 //! it resolves a network page fault or a prefetch; cleared when a mapping goes away.

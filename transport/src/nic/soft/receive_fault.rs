@@ -1,8 +1,8 @@
 //! What the soft NIC does when a request's data arrives for pages it has no translation
-//! for, a receive-side network page fault (rNPF; issue 16, study 1; [Lesokhin17] §4-5 and
+//! for, a receive-side network page fault (rNPF; issue 16, study 1; Lesokhin17 §4-5 and
 //! Fig. 10). One policy per job (`PAGEWIRE_SOFT_RNPF`):
 //!
-//! - **`rnr`** (the default; [Lesokhin17] §4, the InfiniBand design): the responder answers
+//! - **`rnr`** (the default; Lesokhin17 §4, the InfiniBand design): the responder answers
 //!   receiver-not-ready at once and files the fault; the requester pauses and retransmits
 //!   as soon as the fault is resolved ("a relatively short NPF-specific timeout").
 //! - **`drop`** (what RC must do for a READ response, and what a plain Ethernet NIC does):
@@ -10,7 +10,7 @@
 //!   the queue pair is discarded too until the requester's retransmission timer
 //!   (`PAGEWIRE_SOFT_ACK_TIMEOUT`, IB's `timeout`: 4.096 µs × 2^N) fires and it goes back
 //!   to the dropped request (go-back-N).
-//! - **`backup`** ([Lesokhin17] §5, Figs. 5-6): a SEND that faults is stored in a small pinned
+//! - **`backup`** (Lesokhin17 §5, Figs. 5-6): a SEND that faults is stored in a small pinned
 //!   per-connection ring (`PAGEWIRE_SOFT_BACKUP_RING` bytes, at most
 //!   [`BACKUP_RING_MAX_MESSAGES`] messages) and acknowledged; once the fault is resolved
 //!   the NIC's driver copies it into the receive buffer. Later messages go straight to
@@ -20,13 +20,13 @@
 //!   NIC does.
 //!
 //! Under every policy a READ request whose source pages are not present is answered
-//! receiver-not-ready: that fault is the responder's own, on data it sends ([Lesokhin17]: "as
+//! receiver-not-ready: that fault is the responder's own, on data it sends (Lesokhin17: "as
 //! the faulting data is local"), not an incoming packet.
 
 use crate::env::parse_bytes;
 use crate::error::{Error, Result};
 
-/// Messages the backup ring holds at most per queue pair ([Lesokhin17] Fig. 6's `bm_size`).
+/// Messages the backup ring holds at most per queue pair (Lesokhin17 Fig. 6's `bm_size`).
 pub const BACKUP_RING_MAX_MESSAGES: usize = 64;
 
 /// The retransmission timeout's default exponent: 14, 67 ms, what perftest's `ib_send_bw`

@@ -1,6 +1,6 @@
 //! A bounded translation cache: the NIC's view of its translation and protection table
 //! through a cache of N entries (issue 16, study 3; `PAGEWIRE_SOFT_TPT_CACHE=N`, off by
-//! default), after [Azimi03] ("dynamic handle lookup"): the
+//! default), after Azimi03 ("dynamic handle lookup"): the
 //! tables stay in host memory, the NIC keeps a cache of them in its own small memory, and
 //! a lookup that misses
 //! - raises a *miss interrupt*: the request is filed in a miss slot of the cache's owner
@@ -255,7 +255,7 @@ fn processing_us(u: f64) -> f64 {
 pub(crate) fn describe(entries: usize) -> String {
     format!(
         "tpt-cache: {entries} entries ({}-way, LRU, one per key); a miss drops the request, the \
-         driver thread fills the entry (real wake-up + modelled 5-500 us processing, [Azimi03]) \
+         driver thread fills the entry (real wake-up + modelled 5-500 us processing, Azimi03) \
          and the initiator retransmits",
         entries.clamp(1, WAYS)
     )

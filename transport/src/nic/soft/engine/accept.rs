@@ -164,7 +164,7 @@ impl Inner {
                 }
             }
         }
-        // The keys through this NIC's translation cache ([Azimi03]): a miss drops the request
+        // The keys through this NIC's translation cache (Azimi03): a miss drops the request
         // and its retransmission comes after the requester's timer. A WRITE WITH IMM whose
         // bytes the initiator placed was looked up in this cache by the initiator already.
         if !data_placed {
@@ -182,7 +182,7 @@ impl Inner {
                 return None;
             }
         }
-        // Receive-side network page faults ([Lesokhin17] §4-5, "rNPFs"): file the fault for the
+        // Receive-side network page faults (Lesokhin17 §4-5, "rNPFs"): file the fault for the
         // driver and, by the job's policy, answer receiver-not-ready, drop the request
         // silently, or park a SEND in the backup ring and take it now.
         if !odp_targets.is_empty() && !data_placed {

@@ -1,4 +1,4 @@
-//! The backup ring of [Lesokhin17] §5 (Figs. 5-6), for the `backup` receive-fault policy
+//! The backup ring of Lesokhin17 §5 (Figs. 5-6), for the `backup` receive-fault policy
 //! (`super::super::receive_fault`): a small pinned ring per queue pair, owned by the NIC's
 //! driver, where a SEND whose receive buffer faults is stored and acknowledged; once the
 //! fault is resolved the driver copies it into the receive buffer. Receive completions

@@ -99,7 +99,7 @@ impl Inner {
                 return;
             }
         };
-        // The target NIC's translation cache: a miss drops the request ([Azimi03]).
+        // The target NIC's translation cache: a miss drops the request (Azimi03).
         if let Err(wait) = self.translate_remote(peer, remote_qpn, rkey, &mut op.translated) {
             op.state = dropped(wait, clock.fresh() + NUDGE_AFTER);
             return;
