@@ -99,7 +99,8 @@ pub(crate) fn no_mpi_feature() -> Error {
 
 /// Checks the settings that pagewire's stack reads only once it starts: the soft NIC's
 /// (`PAGEWIRE_SOFT_*`, `PAGEWIRE_PIN`, `PAGEWIRE_MEMLOCK_LIMIT`), the pin-down cache's
-/// strategy and policy, and the collectives' tuning. So a program that starts its own ranks
+/// strategy, policy, limits and invalidation switch, the memory monitor, and the
+/// collectives' tuning. So a program that starts its own ranks
 /// (`self_launch`) can report a bad value once, before it starts them, instead of once per
 /// rank; the ranks read the same values again when they start.
 fn check_stack_settings() -> Result<()> {
@@ -110,6 +111,12 @@ fn check_stack_settings() -> Result<()> {
     let setting = |e: String| Error::InvalidArgument(e);
     pagewire_pindown::Strategy::from_env().map_err(|e| setting(e.to_string()))?;
     pagewire_pindown::Policy::from_env().map_err(|e| setting(e.to_string()))?;
+    pagewire_pindown::mode::memlock_limit_from_env()?;
+    pagewire_pindown::Limits::from_env(None, 0).map_err(|e| setting(e.to_string()))?;
+    pagewire_pindown::mode::invalidation_from_env()?;
+    pagewire_transport::memmon::MonitorChoice::parse(
+        std::env::var("PAGEWIRE_MEMMON").ok().as_deref(),
+    )?;
     pagewire_collectives::tuning::Tuning::from_env().map_err(|e| setting(e.to_string()))?;
     Ok(())
 }

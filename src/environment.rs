@@ -61,6 +61,23 @@ pub(crate) fn finish() {
     PHASE.with(|p| p.set(Phase::After));
 }
 
+/// The exit of a command-line program built on pagewire: on error, one line `PROGRAM:
+/// error: cause: ...` on stderr and status 1. A user's mistake (a bad flag value, a
+/// misspelt `PAGEWIRE_*` variable) then reads as one line, not as `anyhow`'s stack
+/// backtrace, also where `RUST_BACKTRACE=1` is set.
+pub fn exit_code<E: std::fmt::Display>(
+    program: &str,
+    result: std::result::Result<(), E>,
+) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{program}: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Whether a universe runs on this thread (`MPI_Initialized`).
 pub fn is_initialized() -> bool {
     PHASE.with(|p| matches!(p.get(), Phase::Running(_)))

@@ -87,7 +87,11 @@ fn time_seed() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    pagewire::environment::exit_code("beff", run())
+}
+
+fn run() -> anyhow::Result<()> {
     let args = Args::parse();
     let started = std::time::Instant::now();
     // A bad PAGEWIRE_* setting is reported once, here, not by every rank started below.

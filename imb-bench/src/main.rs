@@ -138,7 +138,11 @@ fn options(args: &Args) -> anyhow::Result<Options> {
     })
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    pagewire::environment::exit_code("imb-bench", run())
+}
+
+fn run() -> anyhow::Result<()> {
     let raw: Vec<OsString> = std::env::args_os().collect();
     let normalised = normalise(&raw);
     let args = Args::parse_from(&normalised);

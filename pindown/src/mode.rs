@@ -79,13 +79,20 @@ pub struct PindownMode {
     pool: Option<KeyPool>,
 }
 
-/// The locked-memory limit the cache sizes itself by: `PAGEWIRE_MEMLOCK_LIMIT` when set (the
-/// soft NIC's account follows it too), else RLIMIT_MEMLOCK.
-fn memlock_limit() -> Option<u64> {
-    std::env::var("PAGEWIRE_MEMLOCK_LIMIT")
-        .ok()
-        .and_then(|v| pagewire_transport::nic::soft::parse_bytes(&v))
-        .unwrap_or_else(pagewire_transport::sys::memlock_rlimit)
+/// The locked-memory limit the cache sizes itself by (`None`: unlimited):
+/// `PAGEWIRE_MEMLOCK_LIMIT` when set (the soft NIC's account follows it too), else
+/// RLIMIT_MEMLOCK. A value that is not a byte count is an error, on every provider.
+pub fn memlock_limit_from_env() -> Result<Option<u64>> {
+    match std::env::var("PAGEWIRE_MEMLOCK_LIMIT") {
+        Err(_) => Ok(pagewire_transport::sys::memlock_rlimit()),
+        Ok(v) => pagewire_transport::nic::soft::parse_bytes(&v).ok_or_else(|| {
+            TransportError::invalid_setting(
+                "PAGEWIRE_MEMLOCK_LIMIT",
+                v,
+                "expected bytes like 65536, 64K, 8M, 1G or unlimited",
+            )
+        }),
+    }
 }
 
 /// Parses `PAGEWIRE_PINDOWN_INVALIDATE` (`on`, the default, or `off`).
@@ -290,7 +297,9 @@ impl BufferMode for PindownMode {
         let registrar = MonitoredRegistrar::new(NicRegistrar::new(nic.clone()), monitor.clone());
         let reserve = nic.counters().pinned_now + (256 << 10) * 4;
         let config = self.config.unwrap_or_else(|| {
-            CacheConfig::from_env(memlock_limit(), reserve)
+            let limit = memlock_limit_from_env()
+                .unwrap_or_else(|e| panic!("pagewire: pindown mode settings: {e}"));
+            CacheConfig::from_env(limit, reserve)
                 .unwrap_or_else(|e| panic!("pagewire: pindown mode settings: {e}"))
         });
         let cache = SharedPinDownCache::new(crate::PinDownCache::with_config(registrar, config));

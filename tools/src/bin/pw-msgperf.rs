@@ -67,7 +67,11 @@ fn parse_vector(s: &str) -> Result<(usize, usize), String> {
     Ok((run, parse_size(hole)?))
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    pagewire::environment::exit_code("pw-msgperf", run())
+}
+
+fn run() -> anyhow::Result<()> {
     let args = Args::parse();
     let (min, max) = args
         .msglog

@@ -67,7 +67,11 @@ struct Args {
     json: bool,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    pagewire::environment::exit_code("pw-perftest", run())
+}
+
+fn run() -> anyhow::Result<()> {
     let args = Args::parse();
     // A bad PAGEWIRE_* setting is reported once, here, not by both ranks started below.
     SoftConfig::from_env()?;

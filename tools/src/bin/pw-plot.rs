@@ -103,7 +103,11 @@ fn points(spec: &str) -> Result<Vec<(f64, f64)>> {
     Ok(out)
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    pagewire::environment::exit_code("pw-plot", run())
+}
+
+fn run() -> Result<()> {
     let args = Args::parse();
     let mut series = Vec::new();
     for s in &args.series {

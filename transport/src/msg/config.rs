@@ -72,8 +72,9 @@ pub enum WaitPolicy {
     Auto,
     /// Poll without pause: the lowest latency when every rank has a CPU of its own.
     Spin,
-    /// `sched_yield` after every empty poll, so that with more ranks than CPUs the rank a
-    /// waiter waits for gets the CPU (as MPICH does when oversubscribed).
+    /// `sched_yield` after each empty poll from the 65th in a row, so that with more ranks
+    /// than CPUs the rank a waiter waits for gets the CPU (as MPICH does when
+    /// oversubscribed); a wait with every rank on the local path sleeps after 512.
     Yield,
 }
 
