@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Fuzzing (issue 15): the ring packet decoder, the message decoder, the bootstrap
+# Fuzzing: the ring packet decoder, the message decoder, the bootstrap
 # protocol's parsers, the frames of `pwrun --hosts` and its agents and the TCP wire's frame
-# decoder (issue 18), each fed
+# decoder, each fed
 # PAGEWIRE_FUZZ_INPUTS mutated inputs by the stable harness in transport/src/fuzz.rs (about
 # a second per million inputs per target here). A longer run:
 #   PAGEWIRE_FUZZ_INPUTS=10000000 PAGEWIRE_FUZZ_SEED=2 bash .ci/fuzz.sh

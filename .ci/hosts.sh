@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 18, two hosts: the facade's point-to-point, collectives and communicator suites and
+# Two hosts: the facade's point-to-point, collectives and communicator suites and
 # the examples as 2 hosts x 2 ranks, under pagewire's own `pwrun --hosts` and under MPICH's
 # mpiexec, across two hosts made of namespaces on this machine (tools/hosts/ns-hosts: each
 # its own network, on a veth pair, and its own /dev/shm, PID, mount, UTS and IPC

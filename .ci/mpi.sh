@@ -106,7 +106,7 @@ for np in 2 4; do
 done
 
 # Without the feature, under MPICH's mpiexec: the ranks bootstrap through hydra's PMI-1
-# server (issue 18) and run; started by a launcher of another protocol (PMIx here, shown by
+# server and run; started by a launcher of another protocol (PMIx here, shown by
 # PMIX_RANK without PMI_FD), a clear error that says to rebuild.
 cargo build --release --bin pw-msgperf
 timeout 300 "${mpirun[@]}" -np 2 target/release/pw-msgperf pingpong --msglog 0:16 --iters 20
@@ -119,7 +119,7 @@ fi
 grep -q -- 'rebuild with `--features mpi`' <<<"$out" || { echo "$out" >&2; exit 1; }
 echo "mpi: without the feature, under PMIx, it fails with: $(grep -m1 -- '--features mpi' <<<"$out")"
 
-# ---- imb-bench (issue 6; owner: the imb-bench engineer) -------------------------------
+# ---- imb-bench (owner: the imb-bench engineer) -------------------------------
 # Every IMB-MPI1 benchmark bootstrapped by MPI on 1-4 ranks, short, in each buffer mode; the
 # host MPI library with --transport mpi; and --mode all refused with its explanation.
 cargo build --release -p imb-bench --features mpi "${T[@]}"
@@ -137,7 +137,7 @@ if out=$(timeout 120 "${mpirun[@]}" -np 2 "${imb[@]}" --mode all PingPong 2>&1);
 fi
 grep -q -- '--mode all needs one job per buffer mode' <<<"$out" || { echo "$out" >&2; exit 1; }
 
-# ---- beff (issue 6): a short b_eff under mpirun on both transports ------------------------
+# ---- beff: a short b_eff under mpirun on both transports ------------------------
 cargo build --release -p beff --features mpi "${T[@]}"
 for tr in soft mpi; do
   out=$(timeout 300 "${mpirun[@]}" -np 2 target/mpi/release/beff --short --test --verify \

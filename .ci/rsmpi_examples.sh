@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# rsmpi's own examples against pagewire (issue 14): builds every example of rsmpi 0.8.2
+# rsmpi's own examples against pagewire: builds every example of rsmpi 0.8.2
 # unchanged in a scratch crate whose only change is the dependency line
 #   mpi = { package = "pagewire", path = ... }
 # (rsmpi's features `user-operations`, `derive` and `complex` mirrored), runs each on 2 and 3

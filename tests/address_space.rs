@@ -1,4 +1,4 @@
-//! Wyckoff05's scenarios, on two ranks, in the `pindown` and `odp` modes (issue 4): rank 0
+//! Wyckoff05's scenarios, on two ranks, in the `pindown` and `odp` modes: rank 0
 //! sends from a buffer, changes its address space under the buffer, puts different bytes
 //! at the same virtual address and sends again; rank 1 checks every message against the
 //! bytes rank 0 says it wrote. Rank 0 checks that a counter proves the invalidation: the
@@ -8,7 +8,7 @@
 //! Each test launches the job once per mode; the body runs in the launched ranks. The
 //! classic failures of Wyckoff05 (free + malloc, munmap + mmap at the same address) run a
 //! third time with the pin-down cache's invalidation turned off
-//! (`PAGEWIRE_PINDOWN_INVALIDATE=off`, issue 13): the stale registration stays bound to the
+//! (`PAGEWIRE_PINDOWN_INVALIDATE=off`): the stale registration stays bound to the
 //! old pages, as on hardware, and rank 1 must see wrong bytes — so these tests can fail.
 
 use pagewire::traits::*;

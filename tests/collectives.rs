@@ -1047,7 +1047,7 @@ fn a_rank_failing_inside_a_collective_takes_the_job_down() {
 /// `PAGEWIRE_TEST_ROLE` naming it, so the test function plays a rank as under `pwrun`.
 /// Without the feature the module's pagewire test is ignored by default; `.ci/mpi.sh` runs
 /// it (`--ignored under_mpirun::`) under MPICH's `mpiexec`, also across two namespaced hosts,
-/// the ranks bootstrapping through its PMI-1 server (issue 18).
+/// the ranks bootstrapping through its PMI-1 server.
 mod under_mpirun {
     use pagewire_test_support::mpirun;
 

@@ -761,7 +761,7 @@ fn spawn_is_refused_with_one_line_on_2_ranks() {
 /// plays a rank as under `pwrun`.
 /// Without the feature the module's pagewire test is ignored by default; `.ci/mpi.sh` runs
 /// it (`--ignored under_mpirun::`) under MPICH's `mpiexec`, also across two namespaced hosts,
-/// the ranks bootstrapping through its PMI-1 server (issue 18).
+/// the ranks bootstrapping through its PMI-1 server.
 mod under_mpirun {
     use pagewire_test_support::mpirun;
 

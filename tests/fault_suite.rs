@@ -1,4 +1,4 @@
-//! Fault suite under pwrun (issue 15): a rank killed by SIGKILL in each protocol phase, a
+//! Fault suite under pwrun: a rank killed by SIGKILL in each protocol phase, a
 //! rank that panics with requests outstanding, SIGINT, SIGTERM and SIGKILL to pwrun itself.
 //!
 //! Every test starts the `pwrun` binary on copies of this test binary (each filtered to the
@@ -508,7 +508,7 @@ fn rank_killed_inside_a_collective() {
 }
 
 // ---------------------------------------------------------------------------------------
-// A rank that panics with requests outstanding (issue 15 item 7: it gives them 1 s, then exits 101).
+// A rank that panics with requests outstanding (it gives them 1 s, then exits 101).
 
 /// Rank 0 panics inside a scope holding a 4 MiB `immediate_send` (rendezvous: it cannot
 /// complete, rank 1 never receives) while rank 1 waits in a barrier. The panic unwinds

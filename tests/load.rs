@@ -1,4 +1,4 @@
-//! Load (issue 15): `examples/load.rs` under `pwrun -n 16` in each buffer mode. Every rank
+//! Load: `examples/load.rs` under `pwrun -n 16` in each buffer mode. Every rank
 //! sends messages of random sizes (0 B to 1 MiB, log-uniform: eager and rendezvous) with
 //! random tags to random peers and receives them with wildcards only; the program checks
 //! every byte, the non-overtaking order per (source, tag), the per-pair and total counts

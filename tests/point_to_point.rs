@@ -756,8 +756,8 @@ fn pindown_mode_bytes_arrive_exactly_with_rput() {
     );
 }
 
-/// `byte_exact` under a pin-down registration strategy other than the cache (issue 16,
-/// study 4): `per-op` registers every rendezvous transfer and keeps nothing (no hits, and
+/// `byte_exact` under a pin-down registration strategy other than the cache:
+/// `per-op` registers every rendezvous transfer and keeps nothing (no hits, and
 /// every registration gone by the end); `key-pool` registers every transfer and
 /// deregisters them in batches of `PAGEWIRE_PINDOWN_POOL_DIRTY` (2 here). The memlock limit
 /// is lifted, so that no transfer falls back to copying (the 64 MiB message would).
@@ -1055,7 +1055,7 @@ fn a_blocking_probe_on_a_dead_sender_is_an_error_not_a_hang() {
     );
 }
 
-/// Sizes on both sides of every switch point of the fast path (issue 12): the inline limit
+/// Sizes on both sides of every switch point of the fast path: the inline limit
 /// (256 B with the 64-byte header), the ring's packet size (16,320 B: a 16 KiB eager message
 /// takes two packets), the eager limit (16 KiB), the split and CMA thresholds (64 KiB) and
 /// the copy mode's chunk (512 KiB).
@@ -1142,7 +1142,7 @@ fn switch_point_sizes_wrap_the_ring_and_keep_order_in_every_mode() {
 }
 
 /// 10,000 ping-pongs of 8 bytes: the NIC makes (almost) no system call per message while
-/// both ranks poll (issue 12; wake-ups of a descheduled peer are all that may show).
+/// both ranks poll (wake-ups of a descheduled peer are all that may show).
 fn no_syscalls_per_message(u: &pagewire::Universe) {
     const N: usize = 10_000;
     let world = u.world();
@@ -1171,7 +1171,7 @@ fn no_syscalls_per_message(u: &pagewire::Universe) {
     let calls = u.with_p2p(|p| p.nic_counters().syscalls) - before;
     let per_message = calls as f64 / (2 * N) as f64;
     // A system call on the per-message path would make at least 1 per message (before
-    // issue 12: about 3). What remains are wake-ups of a peer's driver thread when that
+    // before the fast path: about 3). What remains are wake-ups of a peer's driver thread when that
     // peer's rank is off its core (at most one per message, and only on a loaded machine:
     // 0.73 was seen with two other jobs running); the benchmark (pw-msgperf's syscalls/msg,
     // 0.000 on a quiet machine) gives the figure, this test the property.
@@ -1202,7 +1202,7 @@ fn small_messages_make_no_system_calls_in_every_mode() {
     }
 }
 
-/// Issue 15, item 1: an error met while starting one request belongs to that request. With
+/// An error met while starting one request belongs to that request. With
 /// explicit ODP regions (one per transfer) and 4,200 rendezvous sends to a rank that has not
 /// posted its receives yet, the sender's NIC runs out of memory regions part-way (4,096 per
 /// NIC). The sends that could not start report that error at their own completion; the
@@ -1277,7 +1277,7 @@ fn sends_that_cannot_get_a_memory_region_fail_alone() {
     );
 }
 
-/// Issue 15, item 7: a rank that panics while a rendezvous send is in flight (its peer
+/// A rank that panics while a rendezvous send is in flight (its peer
 /// waits in a barrier and never receives it) ends, and the launcher ends the job naming it,
 /// instead of waiting in the request's drop for ever.
 #[test]
@@ -1353,7 +1353,7 @@ fn a_message_over_4_gib_arrives_intact_in_odp_mode() {
 /// `PAGEWIRE_TEST_ROLE` naming it, so the test function plays a rank as under `pwrun`.
 /// Without the feature the module's pagewire test is ignored by default; `.ci/mpi.sh` runs
 /// it (`--ignored under_mpirun::`) under MPICH's `mpiexec`, also across two namespaced hosts,
-/// the ranks bootstrapping through its PMI-1 server (issue 18).
+/// the ranks bootstrapping through its PMI-1 server.
 mod under_mpirun {
     use pagewire_test_support::mpirun;
 

@@ -1,4 +1,4 @@
-//! Resources suite (issue 15): a job that needs more than the host gives ends with one line
+//! Resources suite: a job that needs more than the host gives ends with one line
 //! that says what is missing and what to do, not with a signal.
 //!
 //! `/dev/shm` too small: the job runs in a private mount namespace (`unshare -m`) with a

@@ -131,7 +131,7 @@ pub struct Tuning {
 }
 
 impl Default for Tuning {
-    /// The measured defaults (see the crate's README section in the report of issue 5).
+    /// The measured defaults (how they were chosen: the module docs above).
     fn default() -> Self {
         Tuning {
             allreduce: AllreduceAlgo::Auto,

@@ -372,7 +372,7 @@ fn mode_all_prints_the_modes_side_by_side() {
         out.contains("the buffer modes side by side (2 ranks"),
         "{out}"
     );
-    // pindown in both memlock worlds (issue 13): lifted, and the --memlock given.
+    // pindown in both memlock worlds: lifted, and the --memlock given.
     assert!(
         out.contains("pindown-hpc/copy")
             && out.contains("pindown-8M/copy")

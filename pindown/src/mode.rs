@@ -19,7 +19,7 @@
 //! cached and ignores the monitor, as MPI libraries run that rely on malloc hooks they do
 //! not have, or `leave_pinned` without MMU notifiers (Wyckoff05 §II-III). A buffer freed and
 //! reallocated at the same address then reuses the stale registration, which stays bound to
-//! the old pages (issue 13): old bytes are sent and received bytes vanish. It exists to
+//! the old pages: old bytes are sent and received bytes vanish. It exists to
 //! measure what invalidation costs and to show that the tests can see the failure.
 //!
 //! **Registration strategies** (`PAGEWIRE_PINDOWN_STRATEGY`, [`crate::strategy`]): the

@@ -1,4 +1,4 @@
-//! Registration strategies of the `pindown` mode (issue 16, study 4; NFS-RDMA §3.2, §8):
+//! Registration strategies of the `pindown` mode (NFS-RDMA §3.2, §8):
 //! how a user buffer gets a registration for one transfer.
 //!
 //! - `cache` (the default): the pin-down cache ([`crate::PinDownCache`]), NFS-RDMA's "buffer

@@ -828,7 +828,7 @@ fn gapped_layout(base: *const u8, count: usize, map: &TypeMap) -> Option<(*const
 /// `buf` lent to the message layer as it is, gaps and all, when it has gaps and `takes`
 /// accepts their layout (`PointToPoint::moves_in_place`): the layer then gathers its blocks
 /// itself (scatter-gather rendezvous, or the copy into a slot) instead of the caller
-/// packing them first (issue 14).
+/// packing them first.
 ///
 /// # Safety
 ///

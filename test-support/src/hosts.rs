@@ -1,4 +1,4 @@
-//! Two hosts on this machine for tests that must cross a network (issue 18): a pair made
+//! Two hosts on this machine for tests that must cross a network: a pair made
 //! by `tools/hosts/ns-hosts` (each host its own network namespace on a veth pair, its own
 //! `/dev/shm`, PID, mount, UTS and IPC namespaces), with its stand-in for ssh, removed
 //! when dropped. Where namespaces are not permitted a test skips with the reason, unless

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The buffer-mode figures of issue 4, one run each, on the built-in launcher and the soft NIC:
+# The buffer-mode figures, one run each, on the built-in launcher and the soft NIC:
 #   1. PingPong in copy, pindown and odp at 8 B .. 4 MiB, warm (one buffer reused) and
 #      off-cache (IMB-style rotation over 32 MiB);
 #   2. pindown with its limit (8 MiB) below the working set (32 MiB), for each eviction

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16, study 2: network page fault cost, the soft NIC's real figures next to the
+# What-if study: network page fault cost, the soft NIC's real figures next to the
 # `npf-model` profile (real OS work + the NIC firmware's part, modelled from Lesokhin17
 # Table 4) and next to Lesokhin17's own (Table 4, Fig. 3(a)) and ODP13's.
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16, study 1: the soft NIC's receive-fault policies (Lesokhin17 §4-5, Figs. 4 and 10)
+# What-if study: the soft NIC's receive-fault policies (Lesokhin17 §4-5, Figs. 4 and 10)
 # on the built-in launcher, 2 ranks, `pw-perftest send_bw` (ib_send_bw's shape: 64 KiB
 # SENDs, 128 outstanding, 512 receives posted, ODP memory on both sides).
 #   1. Fig. 10: one receive in N lands on memory the NIC has never mapped (a minor fault:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13's targets in one run, on the built-in launcher and the soft NIC, 2 ranks:
+# The registration targets (odp against pindown-hpc, pindown against copy) in one run, on the built-in launcher and the soft NIC, 2 ranks:
 #   - IMB PingPong and Sendrecv 1 MiB and 4 MiB with -off_cache -1, `imb-bench --mode all`:
 #     odp / pindown with the memlock limit lifted (HPC), and each over copy;
 #   - b_eff --short --test, `beff --mode all`, three runs (the median of each mode): the same

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16, study 4: NFS-RDMA's registration strategies side by side, as pindown variants
+# What-if study: NFS-RDMA's registration strategies side by side, as pindown variants
 # (`PAGEWIRE_PINDOWN_STRATEGY`), on the built-in launcher and the soft NIC, 2 ranks, with
 # the memlock limit lifted (so no strategy falls back to copying):
 #   - per-op:   register before and deregister after every transfer;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14: a buffer with gaps (an MPI vector of bytes: runs of RUN bytes, 1 KiB apart)
+# A buffer with gaps (an MPI vector of bytes: runs of RUN bytes, 1 KiB apart)
 # packed by the facade and sent contiguous, against moved in place by the message layer
 # (scatter-gather rendezvous in pindown and odp; the slots gather and scatter in copy), and
 # the same bytes without gaps, on the built-in launcher and the soft NIC, 2 ranks, memlock

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The soft NIC's fast-path targets (issue 12) in one run: pagewire next to MPICH with the same
+# The soft NIC's fast-path targets in one run: pagewire next to MPICH with the same
 # binaries (imb-bench and beff built with the `mpi` feature, run under mpirun; pagewire's
 # ranks bootstrapped by MPI with the data on the soft NIC, MPICH with --transport mpi), each
 # configuration right after the other, 2 ranks. Prints a Markdown table of every target with

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16, study 3: a bounded NIC translation cache (Azimi03, "dynamic handle lookup").
+# What-if study: a bounded NIC translation cache (Azimi03, "dynamic handle lookup").
 # The soft NIC's `tpt-cache` profile (PAGEWIRE_SOFT_TPT_CACHE=N: N entries, 4-way LRU, one per
 # key; a miss drops the request, the owner's driver thread fills the entry after a modelled
 # 5-500 us processing time, the initiator retransmits) swept over the cache size against the

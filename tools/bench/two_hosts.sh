@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Pagewire across two hosts next to MPICH over UCX's tcp transport (issue 18), in the same
+# Pagewire across two hosts next to MPICH over UCX's tcp transport, in the same
 # run: two hosts made of namespaces on this machine (tools/hosts/ns-hosts: each its own
 # network, on a veth pair, and its own /dev/shm, PID and mount namespaces). One rank per
 # host for PingPong, Sendrecv and b_eff (its short test, 64 MB per process), two per host

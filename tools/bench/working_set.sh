@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16, study 5: a dynamic working set under one memory budget (Lesokhin17 §6.1, Fig. 7).
+# What-if study: a dynamic working set under one memory budget (Lesokhin17 §6.1, Fig. 7).
 # Two jobs (each a server with an LRU item store of 20 KiB items and a client, 2 ranks
 # under the built-in launcher) run at once in one cgroup v1 memory cgroup; at half time one
 # working set grows 100 MiB -> 900 MiB and the other shrinks 900 MiB -> 100 MiB.

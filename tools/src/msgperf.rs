@@ -59,7 +59,7 @@ pub struct RowCounters {
     pub npf_pages: u64,
     /// Pages made present by prefetch.
     pub prefetch_pages: u64,
-    /// System calls the NICs made (issue 12: none per small message while both poll).
+    /// System calls the NICs made (none per small message while both poll).
     pub syscalls: u64,
     /// Memory regions registered (pinned, for non-ODP regions).
     pub registrations: u64,
@@ -248,7 +248,7 @@ pub struct RunOptions {
     /// misses), is in the timing.
     pub cold: bool,
     /// PingPong with a buffer with gaps: the message's bytes in runs of `.0` bytes, `.1`
-    /// bytes apart (an MPI vector of bytes; issue 14's scatter-gather rendezvous).
+    /// bytes apart (an MPI vector of bytes: the scatter-gather rendezvous).
     pub vector: Option<(usize, usize)>,
     /// Which calls the PingPong kernel makes.
     pub layer: Layer,

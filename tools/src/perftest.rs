@@ -21,7 +21,7 @@
 //! they are registered, so the NIC's faults find the pages in memory and only map them —
 //! Lesokhin17's minor network page faults (Table 4). Without it, a fault on a fresh page also
 //! allocates and zeroes it. Both print a per-size table of the faults: where their time went
-//! and their 50/95/99 %/max, next to Lesokhin17's figures (issue 16, study 2; the
+//! and their 50/95/99 %/max, next to Lesokhin17's figures (the
 //! `PAGEWIRE_SOFT_PROFILE=npf-model` profile adds the NIC firmware's part).
 
 mod measure;

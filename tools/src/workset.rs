@@ -1,4 +1,4 @@
-//! Issue 16, study 5: a dynamic working set under one memory budget (Lesokhin17 §6.1,
+//! A dynamic working set under one memory budget (Lesokhin17 §6.1,
 //! Fig. 7), behind `pw-workset`.
 //!
 //! Two jobs, each a server rank holding an LRU item store and a client rank requesting

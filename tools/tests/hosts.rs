@@ -1,4 +1,4 @@
-//! `pwrun --hosts` across two hosts made of namespaces (issue 18): ranks placed by slots,
+//! `pwrun --hosts` across two hosts made of namespaces: ranks placed by slots,
 //! output and input relayed, a pagewire job over shared memory within a host and the TCP
 //! wire between them, a failing rank or a killed agent ending the job, and nothing left on
 //! either host afterwards. Skipped (one line) where namespaces are not permitted, unless

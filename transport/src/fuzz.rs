@@ -1,9 +1,9 @@
-//! Fuzz targets (issue 15): the ring packet decoder ([`crate::nic::soft::ring::decode`]),
+//! Fuzz targets: the ring packet decoder ([`crate::nic::soft::ring::decode`]),
 //! the message decoders ([`crate::msg::wire::decode_message`] and the local path's
 //! [`crate::msg::wire::decode_short`]), the bootstrap protocol's
 //! parsers ([`crate::boot::pwrun_client::wire`]), the frames of `pwrun --hosts` and its
 //! agents (`boot/hosts/relay.rs`) and the TCP wire's frame decoder
-//! ([`crate::nic::soft::tcp::frame::decode`], issue 18), each driven by a small
+//! ([`crate::nic::soft::tcp::frame::decode`]), each driven by a small
 //! deterministic mutational fuzzer on the stable toolchain.
 //!
 //! Each target starts from valid encodings, mutates them (bit flips, bytes and 2/4/8-byte
@@ -439,7 +439,7 @@ fn fuzz_bootstrap_parser() {
     });
 }
 
-/// The TCP wire's frame decoder (issue 18): every frame kind as seed, streams of several
+/// The TCP wire's frame decoder: every frame kind as seed, streams of several
 /// frames, and the hello.
 #[test]
 #[ignore = "fuzzing: run by .ci/fuzz.sh"]

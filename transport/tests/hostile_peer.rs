@@ -1,4 +1,4 @@
-//! Hostile peer (issue 15): rank 1 speaks the soft NIC's ring and the message layer's wire
+//! Hostile peer: rank 1 speaks the soft NIC's ring and the message layer's wire
 //! by hand and writes malformed ring packets, message headers and CTSs (every field at its
 //! extremes) into rank 0, which runs the real message layer. Rank 0 must see an error
 //! completion or nothing at all — never a panic, a hang, or a byte outside a posted buffer —
@@ -335,7 +335,7 @@ fn cases() -> Vec<(Attack, Expect)> {
             }),
             N,
         ),
-        // CTS against the victim's send (issue 15 item 2).
+        // CTS against the victim's send.
         (Attack::Cts("CTS at 2^64 - 4096", u64::MAX - 4095, 4096), E),
         (
             Attack::Cts("CTS at the message's end", RNDV_BYTES as u64, 4096),

@@ -1,4 +1,4 @@
-//! Long-term pins through io_uring's fixed buffers (`sys::LongTermPins`, issue 13): a pinned
+//! Long-term pins through io_uring's fixed buffers (`sys::LongTermPins`): a pinned
 //! region keeps its pages after the application replaces them, bad ranges fail with the
 //! kernel's error without leaking a table slot, and `write_pages` reaches the pinned pages.
 //!

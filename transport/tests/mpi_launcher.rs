@@ -1,5 +1,5 @@
 //! A program started by an MPI launcher but built without the `mpi` feature: under MPICH's
-//! hydra (`PMI_FD` set) it bootstraps through the PMI-1 client (issue 18), and a `PMI_FD`
+//! hydra (`PMI_FD` set) it bootstraps through the PMI-1 client, and a `PMI_FD`
 //! that is no connection is a clear error; under any other launcher (PMIx, Open MPI) it
 //! fails at bootstrap with a message that says to rebuild, instead of running as N one-rank
 //! jobs (README "Running under mpirun"). `.ci/mpi.sh` checks both under a real `mpiexec`.

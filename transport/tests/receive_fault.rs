@@ -1,4 +1,4 @@
-//! The soft NIC's receive-fault policies (issue 16 study 1, `PAGEWIRE_SOFT_RNPF`; seed
+//! The soft NIC's receive-fault policies (`PAGEWIRE_SOFT_RNPF`;
 //! Lesokhin17 §4-5): two ranks, a stream of SENDs into receive
 //! buffers the NIC has never mapped, one in two (the others prefetched), under `rnr`,
 //! `drop` and `backup` (with a ring large enough and one too small), on the CMA path and

@@ -344,7 +344,7 @@ fn bad_keys_bounds_and_rights_fail_without_touching_memory() {
     );
 }
 
-/// With a translation cache (issue 16 study 3) a key is checked against the table before
+/// With a translation cache a key is checked against the table before
 /// the cache is looked up: the same errors, on both paths.
 #[test]
 fn bad_keys_bounds_and_rights_fail_the_same_with_a_translation_cache() {
@@ -500,7 +500,7 @@ fn posting_to_a_dead_peer_completes_with_an_error_not_a_hang() {
     );
 }
 
-/// Issue 15, item 6: a staged RDMA WRITE of 4 MiB (256 packets) to a peer that exits: the
+/// A staged RDMA WRITE of 4 MiB (256 packets) to a peer that exits: the
 /// WRITE's own packets fill the ring, so no request ahead of it awaits a response whose
 /// liveness check would end it. It ends with RETRY_EXC_ERR instead of waiting for ever
 /// for room in a ring nobody drains.
@@ -553,7 +553,7 @@ fn a_write_filling_the_ring_to_a_dead_peer_completes_with_an_error_not_a_hang() 
     );
 }
 
-/// Issue 15, item 4: the target deregisters its 64 MiB region in the middle of a staged RDMA
+/// The target deregisters its 64 MiB region in the middle of a staged RDMA
 /// WRITE (or READ, with `PAGEWIRE_TEST_OP=read`) and hands the range back to its application:
 /// new pages, new bytes. To be sure the transfer is mid-way, the initiator posts it, makes
 /// one engine pass and stops itself (SIGSTOP); the target then takes what the ring between
@@ -815,7 +815,7 @@ fn vmlck_rises_on_registration_and_falls_on_deregistration() {
     );
 }
 
-/// Issue 13: with long-term pins (the default where io_uring works) a registration does
+/// With long-term pins (the default where io_uring works) a registration does
 /// not `mlock` (VmLck stays), is charged to the memlock account all the same, and stays
 /// bound to the pages it pinned. After the application discards a registered range and
 /// writes new bytes there: a peer's READ through the region gets the old bytes, its WRITE
@@ -945,7 +945,7 @@ fn a_pinned_region_stays_bound_to_its_pages_on_the_staged_path_too() {
 /// A range freed and handed out again is new memory: a region registered over it after the
 /// change is bound to the new pages, though the change's event reaches the NIC's watch only
 /// later (a pin-down cache re-registering a buffer `malloc` gave back at the same address:
-/// issue 18's zeroed rendezvous). The peer's WRITE through the new region is what the
+/// the zeroed rendezvous the TCP wire once showed). The peer's WRITE through the new region is what the
 /// application reads, and nothing is detached.
 fn rebound_body(r: &Rank) {
     const LEN: usize = 64 << 10;
@@ -1329,7 +1329,7 @@ fn a_rank_killed_mid_job_takes_the_job_down_and_leaves_no_shared_memory() {
 }
 
 /// A SEND or RDMA WRITE whose local memory is unmapped or unregistered completes with a
-/// local protection error and the process goes on (issue 12): the soft NIC copies its own
+/// local protection error and the process goes on: the soft NIC copies its own
 /// process's memory with the CPU, guarded so that a bad address fails the work request, not
 /// the process. Inline payloads are copied at post time, registered ones at transmission.
 fn local_faults_body(r: &Rank) {
@@ -1444,7 +1444,7 @@ fn a_send_or_write_from_unmapped_or_unregistered_memory_fails_locally_and_the_pr
 
 /// A WRITE from a resident but NIC-cold ODP source into a cold ODP target: one requester
 /// fault at rank 0, one responder fault at rank 1. The counters split each fault's time into
-/// the driver's wait, the OS's work and (profile `npf-model`, issue 16 study 2) the modelled
+/// the driver's wait, the OS's work and (profile `npf-model`) the modelled
 /// firmware time, and the parts add up to no more than the whole.
 fn npf_parts_body(r: &Rank) {
     const LEN: usize = 64 << 10;
@@ -1531,7 +1531,7 @@ fn the_npf_model_profile_adds_seed_000_s_firmware_time_to_every_fault() {
 }
 
 /// A [`Region`] deregisters itself when dropped, once; `deregister` returns the NIC's answer;
-/// the key is dead afterwards (issue 11, item 4).
+/// the key is dead afterwards.
 fn region_body(r: &Rank) {
     let buf = AnonMapping::new(1 << 20).unwrap();
     let before = r.nic.counters();

@@ -1,4 +1,4 @@
-//! The soft NIC's TCP wire (issue 18) between two ranks with `PAGEWIRE_SOFT_WIRE=tcp`: the
+//! The soft NIC's TCP wire between two ranks with `PAGEWIRE_SOFT_WIRE=tcp`: the
 //! wire is really TCP, and hostile bytes on it — a frame of no kind, lengths out of range,
 //! a CMA descriptor, a packet the ring's checks refuse, a queue pair out of range, a packet
 //! cut short by the sender's death — close the connection with a clear reason, never a

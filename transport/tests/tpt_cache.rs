@@ -1,4 +1,4 @@
-//! The soft NIC's bounded translation cache (issue 16 study 3, `PAGEWIRE_SOFT_TPT_CACHE`,
+//! The soft NIC's bounded translation cache (`PAGEWIRE_SOFT_TPT_CACHE`,
 //! after Azimi03): two ranks on the CMA path and on the staged
 //! path, checking the hits and misses of a known access pattern, the bytes of many regions
 //! through a cache of one or two entries, and that with the cache off nothing is counted.

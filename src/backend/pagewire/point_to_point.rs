@@ -205,8 +205,8 @@ const PANIC_GRACE: Duration = Duration::from_secs(1);
 /// operation (it may be waiting for this rank elsewhere), and the launcher sees the failure
 /// only once the process ends. Nor may it return while the NIC or the peer can still use
 /// the buffer, which the unwinding frees. So it gives the operation [`PANIC_GRACE`] and then
-/// ends the process with the panic's exit status, as MPI does on a fatal error (issue 15,
-/// item 7; the panic message is already printed).
+/// ends the process with the panic's exit status, as MPI does on a fatal error
+/// (the panic message is already printed).
 fn finish_abandoned(p2p: &mut PointToPoint, id: RequestId) {
     if p2p.cancel(id) {
         let _ = p2p.test(id);

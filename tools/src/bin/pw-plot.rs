@@ -1,6 +1,6 @@
 //! `pw-plot`: draws the tables the benchmark scripts keep (raw outputs of `pw-msgperf`,
 //! `pw-perftest`, ...) as one log-log line plot, so that a study's script can leave its plot
-//! beside its table (issue 16: "its output and plot under docs/results/").
+//! beside its table ("its output and plot under docs/results/").
 //!
 //! A series is `LABEL=FILE:XCOL:YCOL[:COL=VALUE]`: from each line of FILE whose fields
 //! (split on white space and `|`) include columns XCOL and YCOL (1-based) as numbers and,

@@ -1,4 +1,4 @@
-//! `pw-workset`: issue 16, study 5 — two jobs whose working sets grow and shrink under one
+//! `pw-workset`: two jobs whose working sets grow and shrink under one
 //! memory budget, pinned (`pindown`) against on-demand paging (`odp`), as Lesokhin17 §6.1's
 //! Fig. 7. Prints hits per second over time per job for both modes, and a summary; `--plot`
 //! draws the figure.

@@ -1,4 +1,4 @@
-//! The network page faults of each size, side by side with Lesokhin17's (issue 16, study 2):
+//! The network page faults of each size, side by side with Lesokhin17's:
 //! where their time went (waiting for the driver thread, the OS's work, the modelled
 //! firmware time of the `npf-model` profile) and their tail (50/95/99 %/max, Table 4's
 //! columns).

@@ -1,6 +1,6 @@
 //! `send_bw`, perftest's `ib_send_bw`: a stream of SENDs into a ring of posted receives,
-//! with receive-side network page faults injected at a given frequency (issue 16, study 1;
-//! Lesokhin17 §6.4 and Fig. 10, whose benchmarks "synthetically generate rNPFs at a variable
+//! with receive-side network page faults injected at a given frequency
+//! (Lesokhin17 §6.4 and Fig. 10, whose benchmarks "synthetically generate rNPFs at a variable
 //! specified frequency" and "pre-fault the receive ring at startup"), or a ring that
 //! starts cold (Lesokhin17 §5, Fig. 4). Throughput is what the receiver sees: messages
 //! completed in its receive queue over time. What the receiving NIC does on a fault is the

@@ -5,7 +5,7 @@
 //! [`PwrunBootstrap`] under the built-in launcher `pwrun`, `MpiBootstrap` (feature `mpi`)
 //! under an MPI launcher (`mpirun`/`mpiexec` of MPICH or Open MPI), [`PmiBootstrap`]
 //! under MPICH's `mpiexec` (hydra) for a program built without the `mpi` feature (a PMI-1
-//! client, issue 18), and [`SingletonBootstrap`] for a program started with no launcher at
+//! client), and [`SingletonBootstrap`] for a program started with no launcher at
 //! all (one rank). [`from_env`] picks one from the environment, in that order.
 //!
 //! A program started by another MPI launcher (PMIx: Open MPI, `srun --mpi=pmix`; Slurm's

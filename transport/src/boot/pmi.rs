@@ -1,4 +1,4 @@
-//! A PMI-1 client (issue 18): the bootstrap of a program built without the `mpi` feature
+//! A PMI-1 client: the bootstrap of a program built without the `mpi` feature
 //! and started by MPICH's `mpiexec` (hydra), which serves the PMI-1 "simple" wire protocol
 //! on the descriptor named by `PMI_FD`. No MPI library is involved, so nothing of MPI's
 //! is started, nor finalized, in the ranks.

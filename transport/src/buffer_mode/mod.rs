@@ -77,7 +77,7 @@ pub enum Direction {
 ///
 /// Not `Copy` or `Clone`: a lease is given back exactly once, by moving it into
 /// [`BufferMode::release`], so a lease released twice or kept after its release does not
-/// compile (issue 11, item 4). Read its fields before moving it into the request's state.
+/// compile. Read its fields before moving it into the request's state.
 #[derive(Debug, PartialEq, Eq)]
 #[must_use = "a lease must be given back with BufferMode::release"]
 pub struct Lease {

@@ -8,7 +8,7 @@
 //! buffer-mode layer, the lowest that uses them (the message layer re-exports them as
 //! `msg::raw`).
 //!
-//! A buffer may have gaps ([`Layout`]: a derived datatype with holes, issue 14): the message
+//! A buffer may have gaps ([`Layout`]: a derived datatype with holes): the message
 //! is then its runs' bytes back to back, and nothing here reads or writes a gap. The copies
 //! gather and scatter run by run (so the eager slots and the copy mode's bounce slots pack
 //! and unpack in passing), and the rendezvous protocols hand the NIC one run at a time in

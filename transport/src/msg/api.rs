@@ -246,7 +246,7 @@ impl PointToPoint {
     ///
     /// An error met while making progress that belongs to no other request fails `id`
     /// itself; either way, an error is returned only once `id` has finished, so its buffer
-    /// is never touched after this reports (issue 15, item 1).
+    /// is never touched after this reports.
     pub fn test(&mut self, id: RequestId) -> Result<Option<Result<Status>>> {
         if let Err(e) = self.progress() {
             if self.reqs.get(id).is_none() {

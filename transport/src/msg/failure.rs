@@ -1,5 +1,5 @@
 //! How a request fails: it reports its error only once nothing can touch its buffer any
-//! more (issue 15, item 1).
+//! more.
 //!
 //! A request whose operation fails mid-way may still have its buffer in use: by an RDMA
 //! operation of this NIC in flight, or by the peer, through a region this side announced

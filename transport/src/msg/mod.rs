@@ -77,7 +77,7 @@ pub const TAG_UB: i32 = i32::MAX;
 pub const LIVENESS_CHECK_AFTER: Duration = Duration::from_millis(500);
 
 /// Empty polls in a row between two readings of the clock in a blocking wait: waiting costs
-/// no clock reading per poll (issue 12).
+/// no clock reading per poll.
 const IDLE_POLLS_PER_CLOCK_READ: u32 = 256;
 
 /// Completions taken from the NIC per poll.
@@ -144,7 +144,7 @@ pub struct PointToPoint {
     service: Vec<usize>,
     pub(crate) counters: MsgCounters,
     /// Rendezvous requests that failed while the NIC or the peer may still use their
-    /// buffers; each completes with its error once nothing can (issue 15, item 1).
+    /// buffers; each completes with its error once nothing can.
     pub(crate) failing: Vec<Failing>,
     max_inline: usize,
     max_send_wr: u32,
@@ -184,7 +184,7 @@ impl PointToPoint {
         let per_peer = (cfg.credits + cfg.control_slots) as usize;
         let max_send_wr = 4096;
         // One completion queue serves every queue pair: room for all each can have
-        // outstanding (verbs refuses an overrunning CQ, issue 17).
+        // outstanding (verbs refuses an overrunning CQ).
         let per_qp = max_send_wr as usize + per_peer;
         let depth = per_qp
             .checked_mul(size)

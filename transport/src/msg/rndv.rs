@@ -10,7 +10,7 @@
 //! `size` when its buffer is shorter: the message is truncated and nothing past the buffer is
 //! written) and says when it is done (`ALL_DONE`).
 //!
-//! **Scatter-gather rendezvous** (issue 14). A buffer with gaps (a derived datatype,
+//! **Scatter-gather rendezvous**. A buffer with gaps (a derived datatype,
 //! [`Layout`](crate::buffer_mode::Layout)) in a zero-copy transfer moves in place, run by run,
 //! as MPI libraries move non-contiguous datatypes over RDMA instead of packing them: the
 //! mode registers the buffer's whole span once (registering reads no byte, gaps included);

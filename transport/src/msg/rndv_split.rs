@@ -1,5 +1,5 @@
 //! Split rendezvous: the receiver RDMA-READs the front of a large zero-copy message while the
-//! sender RDMA-WRITEs the back (issue 12).
+//! sender RDMA-WRITEs the back.
 //!
 //! On this kind of host a NIC's DMA is a kernel copy made by the CPU of the side that posts
 //! it (`process_vm_readv`/`writev`), and one such copy moves about half what a CPU copy does

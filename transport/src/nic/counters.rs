@@ -20,8 +20,8 @@ pub enum DataPath {
 pub const NPF_HISTOGRAM_BUCKETS: usize = 20;
 
 /// Sub-buckets per doubling of the fine NPF latency histogram (`npf_latency`): a bucket is
-/// 1/16 of its octave wide (3–6 % of the value), fine enough to set percentiles beside seed
-/// 000 Table 4's (215 against 250 µs).
+/// 1/16 of its octave wide (3–6 % of the value), fine enough to set percentiles beside
+/// Lesokhin17 Table 4's (215 against 250 µs).
 const NPF_LATENCY_SUBS: usize = 16;
 /// Octaves of the fine histogram, from 1 µs: the last ends at 2^24 µs (about 17 s).
 const NPF_LATENCY_OCTAVES: usize = 24;
@@ -290,7 +290,7 @@ pub struct CountersSnapshot {
     pub bytes_inline: u64,
     /// Completions with a status other than success.
     pub error_completions: u64,
-    /// System calls the NIC made in the application's threads (issue 12: none per message
+    /// System calls the NIC made in the application's threads (none per message
     /// while both sides poll; only to move bytes between processes, pin, fault or sleep).
     /// The driver thread's timed sleeps and wake-ups are not counted: they follow the clock
     /// and the machine's load, not the messages.
@@ -304,7 +304,7 @@ pub struct CountersSnapshot {
     /// Deregistration-time histogram (bucket `i`: under `2^i` µs).
     pub deregistration_histogram: [u64; NPF_HISTOGRAM_BUCKETS],
     /// Pinned regions whose range the application unmapped or replaced while registered:
-    /// the NIC keeps using the pages it pinned (issue 13).
+    /// the NIC keeps using the pages it pinned.
     pub detached_regions: u64,
     /// Payload bytes the NIC moved to or from pages the application no longer maps
     /// (through detached regions): data the application will never see, or stale data sent.

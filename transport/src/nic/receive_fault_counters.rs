@@ -1,5 +1,5 @@
-//! Counters of the soft NIC's receive-fault policies (issue 16, study 1;
-//! `PAGEWIRE_SOFT_RNPF`, `nic/soft/receive_fault.rs`): requests dropped on a receive-side
+//! Counters of the soft NIC's receive-fault policies
+//! (`PAGEWIRE_SOFT_RNPF`, `nic/soft/receive_fault.rs`): requests dropped on a receive-side
 //! network page fault, messages parked in the backup ring, and the retransmissions the
 //! requester's timer made. After Lesokhin17 §4-5 (RNR NACK, drop,
 //! backup ring) and Fig. 10.

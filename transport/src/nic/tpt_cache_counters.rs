@@ -1,4 +1,4 @@
-//! Counters of the NIC's bounded translation cache (issue 16, study 3; the soft NIC's
+//! Counters of the NIC's bounded translation cache (the soft NIC's
 //! `PAGEWIRE_SOFT_TPT_CACHE`, `nic/soft/tpt_cache.rs`): lookups that hit and missed, the
 //! misses its driver thread filled and where their time went, and how long requests waited
 //! to be retransmitted after a miss. After Azimi03, which reports
@@ -43,8 +43,8 @@ impl LiveTptCacheCounters {
     }
 }
 
-/// The translation cache's counters at one moment; all zero with the cache off (seed
-/// Azimi03, section V).
+/// The translation cache's counters at one moment; all zero with the cache off
+/// (Azimi03, section V).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TptCacheCounters {
     /// Lookups in this NIC's cache that found the entry (by this rank's engine, or by a

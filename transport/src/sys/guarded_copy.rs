@@ -1,4 +1,4 @@
-//! A memory copy that survives a bad address: the soft NIC's local DMA (issue 12).
+//! A memory copy that survives a bad address: the soft NIC's local DMA.
 //!
 //! A real HCA reads and writes host memory by DMA; a page that is not mapped makes the
 //! work request fail with an error completion, never the process. The soft NIC copies

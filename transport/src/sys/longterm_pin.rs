@@ -1,4 +1,4 @@
-//! Long-term pins, as `ibv_reg_mr` takes them (issue 13; Lesokhin17 §2.2, §6.2).
+//! Long-term pins, as `ibv_reg_mr` takes them (Lesokhin17 §2.2, §6.2).
 //!
 //! The RDMA driver pins a region with `pin_user_pages(FOLL_LONGTERM)` (`ib_umem_get`): the
 //! pages are held by the pin, VMAs are left alone, and the region stays bound to the pages

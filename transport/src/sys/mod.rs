@@ -52,7 +52,7 @@ pub fn exclude_this_thread_from_count() {
 }
 
 /// How many system calls this process's application threads have made through this
-/// module's wrappers: what the soft NIC counts as its own per message (issue 12).
+/// module's wrappers: what the soft NIC counts as its own per message.
 pub fn syscalls_made() -> u64 {
     SYSCALLS.load(std::sync::atomic::Ordering::Relaxed)
 }

@@ -1,4 +1,4 @@
-//! The system calls of the soft NIC's TCP wire (issue 18): gathered sends and scattered
+//! The system calls of the soft NIC's TCP wire: gathered sends and scattered
 //! receives between a socket and extents of this process, never blocking and never raising
 //! `SIGPIPE`; `poll` over several descriptors; an eventfd to wake a poller; the IPv4
 //! address of a network interface.

@@ -1,4 +1,4 @@
-//! `pwrun --hosts h1,h2[:slots]` (issue 18): a job across hosts, started the way MPICH's
+//! `pwrun --hosts h1,h2[:slots]`: a job across hosts, started the way MPICH's
 //! hydra starts one, with an agent per host (`agent.rs`) reached through `PAGEWIRE_RSH`
 //! (default `ssh`).
 //!

@@ -1,4 +1,4 @@
-//! Acknowledgements written into the requester's memory (issue 12): how a responder tells a
+//! Acknowledgements written into the requester's memory: how a responder tells a
 //! requester what became of its requests without a packet and without the requester's CPU,
 //! as an HCA writes a completion into host memory that the CPU polls.
 //!

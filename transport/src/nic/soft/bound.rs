@@ -1,4 +1,4 @@
-//! Pinned regions stay bound to the pages they pinned (issue 13 item 2; Wyckoff05).
+//! Pinned regions stay bound to the pages they pinned (Wyckoff05).
 //!
 //! A verbs region keeps using the pages `ibv_reg_mr` pinned: if the application unmaps,
 //! moves or discards (`MADV_DONTNEED`) the range while it is registered, the HCA goes on
@@ -17,7 +17,7 @@
 //! the region's own watch detaches it: a range freed and handed out again at the same
 //! address, then registered anew before the next entry, is bound to its new pages (a
 //! pin-down cache re-registering a buffer `malloc` gave back; detaching it by range made
-//! a rendezvous into it arrive as zeros, issue 18).
+//! a rendezvous into it arrive as zeros).
 //!
 //! What differs from hardware, and why:
 //! - A region partly changed is detached whole: its unchanged pages keep, for the NIC, the
@@ -27,7 +27,7 @@
 //! - `fork` detaches nothing: the kernel copies pinned pages for the child at fork, so the
 //!   parent keeps its pages, as with a real registration.
 //! - With `mlock` pins (`PAGEWIRE_PIN=mlock`, or io_uring unavailable) nothing holds the old
-//!   pages once the range is replaced: DMA follows the range, as before issue 13.
+//!   pages once the range is replaced: DMA follows the range, as an `mlock`ed region did.
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU64};

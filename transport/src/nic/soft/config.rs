@@ -29,14 +29,14 @@ pub struct SoftConfig {
     /// (`PAGEWIRE_SOFT_PROFILE=real|npf-model`; see [`SoftProfile`]).
     pub profile: SoftProfile,
     /// Entries of the NIC's bounded translation cache, 0 for none: the NIC reads its table
-    /// directly (`PAGEWIRE_SOFT_TPT_CACHE`, issue 16 study 3, Azimi03; see `tpt_cache.rs`).
+    /// directly (`PAGEWIRE_SOFT_TPT_CACHE`, Azimi03; see `tpt_cache.rs`).
     pub tpt_cache: usize,
     /// What the NIC does on a receive-side network page fault (`PAGEWIRE_SOFT_RNPF`,
-    /// `PAGEWIRE_SOFT_ACK_TIMEOUT`, `PAGEWIRE_SOFT_BACKUP_RING`; issue 16 study 1, Lesokhin17
+    /// `PAGEWIRE_SOFT_ACK_TIMEOUT`, `PAGEWIRE_SOFT_BACKUP_RING`, Lesokhin17
     /// §4-5; see [`ReceiveFaultSettings`]).
     pub receive_fault: ReceiveFaultSettings,
     /// Which wire reaches each peer, and the interface TCP listens on
-    /// (`PAGEWIRE_SOFT_WIRE=auto|shm|tcp`, `PAGEWIRE_SOFT_IFACE`; issue 18, see [`WireSettings`]).
+    /// (`PAGEWIRE_SOFT_WIRE=auto|shm|tcp`, `PAGEWIRE_SOFT_IFACE`, see [`WireSettings`]).
     pub wire: WireSettings,
 }
 

@@ -1,4 +1,4 @@
-//! Which inbound rings have packets, found in O(active peers) (issue 12: progress costs
+//! Which inbound rings have packets, found in O(active peers) (progress costs
 //! O(active work), not O(ranks)).
 //!
 //! A rank's segment holds one ring per sender. The receiving engine polls a small *hot set*

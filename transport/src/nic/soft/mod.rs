@@ -5,7 +5,7 @@
 //! - **Wire**: one shared-memory ring per (sender, receiver) pair (`ring.rs`); the receiver
 //!   polls the rings that carried packets recently and learns of the others from a bitmap
 //!   (`inbox.rs`); responders acknowledge by writing the requester's memory (`ack.rs`).
-//! - **No kernel on the fast path** (issue 12): posting and polling are loads, stores and
+//! - **No kernel on the fast path**: posting and polling are loads, stores and
 //!   memory copies (`dma.rs`); a waiting driver thread is woken only when it said it sleeps
 //!   and its application is not polling.
 //! - **DMA engine**: payloads between processes move with one kernel copy
@@ -23,8 +23,8 @@
 //!   the target's *driver thread* — the interrupt-handler analogue, asleep on a futex until a
 //!   peer rings its doorbell — populates the pages (`MADV_POPULATE_*`) and marks them
 //!   present; the initiator then retries. One outstanding fault per queue-pair direction
-//!   (ODP13, "Concurrent page faults"); a whole work request's pages in one batch (seed
-//!   000, "Optimizations").
+//!   (ODP13, "Concurrent page faults"); a whole work request's pages in one batch
+//!   (Lesokhin17, "Optimizations").
 //! - **Invalidation**: every range made present is watched by the memory monitor, whose
 //!   sink clears the bits of pages that are unmapped, moved, discarded or shared by `fork`
 //!   (`odp_watch.rs`); without a monitor, initiators check the owner's `/proc/PID/pagemap`

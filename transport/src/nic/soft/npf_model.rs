@@ -1,4 +1,4 @@
-//! Soft NIC profiles: which costs the NIC charges beyond the real ones (issue 16, study 2).
+//! Soft NIC profiles: which costs the NIC charges beyond the real ones.
 //!
 //! The default profile charges only what this machine really spends: the operating system's
 //! work to map pages, the kernel copies, the driver thread's wake-up. A network page fault on

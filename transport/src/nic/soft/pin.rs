@@ -1,4 +1,4 @@
-//! Real pinning (issue 13): non-ODP registrations pin their pages long-term, as
+//! Real pinning: non-ODP registrations pin their pages long-term, as
 //! `ibv_reg_mr` does (`pin_user_pages(FOLL_LONGTERM)` in `ib_umem_get`), through io_uring
 //! fixed-buffer registration ([`sys::LongTermPins`]); where io_uring is unavailable, or for
 //! memory the kernel will not pin long-term (read-only or file mappings), with `mlock`
@@ -30,7 +30,7 @@ pub enum PinMethod {
     Auto,
     /// Long-term pins, or fail at start-up.
     LongTerm,
-    /// `mlock`/`munlock` (what the soft NIC did before issue 13; measurably slower).
+    /// `mlock`/`munlock` (what the soft NIC did before it pinned long-term; measurably slower).
     Mlock,
 }
 

@@ -1,5 +1,5 @@
 //! What the soft NIC does when a request's data arrives for pages it has no translation
-//! for, a receive-side network page fault (rNPF; issue 16, study 1; Lesokhin17 §4-5 and
+//! for, a receive-side network page fault (rNPF; Lesokhin17 §4-5 and
 //! Fig. 10). One policy per job (`PAGEWIRE_SOFT_RNPF`):
 //!
 //! - **`rnr`** (the default; Lesokhin17 §4, the InfiniBand design): the responder answers

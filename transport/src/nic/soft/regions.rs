@@ -62,7 +62,7 @@ impl Inner {
     /// Waits until no engine moves bytes through `lkey`'s entry any more, as `ibv_dereg_mr`
     /// returns only once the HCA has stopped using the region: with no deadline, since
     /// unpinning under a live holder would let its bytes land in whatever the application
-    /// maps there next (issue 15, item 4). A holder that is stopped (SIGSTOP) is waited for.
+    /// maps there next. A holder that is stopped (SIGSTOP) is waited for.
     /// A count left by a peer that died mid-DMA is recognised — this rank's own engine,
     /// whose holds never outlive its lock, is held, and no live peer claims the entry — and
     /// the entry is retired instead of reused.
@@ -174,7 +174,7 @@ impl Inner {
         let mut unwatch = None;
         let mut book = self.regions.lock();
         let tpt = self.own.tpt();
-        // A free entry that still has a key it never issued (issue 15, item 5).
+        // A free entry that still has a key it never issued.
         let free = book.regions.iter().enumerate().filter(|(_, r)| r.is_none());
         let Some((idx, key)) = free
             .filter_map(|(i, _)| tpt.fresh_key(i).map(|k| (i, k)))

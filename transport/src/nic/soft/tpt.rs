@@ -10,7 +10,7 @@
 //! 15, item 5), after up to 4,096 x (2^20 - 1) registrations.
 //! Readers doing DMA hold an in-use count that deregistration waits on, as `ibv_dereg_mr`
 //! waits for the HCA to stop using a region; every byte moved into or out of a region is
-//! moved under such a hold, packet by packet on the staged path (issue 15, item 4). An engine
+//! moved under such a hold, packet by packet on the staged path. An engine
 //! holding an entry of another rank's table also says so in a *claim* word of its own
 //! segment, so that the owner can tell a live holder (waited for, however long) from the
 //! count left behind by one that died mid-DMA (whose entry is retired).
@@ -209,8 +209,7 @@ impl<'a> Tpt<'a> {
     /// Anyone: what `key` translates to, if it is live.
     ///
     /// An entry whose owner died in the middle of an update stays odd for ever: after
-    /// [`WRITER_GONE_AFTER`] the key is taken as unknown instead of spinning on (issue 15,
-    /// item 6).
+    /// [`WRITER_GONE_AFTER`] the key is taken as unknown instead of spinning on.
     pub(crate) fn lookup(&self, key: u32) -> Option<Translation> {
         let e = self.entry((key & INDEX_MASK) as usize);
         let mut spins = 0u32;

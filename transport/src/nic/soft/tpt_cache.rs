@@ -1,5 +1,5 @@
 //! A bounded translation cache: the NIC's view of its translation and protection table
-//! through a cache of N entries (issue 16, study 3; `PAGEWIRE_SOFT_TPT_CACHE=N`, off by
+//! through a cache of N entries (`PAGEWIRE_SOFT_TPT_CACHE=N`, off by
 //! default), after Azimi03 ("dynamic handle lookup"): the
 //! tables stay in host memory, the NIC keeps a cache of them in its own small memory, and
 //! a lookup that misses

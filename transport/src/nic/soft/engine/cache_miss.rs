@@ -1,4 +1,4 @@
-//! The engine's side of the bounded translation cache (`tpt_cache.rs`, issue 16 study 3,
+//! The engine's side of the bounded translation cache (`tpt_cache.rs`,
 //! Azimi03): looking a request's keys up in the caches, the
 //! drop that a miss causes and the filed miss, and when the dropped request goes out again.
 //! With the cache off every lookup is one load that finds it off.

@@ -1,6 +1,6 @@
 //! The soft NIC's engine: queue pairs, completion queues and the RC protocol over the rings.
 //!
-//! It costs what a NIC costs (issue 12). Posting and polling are loads and stores: a SEND
+//! It costs what a NIC costs. Posting and polling are loads and stores: a SEND
 //! up to the inline size is copied into the work request at post time, a SEND up to
 //! [`SEND_CMA_MIN`] is copied into the peer's ring at post time (from registered memory, by
 //! the NIC's DMA, [`super::dma`]) and out of it into the posted receive buffer by the
@@ -149,7 +149,7 @@ struct CompletionQueue {
 /// was named with, its address in the owner's space and its length. The engine translates
 /// it under a hold for each packet it moves ([`Inner::hold_own`]), so a region deregistered
 /// mid-message stops the message instead of its bytes landing in whatever the application
-/// maps there next (issue 15, item 4), and a detached region's bytes keep going to its pages.
+/// maps there next, and a detached region's bytes keep going to its pages.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct KeyedExtent {
     pub key: u32,

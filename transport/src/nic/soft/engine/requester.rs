@@ -361,8 +361,8 @@ impl Inner {
                         if !self.transmit_packets(
                             op, sges, inline, *peer_rank, qpn, remote_qpn, peer.cma,
                         ) {
-                            // Ring full: the peer must drain it. A peer that died never will
-                            // (issue 15, item 6): its liveness is checked as for a request
+                            // Ring full: the peer must drain it. A peer that died never will:
+                            // its liveness is checked as for a request
                             // awaiting its response.
                             if op.state != OpState::Transmitting {
                                 op.state = OpState::Transmitting;

@@ -1,4 +1,4 @@
-//! The TCP wire's framing (issue 18): what one rank's NIC writes on its connection to a
+//! The TCP wire's framing: what one rank's NIC writes on its connection to a
 //! peer on another host, and the decoder that checks every field before any of it is used.
 //!
 //! A frame is an 8-byte prefix — kind (1 byte), three zero bytes, body length (u32, little

@@ -1,4 +1,4 @@
-//! One TCP connection to a peer on another host (issue 18): the wire that carries the ring
+//! One TCP connection to a peer on another host: the wire that carries the ring
 //! packets, acknowledgements and fault outcomes a local peer would exchange through shared
 //! memory.
 //!
@@ -19,7 +19,7 @@
 //! - **Errors.** A frame the decoder refuses, a connection reset, or an end of stream closes
 //!   the link, with one line on stderr saying which peer and why. The peer then counts as
 //!   dead: its queue pairs' requests end with retry-exceeded completions as for a peer whose
-//!   process died (issue 15).
+//!   process died.
 
 use std::collections::VecDeque;
 use std::io;

@@ -1,4 +1,4 @@
-//! The soft NIC's TCP wire (issue 18), for peers on other hosts, the design of Open MPI's
+//! The soft NIC's TCP wire, for peers on other hosts, the design of Open MPI's
 //! tcp BTL, UCX's tcp transport and libfabric's tcp provider: one connection per pair of
 //! ranks, the same RC packets as the shared-memory rings, the target's checks before any
 //! byte lands.

@@ -1,4 +1,4 @@
-//! The TCP links in the engine's passes (issue 18): a pass reads what the links brought
+//! The TCP links in the engine's passes: a pass reads what the links brought
 //! before it polls the rings, and sends what it produced after; acknowledgements and fault
 //! outcomes for a peer on another host become frames on its link.
 
