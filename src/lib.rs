@@ -1,5 +1,5 @@
 //! pagewire: MPI-style communication middleware for RDMA networks, with three ways of
-//! getting user buffers to the NIC behind one API (DESIGN.md): copying through pinned
+//! getting user buffers to the NIC behind one API (docs/architecture.md): copying through pinned
 //! bounce buffers, a pin-down registration cache, and on-demand paging.
 //!
 //! The API is shaped like rsmpi's (the `mpi` crate) so that a code moves with

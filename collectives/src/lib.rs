@@ -1,4 +1,4 @@
-//! pagewire's collective operations (DESIGN.md "Layers"), built on the message layer's safe
+//! pagewire's collective operations (docs/architecture.md), built on the message layer's safe
 //! blocking primitives ([`PointToPoint::send`], `recv` and `sendrecv`), so they run on
 //! every buffer mode the job runs.
 //!

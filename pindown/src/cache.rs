@@ -28,7 +28,7 @@
 //! in the [`Policy`]'s order; entries in use by an in-flight transfer are never evicted. If
 //! the registration cannot fit even after evicting every unused entry, or the registrar runs
 //! out of resources with nothing left to evict, [`PinDownCache::acquire`] answers
-//! [`Acquire::Fallback`] and the caller copies instead (DESIGN.md "Buffer modes").
+//! [`Acquire::Fallback`] and the caller copies instead (docs/architecture.md).
 //!
 //! # Lazy deregistration and invalidation
 //!

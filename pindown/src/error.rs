@@ -1,8 +1,8 @@
 //! The one error type of `pagewire-pindown`.
 //!
 //! Running out of pinnable memory is not an error here: the cache evicts, and when that is
-//! not enough it answers [`crate::Acquire::Fallback`] so the caller copies instead (DESIGN.md
-//! "Buffer modes": a pin-down send falls back to `copy`, never fails). What remains are
+//! not enough it answers [`crate::Acquire::Fallback`] so the caller copies instead
+//! (a pin-down send falls back to `copy`, never fails). What remains are
 //! caller mistakes (a range that wraps around, a lease released twice), a range the
 //! registrar reports as not mapped, and registrar failures that are not about resources.
 

@@ -1,5 +1,5 @@
-//! The `pindown` buffer mode's core: a pin-down (registration) cache (DESIGN.md "Buffer
-//! modes"; Wyckoff05, NFS-RDMA "Buffer Registration Cache").
+//! The `pindown` buffer mode's core: a pin-down (registration) cache
+//! (docs/architecture.md; Wyckoff05, NFS-RDMA "Buffer Registration Cache").
 //!
 //! User buffers are registered in place and the registrations kept for reuse, so a buffer
 //! sent again costs no registration (Wyckoff05 Fig. 1: registering around every transfer

@@ -1,5 +1,5 @@
 //! The `pindown` buffer mode: user buffers registered in place and kept in a
-//! [`PinDownCache`](crate::PinDownCache) (DESIGN.md "Buffer modes"; Wyckoff05; Lesokhin17 "pinning").
+//! [`PinDownCache`](crate::PinDownCache) (docs/architecture.md; Wyckoff05; Lesokhin17 "pinning").
 //!
 //! A transfer leases the registration covering its whole buffer (one chunk, zero-copy).
 //! When the cache cannot register the buffer even after evicting everything unused, the

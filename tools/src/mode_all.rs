@@ -174,7 +174,7 @@ fn short_bytes(b: u64) -> String {
     }
 }
 
-/// A buffer mode (DESIGN.md "Buffer modes").
+/// A buffer mode (docs/architecture.md).
 #[derive(
     Clone,
     Copy,

@@ -1,4 +1,4 @@
-//! pagewire's lower layers (DESIGN.md "Layers"): the verbs-shaped NIC boundary
+//! pagewire's lower layers (docs/architecture.md): the verbs-shaped NIC boundary
 //! ([`nic`]), its default software provider ([`nic::soft`]), and rank discovery and
 //! address exchange ([`boot`]). The message layer and the buffer-mode trait come on top.
 #![deny(missing_docs)]

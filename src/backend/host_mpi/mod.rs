@@ -1,6 +1,6 @@
 //! The host-MPI backend (feature `mpi`): every operation the facade needs, forwarded to the
 //! host MPI library through rsmpi, so one binary can measure pagewire against the MPI library
-//! it runs under (DESIGN.md "Launching": the `mpi` transport).
+//! it runs under (docs/architecture.md: the `mpi` transport).
 //!
 //! With `PAGEWIRE_TRANSPORT=mpi` every communicator of the facade is on this backend: it
 //! holds one [`HostMpi`] (`communicator.rs`, the seam's side of it), and every call goes

@@ -1,4 +1,4 @@
-//! `pwrun`: pagewire's built-in launcher (DESIGN.md "Launching").
+//! `pwrun`: pagewire's built-in launcher (docs/architecture.md).
 //!
 //! `pwrun -n N [--bind-to core|numa|none] [--timeout SECONDS] [--env KEY=VALUE]... [--]
 //! PROGRAM [ARGS]...` starts N local ranks of PROGRAM, bound to cores or NUMA nodes, serves

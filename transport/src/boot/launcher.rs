@@ -1,4 +1,4 @@
-//! The built-in launcher behind `pwrun` (DESIGN.md "Launching").
+//! The built-in launcher behind `pwrun` (docs/architecture.md).
 //!
 //! [`launch`] starts N local ranks of a program, serves their bootstrap over a Unix socket
 //! (protocol in the `pwrun_client` module), supervises them, and cleans up after the job:

@@ -1,4 +1,4 @@
-//! Rank discovery and address exchange (DESIGN.md "Launching").
+//! Rank discovery and address exchange (docs/architecture.md).
 //!
 //! A rank learns its rank, the job size and a job-unique id, and can all-gather small blobs
 //! (NIC addresses) with its peers before any NIC is up. Four implementations:

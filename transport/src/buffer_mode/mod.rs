@@ -1,4 +1,4 @@
-//! The buffer-mode boundary (DESIGN.md "Buffer modes"): how a user buffer reaches the NIC.
+//! The buffer-mode boundary (docs/architecture.md): how a user buffer reaches the NIC.
 //!
 //! The rendezvous protocols move a message as a pipeline of chunks. Each side of a transfer
 //! starts with [`BufferMode::begin`], which returns a [`Transfer`]: how that side chunks the

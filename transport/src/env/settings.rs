@@ -47,7 +47,7 @@ impl Kind {
     }
 }
 
-/// The layer that reads a setting (DESIGN's layers, plus the tools and the tests).
+/// The layer that reads a setting (the layers of docs/architecture.md, plus the tools and the tests).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Layer {
     /// `pwrun`, rank discovery, binding, PMI, several hosts, the MPI bootstrap.

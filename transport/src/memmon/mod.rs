@@ -1,4 +1,4 @@
-//! The address-space change monitor (DESIGN.md "Memory-change monitor"; Wyckoff05): tells
+//! The address-space change monitor (docs/architecture.md; Wyckoff05): tells
 //! the pin-down registration cache and ODP translation tables when memory under one of
 //! their registrations is unmapped, moved, discarded or shared copy-on-write by `fork`, so
 //! that a registration is never used after its range changed. It is the user-space

@@ -1,4 +1,4 @@
-//! The message layer (DESIGN.md "Message layer"): MPI point-to-point semantics over the NIC
+//! The message layer (docs/architecture.md): MPI point-to-point semantics over the NIC
 //! trait, with an eager protocol for small messages and rendezvous protocols for large ones,
 //! moving user buffers through whichever [`BufferMode`] the job runs.
 //!

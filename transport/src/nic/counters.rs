@@ -1,4 +1,4 @@
-//! NIC counters (DESIGN.md "The NIC boundary": registrations, pinned bytes, network page
+//! NIC counters (docs/architecture.md: registrations, pinned bytes, network page
 //! faults by side and their resolution time, RNR retries, invalidations, bytes per data path).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

@@ -1,4 +1,4 @@
-//! The NIC boundary: a small verbs-shaped provider trait (DESIGN.md "The NIC boundary").
+//! The NIC boundary: a small verbs-shaped provider trait (docs/architecture.md).
 //!
 //! It mirrors the parts of libibverbs that pagewire uses: one protection domain per device
 //! context, memory regions with access flags (including on-demand paging and implicit ODP,

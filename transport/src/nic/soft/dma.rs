@@ -1,4 +1,4 @@
-//! The soft NIC's DMA engine: how its bytes move (DESIGN.md "The soft provider").
+//! The soft NIC's DMA engine: how its bytes move (docs/architecture.md).
 //!
 //! - **Inside this process** (inline sends, packets into and out of the rings, staged
 //!   payloads): a CPU copy through [`sys::guarded_copy`], no system call; a page that is not

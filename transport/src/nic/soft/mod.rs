@@ -1,5 +1,5 @@
 //! The soft provider: a software RDMA NIC in user space, the way Soft-RoCE is one in the
-//! kernel (DESIGN.md "The soft provider"). It enforces verbs semantics and charges what the
+//! kernel (docs/architecture.md). It enforces verbs semantics and charges what the
 //! OS really charges; it adds no artificial delay.
 //!
 //! - **Wire**: one shared-memory ring per (sender, receiver) pair (`ring.rs`); the receiver

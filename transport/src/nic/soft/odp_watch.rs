@@ -1,5 +1,5 @@
 //! ODP invalidation in the soft NIC: the memory monitor keeps the present bitmap true
-//! (ODP13 "ODP invalidation"; DESIGN.md "Memory-change monitor").
+//! (ODP13 "ODP invalidation"; docs/architecture.md).
 //!
 //! Every range the NIC makes present — a resolved network page fault or a prefetch — is
 //! watched by a [`MemoryMonitor`]. The monitor's sink clears the present bits of every page

@@ -1,6 +1,6 @@
 //! The translation and protection table (TPT): each rank's memory-region table, kept in its
 //! shared segment so that peers' NIC engines check every RDMA access against it before a
-//! byte moves (DESIGN.md "The soft provider"; Azimi03: the NIC's tables live in host memory).
+//! byte moves (docs/architecture.md; Azimi03: the NIC's tables live in host memory).
 //!
 //! An entry is written only by its owner under a sequence lock and read by anyone. A key is
 //! `index | tag << INDEX_BITS`. An entry's first tag is random and non-zero, and each

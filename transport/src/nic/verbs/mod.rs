@@ -1,5 +1,5 @@
 //! The verbs provider: the [`Nic`] trait over rdma-core's libibverbs (cargo feature `verbs`,
-//! DESIGN.md "The verbs provider"), bound to the system rdma-core through `rdma-sys`.
+//! docs/architecture.md), bound to the system rdma-core through `rdma-sys`.
 //!
 //! **Status: built, clippy-checked and unit-tested on a machine without RDMA hardware.
 //! Nothing in this module has run against a device.** What does run here is the no-device
