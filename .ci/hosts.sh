@@ -9,7 +9,7 @@
 #   - mpiexec: from a login node on the first host's network, through the same stand-in;
 #     the programs are built without the `mpi` feature and bootstrap through hydra's PMI-1
 #     server. (Built with it, ranks bootstrapped by MPI sometimes hang in MPI_Finalize
-#     across these hosts, in UCX's tcp transport: README "Beyond one host".)
+#     across these hosts, in UCX's tcp transport: docs/soft-nic.md, "Beyond one host".)
 # Each checks that Jacobi's result matches `pwrun -n 4`'s, and at the end neither host's
 # /dev/shm keeps anything and no process is left on either. Needs root and MPICH (.ci/mpi.sh
 # installs it; run this after it). Where namespaces are not permitted this says why and

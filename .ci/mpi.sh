@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# mpirun (cargo feature `mpi`, README "Running under mpirun"): installs MPICH if missing,
+# mpirun (cargo feature `mpi`, docs/launching.md, "Running under mpirun"): installs MPICH if missing,
 # builds and lints the feature, runs its unit tests, then runs under a real `mpirun`:
 #   - tests/mpirun.rs on 2, 3 and 4 ranks: the host-MPI backend (src/backend/host_mpi/) against
 #     sequential references, pagewire's facade on the soft NIC bootstrapped by MPI, and a

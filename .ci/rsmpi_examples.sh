@@ -20,7 +20,7 @@
 #
 # --check: exit 1 unless every example passes in every run, except `spawn` and
 # `spawn_multiple` on pagewire's own transport, which must fail with the one line that says
-# pagewire cannot add processes to a running job (README "Coming from rsmpi"), and under
+# pagewire cannot add processes to a running job (docs/coming-from-rsmpi.md), and under
 # mpirun:mpi where the MPI library itself cannot spawn (a C program tells), which must fail
 # with the MPI library's error. Without it, the script only reports.
 #

@@ -1,5 +1,5 @@
 //! Algorithm selection: every threshold in one place ([`Tuning`]), with defaults chosen by
-//! measurement (README of this crate, and `pw-collbench`) and overrides from the
+//! measurement (the module docs below, and `pw-collbench`) and overrides from the
 //! environment ([`Tuning::from_env`]):
 //!
 //! | variable | values |

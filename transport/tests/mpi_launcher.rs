@@ -2,7 +2,7 @@
 //! hydra (`PMI_FD` set) it bootstraps through the PMI-1 client, and a `PMI_FD`
 //! that is no connection is a clear error; under any other launcher (PMIx, Open MPI) it
 //! fails at bootstrap with a message that says to rebuild, instead of running as N one-rank
-//! jobs (README "Running under mpirun"). `.ci/mpi.sh` checks both under a real `mpiexec`.
+//! jobs (docs/launching.md, "Running under mpirun"). `.ci/mpi.sh` checks both under a real `mpiexec`.
 #![cfg(not(feature = "mpi"))]
 
 use pagewire_transport::boot::{self, Launcher};

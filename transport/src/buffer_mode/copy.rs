@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::nic::{Access, Nic};
 use crate::sys::AnonMapping;
 
-/// Default chunk of the pipeline (bytes). Chosen by measurement (README, "Choosing the
+/// Default chunk of the pipeline (bytes). Chosen by measurement (docs/results.md, "Choosing the
 /// defaults"): 512 KiB chunks streamed 0.5-2 MiB messages at about twice the bandwidth of
 /// 64-256 KiB chunks; with 8 slots the pool pins 4 MiB, which with the eager slots stays
 /// under a default 8 MiB RLIMIT_MEMLOCK up to 8 ranks.

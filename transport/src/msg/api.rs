@@ -42,7 +42,7 @@ impl PointToPoint {
     /// fewer than packing); in a zero-copy mode when the NIC can move its runs in place
     /// (scatter-gather rendezvous, `msg/rndv.rs`) for less than packing costs: runs of
     /// [`MsgConfig::sg_min_run`] bytes on average at least in a buffer of
-    /// [`MsgConfig::sg_min_bytes`] at least (measured: README, "Choosing the defaults"), at
+    /// [`MsgConfig::sg_min_bytes`] at least (measured: docs/results.md, "Choosing the defaults"), at
     /// most 2^24 of them (`SCATTER_GATHER_MAX_RUNS` in `msg/rndv.rs`), each under 1 GiB, and a
     /// span (what registering it pins) at most 4 times the bytes that travel.
     /// Each side decides for its own buffer; the protocol works with either choice on the

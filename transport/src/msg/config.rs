@@ -1,23 +1,23 @@
 //! The message layer's settings: protocol choice, limits and how a wait waits, with their
-//! defaults and environment variables (README, "Configuration").
+//! defaults and environment variables (docs/configuration.md).
 
 use crate::error::{Error, Result};
 use crate::local::LocalSetting;
 
-/// Default eager limit in bytes. Chosen by measurement (README, "Choosing the defaults"):
+/// Default eager limit in bytes. Chosen by measurement (docs/results.md, "Choosing the defaults"):
 /// at 16 KiB an eager message (two copies through slots) beats a rendezvous in copy mode;
 /// 32 KiB was faster still for 32 KiB messages but doubles the pinned slots per peer.
 pub const DEFAULT_EAGER_LIMIT: usize = 16 << 10;
 
-/// Default of [`MsgConfig::split_min`]: measured (README, "Choosing the defaults").
+/// Default of [`MsgConfig::split_min`]: measured (docs/results.md, "Choosing the defaults").
 pub const DEFAULT_SPLIT_MIN: usize = 64 << 10;
 
-/// Default of [`MsgConfig::sg_min_run`]: measured (README, "Choosing the defaults").
+/// Default of [`MsgConfig::sg_min_run`]: measured (docs/results.md, "Choosing the defaults").
 /// On the soft NIC every run costs a kernel copy of its own (about 2 µs beyond its bytes)
 /// and a scatter-gather rendezvous is not split, so packing wins below runs of this size.
 pub const DEFAULT_SG_MIN_RUN: usize = 256 << 10;
 
-/// Default of [`MsgConfig::sg_min_bytes`]: measured (README, "Choosing the defaults"); below
+/// Default of [`MsgConfig::sg_min_bytes`]: measured (docs/results.md, "Choosing the defaults"); below
 /// it packing stays in the CPU caches and wins.
 pub const DEFAULT_SG_MIN_BYTES: usize = 4 << 20;
 

@@ -245,7 +245,7 @@ impl PointToPoint {
             RndvProtocol::Get => true,
             RndvProtocol::Put => false,
             // Zero-copy: RGET, one control message fewer. Copying: RPUT, which streamed
-            // faster at every size measured (README, "Choosing the defaults").
+            // faster at every size measured (docs/results.md, "Choosing the defaults").
             RndvProtocol::Auto => t.zero_copy,
         };
         let n = side_chunk_count(&buf, sg, chunk, buf.len());

@@ -3,7 +3,7 @@
 //!
 //! On this kind of host a NIC's DMA is a kernel copy made by the CPU of the side that posts
 //! it (`process_vm_readv`/`writev`), and one such copy moves about half what a CPU copy does
-//! (README, "Choosing the defaults"). In RGET the sender's CPU waits while the receiver's
+//! (docs/results.md, "Choosing the defaults"). In RGET the sender's CPU waits while the receiver's
 //! copies; here both copy, each byte still exactly once. The receiver starts it when an RGET's
 //! RTS that announces the whole sender buffer as one chunk (a zero-copy sender) matches a
 //! zero-copy receive of at least [`super::MsgConfig::split_min`] bytes: it reads

@@ -1,5 +1,5 @@
 //! The soft provider's settings: how payload bytes move, the memlock limit it enforces,
-//! how ODP pages are checked and how regions are pinned (README, "Configuration").
+//! how ODP pages are checked and how regions are pinned (docs/configuration.md).
 
 use super::*;
 

@@ -61,7 +61,7 @@ use queue_pair::{
 /// SENDs of at least this many bytes to a CMA-capable peer are pulled by the receiver with
 /// one kernel copy; smaller ones are copied through the ring (two CPU copies, no system
 /// call). Measured on the development machine: a 64 KiB SEND through the ring took about
-/// as long as the system call and its copy (README, "Choosing the defaults").
+/// as long as the system call and its copy (docs/results.md, "Choosing the defaults").
 pub(crate) const SEND_CMA_MIN: u64 = 64 << 10;
 
 /// How long a request may wait for its acknowledgement before the peer's driver thread is
