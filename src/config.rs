@@ -86,6 +86,13 @@ impl UniverseConfig {
     }
 }
 
+/// Prints every user setting, its value and where it came from (`PAGEWIRE_VERBOSE=1`).
+pub(crate) fn print_settings_in_force() {
+    for line in pagewire_transport::env::settings::in_force().lines() {
+        eprintln!("pagewire: setting {line}");
+    }
+}
+
 /// What `PAGEWIRE_TRANSPORT=mpi` gives in a build without the `mpi` feature.
 pub(crate) fn no_mpi_feature() -> Error {
     Error::InvalidArgument(

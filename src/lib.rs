@@ -23,9 +23,26 @@
 //! a message that says what went wrong. Every call has a `try_` twin that returns the error
 //! instead ([`Error`]).
 //!
-//! Lower layers are re-exported: [`nic`] (the NIC boundary and the soft provider), [`msg`]
-//! (the message layer), [`buffer_mode`], [`boot`] (bootstrap and the `pwrun` launcher) and
-//! [`sys`].
+//! Run a program on N ranks with `pwrun -n N ./program` (pagewire's launcher), or under
+//! `mpirun` when built with the `mpi` feature; started alone it is one rank.
+//!
+//! # Where things are
+//!
+//! - [`initialize`], [`Universe`](topology::Universe), [`environment`]: start-up, the world
+//!   communicator, threading, the clock.
+//! - [`topology`]: communicators, processes, groups, Cartesian topologies.
+//! - [`point_to_point`]: sends and receives, probes, `send_receive_into`.
+//! - [`request`]: immediate operations' requests, scopes, collections, guards.
+//! - [`collective`]: blocking and immediate collectives, reduction operations.
+//! - [`datatype`]: `Equivalence`, derived datatypes, views and partitions.
+//! - [`traits`]: the traits a program imports (`use pagewire::traits::*`).
+//! - [`UniverseConfig`]: the settings read from `PAGEWIRE_*` variables (all of them:
+//!   `docs/configuration.md`).
+//!
+//! Lower layers are re-exported: [`nic`] (the NIC boundary and the soft provider; its
+//! [`Nic`](nic::Nic) trait is the contract a provider keeps), [`msg`] (the message layer),
+//! [`buffer_mode`] (the [`BufferMode`](buffer_mode::BufferMode) trait: how a user buffer
+//! reaches the NIC), [`boot`] (bootstrap and the `pwrun` launcher) and [`sys`].
 #![deny(missing_docs)]
 // `unsafe` only where a buffer is lent to a backend or read through its address:
 // `request.rs` (requests, whose scope keeps the buffer borrowed), `datatype/buffer.rs` (the

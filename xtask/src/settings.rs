@@ -18,7 +18,11 @@ pub fn page() -> String {
          (docs/configuration.md lists them all)\n\
          ```\n\n\
          A listed variable with a value it does not accept is an error naming the variable, the\n\
-         value and what it accepts (`PAGEWIRE_MODE=fast: expected copy, pindown or odp`).\n",
+         value and what it accepts (`PAGEWIRE_MODE=fast: expected copy, pindown or odp`).\n\n\
+         `PAGEWIRE_VERBOSE=1` makes rank 0 print, at start-up, every setting below except those\n\
+         a launcher sets and those only tests read, each with its value and where it came from\n\
+         (`pagewire: setting PAGEWIRE_MODE=odp (environment)`, `pagewire: setting\n\
+         PAGEWIRE_EAGER_LIMIT: 16K (default)`).\n",
     );
     for layer in Layer::ALL {
         let rows: Vec<_> = SETTINGS.iter().filter(|s| s.layer == layer).collect();

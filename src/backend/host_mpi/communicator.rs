@@ -68,6 +68,7 @@ impl HostMpiComm {
                 boot.size(),
                 mpi.library_version()
             );
+            crate::config::print_settings_in_force();
         }
         Ok(HostMpiComm {
             mpi: Rc::new(world),

@@ -119,6 +119,7 @@ impl PagewireComm {
             );
             eprintln!("pagewire: {}", p2p.mode_description());
             eprintln!("pagewire: pinning: {}", p2p.pinning_description());
+            crate::config::print_settings_in_force();
         }
         let (rank, size) = (p2p.rank(), p2p.size());
         Ok(PagewireComm {

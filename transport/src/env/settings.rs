@@ -165,6 +165,21 @@ pub fn check_names<'a>(vars: impl IntoIterator<Item = &'a str>) -> Result<()> {
     }
 }
 
+/// The settings a user sets (not those launchers set or only tests read), each with its
+/// value and where it came from: `NAME=VALUE (environment)` or `NAME=DEFAULT (default)`,
+/// one per line, as `PAGEWIRE_VERBOSE=1` prints them.
+pub fn in_force() -> String {
+    SETTINGS
+        .iter()
+        .filter(|s| s.kind != Kind::Internal && s.layer != Layer::Tests)
+        .map(|s| match std::env::var(s.name) {
+            Ok(v) => format!("{}={v} (environment)", s.name),
+            Err(_) => format!("{}: {} (default)", s.name, s.default),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 include!("settings_table.rs");
 
 #[cfg(test)]
@@ -188,6 +203,16 @@ mod tests {
             assert!(!s.meaning.is_empty() && !s.default.is_empty(), "{}", s.name);
             assert!(!s.meaning.contains("seed 0") && !s.meaning.contains("issue "));
         }
+    }
+
+    #[test]
+    fn the_settings_in_force_say_where_each_came_from() {
+        let text = in_force();
+        assert!(text.lines().any(|l| l.starts_with("PAGEWIRE_EAGER_LIMIT")));
+        assert!(text
+            .lines()
+            .all(|l| l.ends_with("(environment)") || l.ends_with("(default)")));
+        assert!(!text.contains("PAGEWIRE_RANK") && !text.contains("PAGEWIRE_TEST_"));
     }
 
     #[test]
