@@ -28,7 +28,7 @@
 //!
 //! # Where things are
 //!
-//! - [`initialize`], [`Universe`](topology::Universe), [`environment`]: start-up, the world
+//! - [`initialize`], [`Universe`], [`environment`]: start-up, the world
 //!   communicator, threading, the clock.
 //! - [`topology`]: communicators, processes, groups, Cartesian topologies.
 //! - [`point_to_point`]: sends and receives, probes, `send_receive_into`.
