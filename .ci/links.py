@@ -1,23 +1,26 @@
 #!/usr/bin/env python3
 """Checks the relative links of the repository's Markdown pages: every linked file exists and
 every `#anchor` is a heading of the page it names (GitHub's anchors: lower case, punctuation
-dropped, spaces as hyphens). Pages under target/ and recorded results are left out; links to
-the web are not followed. Prints each broken link and exits 1 if there is one."""
+dropped, spaces as hyphens). Pages under target/ and the recorded outputs under docs/results/
+(but not its index, docs/results/README.md) are left out; links to the web are not followed. Prints each broken link and exits 1 if there is one."""
 
 import os
 import re
 import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-SKIP = ("target", ".git", "results")
+SKIP = ("target", ".git")
+RESULTS = os.path.join(ROOT, "docs", "results")
 
 
 def pages():
     for d, dirs, files in os.walk(ROOT):
         dirs[:] = [x for x in dirs if x not in SKIP]
         for f in files:
-            if f.endswith(".md"):
-                yield os.path.join(d, f)
+            path = os.path.join(d, f)
+            recorded = path.startswith(RESULTS + os.sep) and path != os.path.join(RESULTS, "README.md")
+            if f.endswith(".md") and not recorded:
+                yield path
 
 
 def anchors(path, cache={}):
