@@ -107,6 +107,18 @@ fn a_misspelt_setting_stops_pwrun_before_any_rank_starts() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("did you mean PAGEWIRE_EAGER_LIMIT?"), "{err}");
     assert!(!marker.exists(), "a rank started");
+    // A bad value is reported once, by pwrun.
+    let out = Command::new(env!("CARGO_BIN_EXE_pwrun"))
+        .args(["-n", "2", "--", "sh", "-c", &touch])
+        .env("PAGEWIRE_MODE", "fast")
+        .output()
+        .expect("run pwrun");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(
+        err.trim(),
+        "pwrun: PAGEWIRE_MODE=fast: expected copy, pindown or odp"
+    );
     // A known one is passed on.
     let (code, out, err) = pwrun(&[
         "-n",

@@ -124,6 +124,14 @@ fn run(cli: Cli) -> Result<i32> {
     // than by every rank.
     settings::check_environment()?;
     settings::check_names(cli.env.iter().filter_map(|(k, _)| k.to_str()))?;
+    // So are bad values in pwrun's environment (the ranks inherit it).
+    if std::env::var("PAGEWIRE_TRANSPORT").as_deref() == Ok("mpi") {
+        anyhow::bail!(
+            "PAGEWIRE_TRANSPORT=mpi: the mpi transport runs under an MPI library's mpirun \
+             (feature `mpi`), not under pwrun"
+        );
+    }
+    pagewire::UniverseConfig::from_env()?;
     let cfg = LaunchConfig {
         ranks,
         program,
