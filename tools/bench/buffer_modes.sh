@@ -13,6 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-target/bench/buffer_modes}
 mkdir -p "$out"
+source tools/bench/run_record.sh
+run_record_start "$out" "$0" "$@"
 cargo build --release -q --bin pw-msgperf --bin pw-perftest
 msgperf=target/release/pw-msgperf
 perftest=target/release/pw-perftest
@@ -48,3 +50,4 @@ for check in monitor pagemap; do
 done
 "$perftest" write_bw --size 4096,65536,1048576,4194304 --mr pinned > "$out/perftest-pinned.txt"
 echo "results in $out"
+run_record_end "$out"

@@ -17,6 +17,8 @@ rounds=${ROUNDS:-10}
 msglog=${MSGLOG:-0:12}
 iters=${ITERS:-100000}
 mkdir -p "$out"
+source tools/bench/run_record.sh
+run_record_start "$out" "$0" "$@"
 rm -f "$out"/*-r*.json "$out"/summary.md
 if [ "${BUILD:-1}" = 1 ]; then
   cargo build --release -q -p pagewire-tools
@@ -56,3 +58,4 @@ for path in ("shm", "nic"):
         print(f"| {path} | {size} | {statistics.median(a):.3f} | {statistics.median(m):.3f} | "
               f"{statistics.median(d):+.0f} ({min(d):+.0f} to {max(d):+.0f}) |")
 PY
+run_record_end "$out"

@@ -49,6 +49,8 @@ read -r -a beff_args <<< "${BEFF_ARGS:---short --test --memory-per-process 128}"
 sizes=${SIZES:-0,8,1K,64K,1M,4M}
 limit=${TIMEOUT:-300}
 mkdir -p "$out"
+source tools/bench/run_record.sh
+run_record_start "$out" "$0" "$@"
 # Raw outputs of an earlier run in this directory must not mix with this one's.
 rm -f "$out"/{mpich,ompi,local,nic}-*-r*.txt "$out"/{mpich,ompi,local,nic}-*-r*.err \
   "$out"/failures.txt "$out"/summary.md "$out"/rows.tsv
@@ -195,4 +197,5 @@ done
 } > "$out/summary.md"
 cat "$out/summary.md"
 echo "(summary: $out/summary.md; raw outputs and rows.tsv in $out)" >&2
+run_record_end "$out"
 exit "$failed"

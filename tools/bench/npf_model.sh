@@ -17,6 +17,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-target/bench/npf-model}
 mkdir -p "$out"
+source tools/bench/run_record.sh
+run_record_start "$out" "$0" "$@"
 cargo build --release -q -p pagewire-tools --bin pw-perftest --bin pwrun --bin pw-plot
 echo "# $(date -u +%FT%TZ) $(uname -sr), $(nproc) cores, load before: $(cut -d' ' -f1-3 /proc/loadavg)" > "$out/machine.txt"
 run() { # NAME PROFILE [--resident]
@@ -59,3 +61,4 @@ target/release/pw-plot --title "Network page faults on the soft NIC (requester s
   --y-label "fault resolution [usec]" --out "$out/faults.svg" "${plot_args[@]}" \
   "Lesokhin17 Table 4 50%=4096:215,4194304:352" "Lesokhin17 Table 4 99%=4096:261,4194304:440"
 cat "$out/machine.txt"
+run_record_end "$out"

@@ -19,6 +19,8 @@ out=${1:-target/bench/receive-faults}
 repeats=${REPEATS:-3}
 iters=${ITERS:-4096}
 mkdir -p "$out/raw"
+source tools/bench/run_record.sh
+run_record_start "$out" "$0" "$@"
 cargo build --release -q -p pagewire-tools --bin pw-perftest --bin pw-plot
 echo "# $(date -u +%FT%TZ) $(uname -sr), $(nproc) cores, load before: $(cut -d' ' -f1-3 /proc/loadavg)" > "$out/machine.txt"
 # The file of major faults goes on the disk the results go to (not a tmpfs).
@@ -134,3 +136,4 @@ cold+=("backup, 4 MiB ring=$out/raw/cold-512-backup4m-1.txt:2:3:1=#t")
 target/release/pw-plot --title "A cold receive ring of 512 (Lesokhin17 Fig. 4): receiver throughput over time" \
   --x-label "time since the start [ms]" --y-label "MB/s" -o "$out/cold-ring.svg" "${cold[@]}" > /dev/null
 cat "$out/summary.md"
+run_record_end "$out"

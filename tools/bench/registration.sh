@@ -16,6 +16,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-target/bench/registration}
 mkdir -p "$out"
+source tools/bench/run_record.sh
+run_record_start "$out" "$0" "$@"
 cargo build --release -q -p imb-bench -p beff -p pagewire-tools --bin imb-bench --bin beff --bin pw-msgperf --bin pwrun
 {
   echo "# $(date -u +%FT%TZ) $(uname -sr), $(nproc) cores, memlock $(ulimit -l) KiB, load before: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -99,3 +101,4 @@ atleast() { awk -v v="$1" -v l="$2" 'BEGIN { print (v >= l) ? "yes" : "no" }'; }
   echo "| warm PingPong 1 MiB, odp / pindown-hpc (MB/s) | $o / $p | $r | ≥ 0.95 | $(atleast "$r" 0.95) |"
 } | tee "$out/targets.md"
 cat "$out/machine.txt"
+run_record_end "$out"

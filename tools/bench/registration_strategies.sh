@@ -18,6 +18,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-target/bench/registration-strategies}
 mkdir -p "$out"
+source tools/bench/run_record.sh
+run_record_start "$out" "$0" "$@"
 cargo build --release -q -p pagewire-tools --bin pw-msgperf --bin pwrun --bin pw-plot
 echo "# $(date -u +%FT%TZ) $(uname -sr), $(nproc) cores, load before: $(cut -d' ' -f1-3 /proc/loadavg)" > "$out/machine.txt"
 run() { # NAME MODE [STRATEGY]
@@ -58,3 +60,4 @@ for s in $names; do plot_args+=("$s=$out/$s.txt:1:3"); done
 target/release/pw-plot --title "PingPong, 2 ranks: pindown registration strategies (memlock lifted)" \
   --y-label "time per message [usec]" --out "$out/strategies.svg" "${plot_args[@]}"
 cat "$out/machine.txt"
+run_record_end "$out"

@@ -13,6 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-target/bench/scatter-gather}
 mkdir -p "$out"
+source tools/bench/run_record.sh
+run_record_start "$out" "$0" "$@"
 cargo build --release -q -p pagewire-tools --bin pw-msgperf --bin pwrun
 echo "# $(date -u +%FT%TZ) $(uname -sr), $(nproc) cores, load before: $(cut -d' ' -f1-3 /proc/loadavg)" > "$out/machine.txt"
 modes="pindown odp copy"
@@ -51,3 +53,4 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
   done
 } | tee "$out/summary.md"
 cat "$out/machine.txt"
+run_record_end "$out"

@@ -13,6 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-target/bench/side_by_side}
 mkdir -p "$out"
+source tools/bench/run_record.sh
+run_record_start "$out" "$0" "$@"
 mpirun=(mpirun)
 command -v ssh >/dev/null 2>&1 || mpirun+=(-launcher fork)
 
@@ -87,3 +89,4 @@ done
     done
 } | tee "$out/table.md"
 cat "$out/machine.txt"
+run_record_end "$out"

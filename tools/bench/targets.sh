@@ -16,6 +16,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-target/bench/targets}
 mkdir -p "$out"
+source tools/bench/run_record.sh
+run_record_start "$out" "$0" "$@"
 # Every configuration with one rank bound to each core, as pwrun binds them.
 mpirun=(mpirun -bind-to core)
 command -v ssh >/dev/null 2>&1 || mpirun+=(-launcher fork)
@@ -109,3 +111,4 @@ row() { # TARGET VALUES RATIO OP LIMIT
   row "Jacobi, 4 ranks on $(nproc) cores, slowest of 3 (s)" "$j" "$j" "<=" 0.3
 } | tee "$out/targets.md"
 cat "$out/machine.txt"
+run_record_end "$out"

@@ -25,6 +25,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-target/bench/tpt-cache}
 mkdir -p "$out"
+source tools/bench/run_record.sh
+run_record_start "$out" "$0" "$@"
 cargo build --release -q -p imb-bench -p beff -p pagewire-tools --bin pw-plot
 echo "# $(date -u +%FT%TZ) $(uname -sr), $(nproc) cores, load before: $(cut -d' ' -f1-3 /proc/loadavg)" > "$out/machine.txt"
 export PAGEWIRE_MEMLOCK_LIMIT=unlimited
@@ -145,3 +147,4 @@ target/release/pw-plot --title "Translation cache (Azimi03): miss rate, pindown 
 # The raw outputs (100 files, 1 MB) go into one archive: tar xzf raw.tar.gz to read them.
 tar czf "$out/raw.tar.gz" -C "$out" raw && rm -r "$out/raw"
 cat "$out/machine.txt"
+run_record_end "$out"

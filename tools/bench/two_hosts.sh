@@ -21,6 +21,8 @@ cd "$(dirname "$0")/../.."
 out=${1:-target/bench/two_hosts}
 rounds=${2:-3}
 mkdir -p "$out"
+source tools/bench/run_record.sh
+run_record_start "$out" "$0" "$@"
 rm -f "$out"/*.txt "$out"/*.rows
 
 tools/hosts/ns-hosts check
@@ -117,3 +119,4 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else
   echo "| b_eff | - | MB/s | $m | $c | $p | $o | $(ratio "$c" "$m") | $(ratio "$p" "$m") | $(ratio "$o" "$m") |"
 } > "$out/summary.md"
 cat "$out/summary.md"
+run_record_end "$out"

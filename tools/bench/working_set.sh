@@ -16,6 +16,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-target/bench/working-set}
 mkdir -p "$out"
+source tools/bench/run_record.sh
+run_record_start "$out" "$0" "$@"
 cargo build --release -q -p pagewire-tools --bin pw-workset
 bin=target/release/pw-workset
 echo "# $(date -u +%FT%TZ) $(uname -sr), $(nproc) cores, $(free -g | awk '/Mem:/ { print $2 }') GiB, swap: $(awk 'NR > 1' /proc/swaps | wc -l) devices, load before: $(cut -d' ' -f1-3 /proc/loadavg)" > "$out/machine.txt"
@@ -124,3 +126,4 @@ cost() { # FILE: combined hits/s before, and GETs, registrations, NPFs per GET o
   echo "cost-*.txt, oom-odp-anon.txt, machine.txt; the plot: working-set.svg."
 } > "$out/summary.md"
 cat "$out/summary.md"
+run_record_end "$out"
