@@ -8,8 +8,14 @@ use pagewire_transport::boot::binding::Topology;
 
 /// Runs `pwrun ARGS` and returns (exit code, stdout, stderr).
 fn pwrun(args: &[&str]) -> (i32, String, String) {
+    pwrun_with(args, &[])
+}
+
+/// [`pwrun`] with variables `env` added to pwrun's own environment.
+fn pwrun_with(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_pwrun"))
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .expect("run pwrun");
     (
@@ -81,13 +87,11 @@ fn a_misspelt_setting_stops_pwrun_before_any_rank_starts() {
     let marker = std::env::temp_dir().join(format!("pwrun-unknown-setting-{}", std::process::id()));
     let touch = format!("touch {}", marker.display());
     // In pwrun's environment.
-    let out = Command::new(env!("CARGO_BIN_EXE_pwrun"))
-        .args(["-n", "2", "--", "sh", "-c", &touch])
-        .env("PAGEWIRE_MDOE", "odp")
-        .output()
-        .expect("run pwrun");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let (code, _, err) = pwrun_with(
+        &["-n", "2", "--", "sh", "-c", &touch],
+        &[("PAGEWIRE_MDOE", "odp")],
+    );
+    assert_eq!(code, 2, "{err}");
     assert_eq!(
         err.trim(),
         "pwrun: PAGEWIRE_MDOE is not a pagewire setting; did you mean PAGEWIRE_MODE? \
@@ -108,13 +112,11 @@ fn a_misspelt_setting_stops_pwrun_before_any_rank_starts() {
     assert!(err.contains("did you mean PAGEWIRE_EAGER_LIMIT?"), "{err}");
     assert!(!marker.exists(), "a rank started");
     // A bad value is reported once, by pwrun.
-    let out = Command::new(env!("CARGO_BIN_EXE_pwrun"))
-        .args(["-n", "2", "--", "sh", "-c", &touch])
-        .env("PAGEWIRE_MODE", "fast")
-        .output()
-        .expect("run pwrun");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let (code, _, err) = pwrun_with(
+        &["-n", "2", "--", "sh", "-c", &touch],
+        &[("PAGEWIRE_MODE", "fast")],
+    );
+    assert_eq!(code, 2, "{err}");
     assert_eq!(
         err.trim(),
         "pwrun: PAGEWIRE_MODE=fast: expected copy, pindown or odp"
