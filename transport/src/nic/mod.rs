@@ -39,6 +39,8 @@ impl Access {
     pub const REMOTE_READ: Access = Access(4);
     /// On-demand paging: the region is never pinned; pages are mapped by network page faults.
     pub const ON_DEMAND: Access = Access(8);
+    /// Peers may run atomic operations (fetch-and-add, compare-and-swap) on the region.
+    pub const REMOTE_ATOMIC: Access = Access(16);
     /// No rights beyond local read.
     pub const NONE: Access = Access(0);
 
@@ -56,7 +58,7 @@ impl Access {
     }
     /// From raw bits (unknown bits dropped).
     pub fn from_bits_truncate(bits: u32) -> Access {
-        Access(bits & 0xf)
+        Access(bits & 0x1f)
     }
 }
 
@@ -132,7 +134,34 @@ pub enum Opcode {
         /// Peer's key for that range.
         rkey: u32,
     },
+    /// Adds `add` to the 64-bit word at `remote_addr` in the peer, atomically, and writes
+    /// the word's old value into the local scatter-gather list (one 8-byte entry)
+    /// (`IBV_WR_ATOMIC_FETCH_AND_ADD`). `remote_addr` must be 8-byte aligned.
+    AtomicFetchAdd {
+        /// Target word in the peer (8-byte aligned).
+        remote_addr: u64,
+        /// Peer's key for that word; its region needs [`Access::REMOTE_ATOMIC`].
+        rkey: u32,
+        /// What is added (wrapping).
+        add: u64,
+    },
+    /// Writes `swap` into the 64-bit word at `remote_addr` in the peer if it equals
+    /// `compare`, atomically, and writes the word's old value into the local
+    /// scatter-gather list (one 8-byte entry) (`IBV_WR_ATOMIC_CMP_AND_SWP`).
+    AtomicCmpSwap {
+        /// Target word in the peer (8-byte aligned).
+        remote_addr: u64,
+        /// Peer's key for that word; its region needs [`Access::REMOTE_ATOMIC`].
+        rkey: u32,
+        /// The value the word must hold for the swap to happen.
+        compare: u64,
+        /// The value written when it does.
+        swap: u64,
+    },
 }
+
+/// Bytes an atomic work request reads and writes: one 64-bit word.
+pub const ATOMIC_BYTES: u32 = 8;
 
 /// A send-queue work request (`ibv_send_wr`).
 #[derive(Clone, Debug)]
@@ -254,6 +283,10 @@ pub enum WcOpcode {
     RdmaWrite,
     /// An RDMA READ.
     RdmaRead,
+    /// An atomic fetch-and-add.
+    FetchAdd,
+    /// An atomic compare-and-swap.
+    CompSwap,
     /// A receive consumed by a send.
     Recv,
     /// A receive consumed by an RDMA WRITE with immediate.
@@ -269,7 +302,7 @@ pub struct Completion {
     pub status: WcStatus,
     /// What it was.
     pub opcode: WcOpcode,
-    /// Bytes received (receives) or transferred (READ).
+    /// Bytes received (receives) or transferred (READ; 8 for atomics).
     pub byte_len: u32,
     /// Immediate data, for receives of `SendWithImm` and `RdmaWriteWithImm`.
     pub imm: Option<u32>,
@@ -341,6 +374,12 @@ pub struct Capabilities {
     pub implicit_odp: bool,
     /// `advise` (prefetch) is supported.
     pub prefetch: bool,
+    /// 64-bit atomics (fetch-and-add, compare-and-swap) are supported, atomic with respect
+    /// to other atomics through this device (`IBV_ATOMIC_HCA` or better).
+    pub atomics: bool,
+    /// The atomics are also atomic with respect to the target's own CPU loads and stores
+    /// (`IBV_ATOMIC_GLOB`).
+    pub atomics_global: bool,
 }
 
 impl Capabilities {

@@ -44,6 +44,33 @@ mod imp {
         "    mov eax, 1",
         "    ret",
         ".size pagewire_guarded_copy, . - pagewire_guarded_copy",
+        // Fetch-and-add: rdi = word, rsi = add, rdx = where the old value goes.
+        ".globl pagewire_guarded_fetch_add",
+        ".globl pagewire_guarded_fetch_add_xadd",
+        ".type pagewire_guarded_fetch_add,@function",
+        ".p2align 4",
+        "pagewire_guarded_fetch_add:",
+        "    mov rax, rsi",
+        "pagewire_guarded_fetch_add_xadd:",
+        "    lock xadd qword ptr [rdi], rax",
+        "    mov qword ptr [rdx], rax",
+        "    xor eax, eax",
+        "    ret",
+        ".size pagewire_guarded_fetch_add, . - pagewire_guarded_fetch_add",
+        // Compare-and-swap: rdi = word, rsi = compare, rdx = swap, rcx = where the old value
+        // goes.
+        ".globl pagewire_guarded_cmp_swap",
+        ".globl pagewire_guarded_cmp_swap_cmpxchg",
+        ".type pagewire_guarded_cmp_swap,@function",
+        ".p2align 4",
+        "pagewire_guarded_cmp_swap:",
+        "    mov rax, rsi",
+        "pagewire_guarded_cmp_swap_cmpxchg:",
+        "    lock cmpxchg qword ptr [rdi], rdx",
+        "    mov qword ptr [rcx], rax",
+        "    xor eax, eax",
+        "    ret",
+        ".size pagewire_guarded_cmp_swap, . - pagewire_guarded_cmp_swap",
         ".popsection",
     );
 
@@ -51,14 +78,22 @@ mod imp {
         fn pagewire_guarded_copy(dst: *mut u8, src: *const u8, len: usize) -> u32;
         static pagewire_guarded_copy_movsb: u8;
         static pagewire_guarded_copy_fixup: u8;
+        fn pagewire_guarded_fetch_add(word: *mut u64, add: u64, old: *mut u64) -> u32;
+        static pagewire_guarded_fetch_add_xadd: u8;
+        fn pagewire_guarded_cmp_swap(word: *mut u64, compare: u64, swap: u64, old: *mut u64)
+            -> u32;
+        static pagewire_guarded_cmp_swap_cmpxchg: u8;
     }
 
     /// The actions in force before ours, for chaining: `[SIGSEGV, SIGBUS]`.
     static PREVIOUS: OnceLock<[libc::sigaction; 2]> = OnceLock::new();
 
-    fn movsb_addr() -> usize {
-        // Only the symbol's address is taken; the byte is never read.
-        std::ptr::addr_of!(pagewire_guarded_copy_movsb) as usize
+    /// The instructions that touch the caller's memory; a fault on one of them goes to the
+    /// fixup. Only the symbols' addresses are taken; the bytes are never read.
+    fn guarded_instruction(rip: usize) -> bool {
+        rip == std::ptr::addr_of!(pagewire_guarded_copy_movsb) as usize
+            || rip == std::ptr::addr_of!(pagewire_guarded_fetch_add_xadd) as usize
+            || rip == std::ptr::addr_of!(pagewire_guarded_cmp_swap_cmpxchg) as usize
     }
 
     fn fixup_addr() -> usize {
@@ -71,7 +106,9 @@ mod imp {
         unsafe {
             let uc = ctx as *mut libc::ucontext_t;
             let rip = &mut (*uc).uc_mcontext.gregs[libc::REG_RIP as usize];
-            if *rip as usize == movsb_addr() {
+            // Every routine faults before it has pushed anything: the fixup's `ret` returns
+            // to its caller.
+            if guarded_instruction(*rip as usize) {
                 *rip = fixup_addr() as i64;
                 return;
             }
@@ -140,6 +177,27 @@ mod imp {
         // SAFETY: the caller's contract; the routine either completes or reports a fault.
         unsafe { pagewire_guarded_copy(dst as *mut u8, src as *const u8, len) == 0 }
     }
+
+    /// # Safety
+    /// As [`super::guarded_fetch_add`].
+    pub(super) unsafe fn fetch_add(word: u64, add: u64) -> Option<u64> {
+        install();
+        let mut old = 0u64;
+        // SAFETY: the caller's contract; `old` is a local the routine writes once.
+        let ok = unsafe { pagewire_guarded_fetch_add(word as *mut u64, add, &mut old) == 0 };
+        ok.then_some(old)
+    }
+
+    /// # Safety
+    /// As [`super::guarded_cmp_swap`].
+    pub(super) unsafe fn cmp_swap(word: u64, compare: u64, swap: u64) -> Option<u64> {
+        install();
+        let mut old = 0u64;
+        // SAFETY: the caller's contract; `old` is a local the routine writes once.
+        let ok =
+            unsafe { pagewire_guarded_cmp_swap(word as *mut u64, compare, swap, &mut old) == 0 };
+        ok.then_some(old)
+    }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -164,6 +222,36 @@ mod imp {
             &remote,
         )
         .is_ok()
+    }
+
+    /// Whether the word can be read and written now: a guarded read and write-back of one
+    /// byte (the atomic itself is unguarded here, so a concurrent unmap can still fault).
+    fn probe(word: u64) -> bool {
+        let mut b = 0u8;
+        let at = std::ptr::addr_of_mut!(b) as u64;
+        // SAFETY: `b` is a local; the word's byte is written back unchanged.
+        unsafe { copy(at, word, 1) && copy(word, at, 1) }
+    }
+
+    /// # Safety
+    /// As [`super::guarded_fetch_add`].
+    pub(super) unsafe fn fetch_add(word: u64, add: u64) -> Option<u64> {
+        use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+        // SAFETY: the caller's contract: aligned, and accessed atomically by everyone else.
+        probe(word).then(|| unsafe { AtomicU64::from_ptr(word as *mut u64) }.fetch_add(add, SeqCst))
+    }
+
+    /// # Safety
+    /// As [`super::guarded_cmp_swap`].
+    pub(super) unsafe fn cmp_swap(word: u64, compare: u64, swap: u64) -> Option<u64> {
+        use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+        probe(word).then(|| {
+            // SAFETY: as above.
+            let w = unsafe { AtomicU64::from_ptr(word as *mut u64) };
+            match w.compare_exchange(compare, swap, SeqCst, SeqCst) {
+                Ok(v) | Err(v) => v,
+            }
+        })
     }
 }
 
@@ -194,6 +282,32 @@ pub unsafe fn guarded_copy(dst: u64, src: u64, len: usize) -> io::Result<()> {
     } else {
         Err(io::Error::from_raw_os_error(libc::EFAULT))
     }
+}
+
+/// Adds `add` to the 64-bit word at `word` in this process, atomically (a locked
+/// instruction, so atomic with respect to every CPU's loads, stores and atomics), and
+/// returns its old value; `EFAULT` if the word is not mapped writable (nothing changed).
+///
+/// # Safety
+/// `word` must be 8-byte aligned, and no Rust code may hold a reference to it or access it
+/// other than atomically while this runs (it is the NIC's to update: a registered window).
+pub unsafe fn guarded_fetch_add(word: u64, add: u64) -> io::Result<u64> {
+    debug_assert_eq!(word % 8, 0, "an unaligned atomic");
+    // SAFETY: the caller's contract.
+    unsafe { imp::fetch_add(word, add) }.ok_or_else(|| io::Error::from_raw_os_error(libc::EFAULT))
+}
+
+/// Writes `swap` into the 64-bit word at `word` in this process if it holds `compare`,
+/// atomically, and returns its old value; `EFAULT` if the word is not mapped writable
+/// (nothing changed).
+///
+/// # Safety
+/// As [`guarded_fetch_add`].
+pub unsafe fn guarded_cmp_swap(word: u64, compare: u64, swap: u64) -> io::Result<u64> {
+    debug_assert_eq!(word % 8, 0, "an unaligned atomic");
+    // SAFETY: the caller's contract.
+    unsafe { imp::cmp_swap(word, compare, swap) }
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EFAULT))
 }
 
 #[cfg(test)]
@@ -287,5 +401,62 @@ mod tests {
         unsafe { libc::waitpid(pid, &mut status, 0) };
         assert!(libc::WIFSIGNALED(status), "child status {status:#x}");
         assert_eq!(libc::WTERMSIG(status), libc::SIGSEGV);
+    }
+
+    #[test]
+    fn atomics_update_the_word_and_return_its_old_value() {
+        let m = AnonMapping::new(crate::sys::PAGE_SIZE as usize).unwrap();
+        let w = m.addr() + 8;
+        // SAFETY: our own mapping; nothing else accesses the word during the calls.
+        unsafe {
+            assert_eq!(guarded_fetch_add(w, 5).unwrap(), 0);
+            assert_eq!(guarded_fetch_add(w, u64::MAX).unwrap(), 5); // wraps: 5 - 1
+            assert_eq!(guarded_cmp_swap(w, 3, 9).unwrap(), 4); // no swap
+            assert_eq!(guarded_cmp_swap(w, 4, 9).unwrap(), 4); // swap
+            assert_eq!(guarded_fetch_add(w, 0).unwrap(), 9);
+        }
+        assert_eq!(&m.as_slice()[..8], &[0; 8], "the word before is untouched");
+        assert_eq!(m.as_slice()[8], 9);
+    }
+
+    #[test]
+    fn atomics_on_unmapped_or_read_only_memory_are_errors() {
+        let page = crate::sys::PAGE_SIZE as usize;
+        let m = AnonMapping::new(3 * page).unwrap();
+        let hole = m.unmap_range(page, page).unwrap();
+        // SAFETY: the word is unmapped memory of ours; nothing references it.
+        let e = unsafe { guarded_fetch_add(hole.hole_addr(), 1) };
+        assert_eq!(e.unwrap_err().raw_os_error(), Some(libc::EFAULT));
+        // SAFETY: as above.
+        assert!(unsafe { guarded_cmp_swap(hole.hole_addr(), 0, 1) }.is_err());
+        let ro = AnonMapping::new(page).unwrap();
+        // SAFETY: our own mapping, made read-only; nothing writes it.
+        assert_eq!(
+            unsafe { libc::mprotect(ro.addr() as *mut libc::c_void, page, libc::PROT_READ) },
+            0
+        );
+        // SAFETY: as above.
+        assert!(unsafe { guarded_fetch_add(ro.addr(), 1) }.is_err());
+        // SAFETY: as above.
+        assert!(unsafe { guarded_cmp_swap(ro.addr(), 0, 1) }.is_err());
+        assert_eq!(ro.as_slice()[0], 0);
+    }
+
+    #[test]
+    fn concurrent_fetch_adds_lose_nothing() {
+        let m = AnonMapping::new(crate::sys::PAGE_SIZE as usize).unwrap();
+        let w = m.addr();
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..10_000 {
+                        // SAFETY: every access to the word is one of these atomics.
+                        unsafe { guarded_fetch_add(w, 1) }.unwrap();
+                    }
+                });
+            }
+        });
+        // SAFETY: the threads are done.
+        assert_eq!(unsafe { guarded_fetch_add(w, 0) }.unwrap(), 40_000);
     }
 }

@@ -13,7 +13,9 @@ mod shm;
 mod socket_io;
 
 pub use file_mapping::{memory_file_system, FileMapping};
-pub use guarded_copy::{guarded_copy, install as install_fault_guard};
+pub use guarded_copy::{
+    guarded_cmp_swap, guarded_copy, guarded_fetch_add, install as install_fault_guard,
+};
 pub(crate) use host_key::{HostKey, HOST_KEY_BYTES};
 pub use longterm_pin::{LongTermPin, LongTermPins, PinnedSnapshot, MAX_PIN_CHUNK, PIN_SLOTS};
 pub(crate) use shm::SharedSegment;

@@ -22,6 +22,22 @@ pub(crate) fn copy(dst: u64, src: u64, len: u64) -> io::Result<()> {
     unsafe { sys::guarded_copy(dst, src, len as usize) }
 }
 
+/// Adds `add` to the 8-byte word at `word` in this process, atomically; its old value.
+pub(crate) fn fetch_add(word: u64, add: u64) -> io::Result<u64> {
+    // SAFETY: per the module's contract, `word` lies in a region registered with remote
+    // atomic rights and checked against the TPT by the caller, aligned (checked at
+    // acceptance); the window's owner accesses it only atomically while peers may update
+    // it. Unmapped memory fails with EFAULT.
+    unsafe { sys::guarded_fetch_add(word, add) }
+}
+
+/// Writes `swap` into the 8-byte word at `word` in this process if it holds `compare`,
+/// atomically; its old value.
+pub(crate) fn cmp_swap(word: u64, compare: u64, swap: u64) -> io::Result<u64> {
+    // SAFETY: as for `fetch_add`.
+    unsafe { sys::guarded_cmp_swap(word, compare, swap) }
+}
+
 /// Whether every page of the `(address, length)` pieces can be read now: one guarded
 /// byte per page (a probe before the kernel reads them for a socket, where a fault would
 /// leave a frame half-sent).

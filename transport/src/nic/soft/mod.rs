@@ -289,6 +289,9 @@ impl SoftNic {
             odp_rc_read: true,
             implicit_odp: true,
             prefetch: true,
+            // Run by the target's engine with locked instructions (`engine/atomic.rs`).
+            atomics: true,
+            atomics_global: true,
         };
         let pins = PinAccount::with_method(config.memlock, config.pin)?;
         let inner = Arc::new(Inner {

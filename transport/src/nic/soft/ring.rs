@@ -43,7 +43,17 @@ pub(crate) enum Kind {
     ReadRequest = 4,
     /// An RDMA READ response segment (staged path).
     ReadResponse = 5,
+    /// An atomic (`imm`: [`ATOMIC_FETCH_ADD`] or [`ATOMIC_CMP_SWAP`]) on the 8-byte word
+    /// at `remote_addr`; the payload is its two operands, 8 bytes each, little endian.
+    AtomicRequest = 6,
+    /// The word's old value (8 bytes), or an error code.
+    AtomicResponse = 7,
 }
+
+/// An atomic request's operation: fetch-and-add (operands: the addend, 0).
+pub(crate) const ATOMIC_FETCH_ADD: u32 = 1;
+/// An atomic request's operation: compare-and-swap (operands: compare, swap).
+pub(crate) const ATOMIC_CMP_SWAP: u32 = 2;
 
 impl Kind {
     fn from_u8(v: u8) -> Option<Kind> {
@@ -53,6 +63,8 @@ impl Kind {
             3 => Kind::WriteImm,
             4 => Kind::ReadRequest,
             5 => Kind::ReadResponse,
+            6 => Kind::AtomicRequest,
+            7 => Kind::AtomicResponse,
             _ => return None,
         })
     }
@@ -173,6 +185,25 @@ pub(crate) fn validate(h: &Header) -> Result<Kind, &'static str> {
             Err("a READ request with a payload or an offset")
         }
         Kind::WriteImm if h.flags & HAS_IMM == 0 => Err("a WRITE WITH IMM without its immediate"),
+        Kind::AtomicRequest
+            if h.flags & (FIRST | LAST) != FIRST | LAST
+                || h.offset != 0
+                || h.total_len != 8
+                || len != 16
+                || !matches!(h.imm, ATOMIC_FETCH_ADD | ATOMIC_CMP_SWAP) =>
+        {
+            Err("an atomic request that is not one whole 8-byte operation")
+        }
+        Kind::AtomicResponse
+            if h.flags & (FIRST | LAST) != FIRST | LAST
+                || h.offset != 0
+                || h.total_len != 8
+                || len != if h.code == 0 { 8 } else { 0 } =>
+        {
+            Err("an atomic response that is not one 8-byte value")
+        }
+        // The request's payload is its operands, not bytes of the 8-byte message.
+        Kind::AtomicRequest | Kind::AtomicResponse => Ok(kind),
         _ => {
             let end = h
                 .offset

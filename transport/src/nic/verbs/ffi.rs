@@ -197,6 +197,16 @@ pub(crate) fn send_wr_rdma(wr: &ibv_send_wr) -> (u64, u32) {
     unsafe { (wr.wr.rdma.remote_addr, wr.wr.rdma.rkey) }
 }
 
+/// `wr.atomic` of a send work request: `(remote_addr, compare_add, swap, rkey)`.
+#[cfg(test)]
+pub(crate) fn send_wr_atomic(wr: &ibv_send_wr) -> (u64, u64, u64, u32) {
+    // SAFETY: the union's members are structs of integers and raw pointers, and `atomic` is
+    // its largest member, so its bytes are initialised whichever member was written last (the
+    // builders start from `zeroed()`); any bit pattern of these integers is valid.
+    let a = unsafe { wr.wr.atomic };
+    (a.remote_addr, a.compare_add, a.swap, a.rkey)
+}
+
 /// `ibv_wc_status_str(3)`.
 pub(crate) fn wc_status_str(status: u32) -> String {
     // SAFETY: ibv_wc_status_str returns a pointer to a static NUL-terminated string for any

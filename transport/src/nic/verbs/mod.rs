@@ -180,8 +180,8 @@ pub struct VerbsNic {
     caps: Capabilities,
     limits: DeviceLimits,
     port: PortInfo,
-    /// This device may page-fault as an RC responder (ODP receive, write or read): its queue
-    /// pairs ask for longer RNR waits and tell peers to retry forever (`qp_state`).
+    /// This device may page-fault as an RC responder (ODP receive, write, read or atomic):
+    /// its queue pairs ask for longer RNR waits and tell peers to retry forever (`qp_state`).
     responder_may_fault: bool,
     counters: Counters,
     qps: RwLock<HashMap<u32, Arc<QueuePairEntry>>>,
@@ -329,6 +329,7 @@ impl Nic for VerbsNic {
     #[allow(unsafe_code)]
     unsafe fn post_send(&self, qpn: u32, wr: &SendWr<'_>) -> Result<()> {
         self.device_usable()?;
+        wr::require_atomics(&self.caps, &wr.opcode)?;
         let q = self.qp(qpn)?;
         {
             let status = q.status.lock();

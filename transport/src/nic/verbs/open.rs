@@ -184,11 +184,15 @@ impl VerbsNic {
             .map_err(|e| os("fcntl(async_fd, F_SETFL, O_NONBLOCK)".into(), e))?;
         let device = format!("{} port {}", c.port.device, c.port.port);
         let caps = caps::capabilities(&c.attr, &device, c.max_inline);
+        let limits = caps::limits(&c.attr);
         Ok(VerbsNic {
             rank: boot.rank(),
-            responder_may_fault: caps.odp_rc_recv || caps.odp_rc_write || caps.odp_rc_read,
+            responder_may_fault: caps.odp_rc_recv
+                || caps.odp_rc_write
+                || caps.odp_rc_read
+                || limits.odp_rc_atomic,
             caps,
-            limits: caps::limits(&c.attr),
+            limits,
             port: c.port,
             counters: Counters::default(),
             qps: RwLock::new(HashMap::new()),

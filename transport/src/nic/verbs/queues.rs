@@ -126,10 +126,13 @@ impl VerbsNic {
             .pd
             .create_rc_qp(&scq.cq, &rcq.cq, want)
             .map_err(|e| os(format!("ibv_create_qp(RC, {caps:?})"), e))?;
-        let (mut attr, mask) = qp_state::init_attr(
-            self.port.port,
-            regions::access_bits(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ),
-        );
+        // Peers' atomics are refused by a queue pair without IBV_ACCESS_REMOTE_ATOMIC,
+        // whatever the region allows; a device without atomics is not asked for it.
+        let mut remote = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        if self.caps.atomics {
+            remote = remote | Access::REMOTE_ATOMIC;
+        }
+        let (mut attr, mask) = qp_state::init_attr(self.port.port, regions::access_bits(remote));
         // On failure `qp` drops here and is destroyed.
         qp.modify(&mut attr, mask)
             .map_err(|e| os(format!("ibv_modify_qp(qp {}, RESET->INIT)", qp.qp_num()), e))?;

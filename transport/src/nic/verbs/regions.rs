@@ -26,11 +26,7 @@ impl VerbsNic {
                 "region {addr:#x}+{len} wraps around the address space"
             )));
         }
-        if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
-            return Err(Error::InvalidArgument(
-                "REMOTE_WRITE requires LOCAL_WRITE (ibv_reg_mr(3))".into(),
-            ));
-        }
+        check_local_write(access)?;
         if access.contains(Access::ON_DEMAND) {
             self.require_odp_for(access)?;
         }
@@ -49,11 +45,7 @@ impl VerbsNic {
                        provider (PAGEWIRE_TRANSPORT=soft)",
             });
         }
-        if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
-            return Err(Error::InvalidArgument(
-                "REMOTE_WRITE requires LOCAL_WRITE (ibv_reg_mr(3))".into(),
-            ));
-        }
+        check_local_write(access)?;
         // ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND | ...): the region's length
         // is SIZE_MAX, so RegionInfo says u64::MAX.
         self.register_raw(0, u64::MAX, access, true)
@@ -166,7 +158,7 @@ impl VerbsNic {
     /// `Ok` when the device pages on demand for every RC operation a region with `access`
     /// may take part in ([`caps::missing_odp_operations`]).
     fn require_odp_for(&self, access: Access) -> Result<()> {
-        let missing = caps::missing_odp_operations(&self.caps, access);
+        let missing = caps::missing_odp_operations(&self.caps, &self.limits, access);
         if missing.is_empty() {
             return Ok(());
         }
@@ -184,8 +176,29 @@ impl VerbsNic {
     }
 }
 
-/// The `IBV_ACCESS_*` bits of `a` (pagewire's ON_DEMAND bit is 8, verbs' is 64; 8 is
-/// IBV_ACCESS_REMOTE_ATOMIC there).
+/// `Err` when `access` grants a remote right that lets peers write the region without
+/// `LOCAL_WRITE`, which `ibv_reg_mr(3)` refuses: "If IBV_ACCESS_REMOTE_WRITE or
+/// IBV_ACCESS_REMOTE_ATOMIC is set, then IBV_ACCESS_LOCAL_WRITE must be set too."
+fn check_local_write(access: Access) -> Result<()> {
+    if access.contains(Access::LOCAL_WRITE) {
+        return Ok(());
+    }
+    for (right, name) in [
+        (Access::REMOTE_WRITE, "REMOTE_WRITE"),
+        (Access::REMOTE_ATOMIC, "REMOTE_ATOMIC"),
+    ] {
+        if access.contains(right) {
+            return Err(Error::InvalidArgument(format!(
+                "{name} requires LOCAL_WRITE (ibv_reg_mr(3))"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The `IBV_ACCESS_*` bits of `a`. Only the first three rights have the same value in both:
+/// pagewire's ON_DEMAND is 8 and REMOTE_ATOMIC 16, verbs' IBV_ACCESS_ON_DEMAND is 64 and
+/// IBV_ACCESS_REMOTE_ATOMIC 8.
 pub(super) fn access_bits(a: Access) -> u32 {
     let mut bits = 0;
     if a.contains(Access::LOCAL_WRITE) {
@@ -196,6 +209,9 @@ pub(super) fn access_bits(a: Access) -> u32 {
     }
     if a.contains(Access::REMOTE_READ) {
         bits |= A::IBV_ACCESS_REMOTE_READ.0;
+    }
+    if a.contains(Access::REMOTE_ATOMIC) {
+        bits |= A::IBV_ACCESS_REMOTE_ATOMIC.0;
     }
     if a.contains(Access::ON_DEMAND) {
         bits |= A::IBV_ACCESS_ON_DEMAND.0;
@@ -217,5 +233,30 @@ mod tests {
         // ON_DEMAND is 8 in pagewire but IBV_ACCESS_ON_DEMAND (64) in verbs; 8 would be
         // IBV_ACCESS_REMOTE_ATOMIC.
         assert_eq!(access_bits(Access::ON_DEMAND | Access::LOCAL_WRITE), 64 | 1);
+        // REMOTE_ATOMIC is 16 in pagewire but IBV_ACCESS_REMOTE_ATOMIC (8) in verbs; 16 would
+        // be IBV_ACCESS_MW_BIND.
+        assert_eq!(access_bits(Access::REMOTE_ATOMIC), 8);
+        assert_eq!(
+            access_bits(Access::REMOTE_ATOMIC | Access::ON_DEMAND | Access::LOCAL_WRITE),
+            8 | 64 | 1
+        );
+    }
+
+    #[test]
+    fn remote_rights_that_write_need_local_write() {
+        assert!(check_local_write(Access::NONE).is_ok());
+        assert!(check_local_write(Access::REMOTE_READ).is_ok());
+        assert!(check_local_write(
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC
+        )
+        .is_ok());
+        let e = check_local_write(Access::REMOTE_WRITE)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("REMOTE_WRITE requires LOCAL_WRITE"), "{e}");
+        let e = check_local_write(Access::REMOTE_ATOMIC | Access::REMOTE_READ)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("REMOTE_ATOMIC requires LOCAL_WRITE"), "{e}");
     }
 }

@@ -22,7 +22,7 @@
 
 use rdma_sys::{ibv_wc, ibv_wc_flags, ibv_wc_opcode as O, ibv_wc_status as S};
 
-use crate::nic::{Opcode, WcOpcode, WcStatus};
+use crate::nic::{Opcode, WcOpcode, WcStatus, ATOMIC_BYTES};
 
 use super::ffi::wc_imm_raw;
 
@@ -55,12 +55,14 @@ pub(super) fn status(raw: u32) -> WcStatus {
 }
 
 /// The opcode of a successful completion (`ibv_wc_opcode`); `None` for kinds pagewire never
-/// posts (atomics, memory windows, TSO, tag matching).
+/// posts (memory windows, local invalidation, TSO, tag matching).
 fn wc_opcode(raw: u32) -> Option<WcOpcode> {
     match raw {
         O::IBV_WC_SEND => Some(WcOpcode::Send),
         O::IBV_WC_RDMA_WRITE => Some(WcOpcode::RdmaWrite),
         O::IBV_WC_RDMA_READ => Some(WcOpcode::RdmaRead),
+        O::IBV_WC_COMP_SWAP => Some(WcOpcode::CompSwap),
+        O::IBV_WC_FETCH_ADD => Some(WcOpcode::FetchAdd),
         O::IBV_WC_RECV => Some(WcOpcode::Recv),
         O::IBV_WC_RECV_RDMA_WITH_IMM => Some(WcOpcode::RecvRdmaWithImm),
         _ => None,
@@ -73,7 +75,8 @@ pub(super) struct SuccessFields {
     /// The completion's opcode (the posted one when `ibv_wc::opcode` is not one pagewire
     /// posts).
     pub(super) opcode: WcOpcode,
-    /// Bytes received (receives) or read (RDMA READ); 0 for sends and writes.
+    /// Bytes received (receives) or read (RDMA READ); [`ATOMIC_BYTES`] for atomics; 0 for
+    /// sends and writes.
     pub(super) byte_len: u32,
     /// The immediate data of a receive that carried one.
     pub(super) imm: Option<u32>,
@@ -90,12 +93,16 @@ pub(super) struct SuccessFields {
 /// across polls therefore still holds an earlier receive's length and immediate when a send
 /// completes into it. So: `imm` only for receive opcodes with `IBV_WC_WITH_IMM`, `byte_len`
 /// only for receives and RDMA READ (`ibv_poll_cq(3)`: "byte_len: Number of bytes
-/// transferred"; `Completion::byte_len`: "bytes received (receives) or transferred (READ)").
+/// transferred"; `Completion::byte_len`: "bytes received (receives) or transferred (READ; 8
+/// for atomics)"). An atomic always moves one word, so its length is [`ATOMIC_BYTES`]
+/// whatever the provider wrote (mlx5 writes 8; a provider that writes nothing would leave an
+/// earlier completion's length).
 pub(super) fn success_fields(wc: &ibv_wc, posted_as: WcOpcode) -> SuccessFields {
     let opcode = wc_opcode(wc.opcode).unwrap_or(posted_as);
     let receive = matches!(opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
     let byte_len = match opcode {
         WcOpcode::Recv | WcOpcode::RecvRdmaWithImm | WcOpcode::RdmaRead => wc.byte_len,
+        WcOpcode::FetchAdd | WcOpcode::CompSwap => ATOMIC_BYTES,
         WcOpcode::Send | WcOpcode::RdmaWrite => 0,
     };
     let with_imm = wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
@@ -112,6 +119,8 @@ pub(super) fn completes_as(op: &Opcode) -> WcOpcode {
         Opcode::Send | Opcode::SendWithImm(_) => WcOpcode::Send,
         Opcode::RdmaWrite { .. } | Opcode::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
         Opcode::RdmaRead { .. } => WcOpcode::RdmaRead,
+        Opcode::AtomicFetchAdd { .. } => WcOpcode::FetchAdd,
+        Opcode::AtomicCmpSwap { .. } => WcOpcode::CompSwap,
     }
 }
 
@@ -168,9 +177,14 @@ mod tests {
         assert_eq!(wc_opcode(0), Some(WcOpcode::Send));
         assert_eq!(wc_opcode(1), Some(WcOpcode::RdmaWrite));
         assert_eq!(wc_opcode(2), Some(WcOpcode::RdmaRead));
+        assert_eq!(wc_opcode(3), Some(WcOpcode::CompSwap));
+        assert_eq!(wc_opcode(4), Some(WcOpcode::FetchAdd));
         assert_eq!(wc_opcode(128), Some(WcOpcode::Recv));
         assert_eq!(wc_opcode(129), Some(WcOpcode::RecvRdmaWithImm));
-        assert_eq!(wc_opcode(3), None);
+        // IBV_WC_BIND_MW, IBV_WC_LOCAL_INV, IBV_WC_TSO: never posted.
+        assert_eq!(wc_opcode(5), None);
+        assert_eq!(wc_opcode(6), None);
+        assert_eq!(wc_opcode(7), None);
         assert_eq!(
             completes_as(&Opcode::RdmaWriteWithImm {
                 remote_addr: 0,
@@ -180,6 +194,55 @@ mod tests {
             WcOpcode::RdmaWrite
         );
         assert_eq!(completes_as(&Opcode::SendWithImm(1)), WcOpcode::Send);
+        assert_eq!(
+            completes_as(&Opcode::AtomicFetchAdd {
+                remote_addr: 0,
+                rkey: 0,
+                add: 1
+            }),
+            WcOpcode::FetchAdd
+        );
+        assert_eq!(
+            completes_as(&Opcode::AtomicCmpSwap {
+                remote_addr: 0,
+                rkey: 0,
+                compare: 0,
+                swap: 1
+            }),
+            WcOpcode::CompSwap
+        );
+    }
+
+    /// An atomic's completion is one word long, whatever the entry held before, and never
+    /// carries an immediate.
+    #[test]
+    fn atomic_completions_are_eight_bytes_long() {
+        let mut wc: ibv_wc = zeroed();
+        // Left over from a receive polled into the same entry earlier.
+        wc.byte_len = 8192;
+        wc.wc_flags = ibv_wc_flags::IBV_WC_WITH_IMM.0;
+        wc.imm_data_invalidated_rkey_union.imm_data = 0xfeed_f00du32.to_be();
+        for (raw, posted_as) in [
+            (O::IBV_WC_FETCH_ADD, WcOpcode::FetchAdd),
+            (O::IBV_WC_COMP_SWAP, WcOpcode::CompSwap),
+        ] {
+            wc.opcode = raw;
+            assert_eq!(
+                success_fields(&wc, posted_as),
+                SuccessFields {
+                    opcode: posted_as,
+                    byte_len: 8,
+                    imm: None
+                }
+            );
+        }
+        // The provider's record decides when the device reports an opcode pagewire never
+        // posts.
+        wc.opcode = O::IBV_WC_BIND_MW;
+        assert_eq!(
+            success_fields(&wc, WcOpcode::CompSwap).byte_len,
+            ATOMIC_BYTES
+        );
     }
 
     /// One `ibv_wc` written the way mlx5 writes it (`mlx5_parse_cqe`: `wc_flags` and
@@ -252,7 +315,7 @@ mod tests {
             }
         );
         // An opcode pagewire never posts falls back to the provider's own record.
-        wcs[0].opcode = O::IBV_WC_COMP_SWAP;
+        wcs[0].opcode = O::IBV_WC_BIND_MW;
         wcs[0].byte_len = 8;
         assert_eq!(
             success_fields(&wcs[0], WcOpcode::Send),

@@ -33,6 +33,7 @@ impl Inner {
         from: usize,
         kind: Kind,
         h: &Header,
+        payload: crate::nic::soft::ring::Payload<'_>,
     ) -> Option<Incoming> {
         let qpn = h.dst_qpn;
         let src_qpn = h.src_qpn;
@@ -124,22 +125,28 @@ impl Inner {
                 }
                 take_recv = true;
             }
-            Kind::Write | Kind::ReadRequest => {
+            Kind::AtomicRequest if h.remote_addr % 8 != 0 => {
+                // The word must be naturally aligned (`IBV_WC_REM_INV_REQ_ERR` on an HCA).
+                qp.expected_msn += 1;
+                self.refuse(eng, from, qpn, h, WcStatus::RemoteInvalidRequest);
+                return None;
+            }
+            Kind::Write | Kind::ReadRequest | Kind::AtomicRequest => {
                 targets = smallvec::smallvec![KeyedExtent {
                     key: h.rkey,
                     addr: h.remote_addr,
                     len: h.total_len,
                 }];
             }
-            Kind::ReadResponse => unreachable!("not a request"),
+            Kind::ReadResponse | Kind::AtomicResponse => unreachable!("not a request"),
         }
         // Remote key checks for WRITE / READ / WRITE WITH IMM (not for zero length), also
         // for a WRITE WITH IMM whose bytes the initiator placed already.
         if kind != Kind::Send && h.total_len > 0 {
-            let need = if kind == Kind::ReadRequest {
-                Access::REMOTE_READ
-            } else {
-                Access::REMOTE_WRITE
+            let need = match kind {
+                Kind::ReadRequest => Access::REMOTE_READ,
+                Kind::AtomicRequest => Access::REMOTE_ATOMIC,
+                _ => Access::REMOTE_WRITE,
             };
             match me
                 .mem
@@ -286,6 +293,16 @@ impl Inner {
                 eng.mark_busy(qpn);
                 None // nothing more to receive for it
             }
+            Kind::AtomicRequest => {
+                // Run once, now that it is accepted in order: a retransmitted copy has an
+                // older sequence number and is ignored.
+                self.execute_atomic(qp, h, payload, targets[0]);
+                qp.expected_msn += 1;
+                let msn_end = qp.expected_msn;
+                self.ack(from, src_qpn, msn_end);
+                eng.mark_busy(qpn);
+                None
+            }
             Kind::Write => Some(Incoming {
                 msn: h.msn,
                 kind: IncomingKind::Write,
@@ -319,7 +336,7 @@ impl Inner {
                     parked,
                 })
             }
-            Kind::ReadResponse => unreachable!(),
+            Kind::ReadResponse | Kind::AtomicResponse => unreachable!(),
         }
     }
 

@@ -32,7 +32,9 @@ impl Inner {
         let (raddr, rkey, write) = match op.kind {
             OpKind::Write { addr, rkey, .. } => (addr, rkey, true),
             OpKind::Read { addr, rkey } => (addr, rkey, false),
-            OpKind::Send { .. } => unreachable!("sends are packets"),
+            OpKind::Send { .. } | OpKind::Atomic { .. } => {
+                unreachable!("sends and atomics are packets")
+            }
         };
         let need_local = if write {
             Access::NONE

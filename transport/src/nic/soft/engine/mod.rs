@@ -30,6 +30,7 @@
 //! extents a transfer holds ([`KeyedExtent`], [`Inner::hold_own`]) and one pass.
 
 mod accept;
+mod atomic;
 mod backup_ring;
 mod cache_miss;
 mod direct;
@@ -53,9 +54,10 @@ use crate::error::{Error, Result};
 use crate::nic::{Access, Completion, QpCaps, Sge, WcOpcode, WcStatus};
 use crate::sys::Extent;
 pub(crate) use backup_ring::BackupRing;
+pub(crate) use queue_pair::AtomicOp;
 use queue_pair::{
-    Incoming, IncomingKind, MissWait, OpKind, OpState, QueuePair, ReadOut, RecvOp, SendOp,
-    REMOTE_KEY,
+    AtomicOut, Incoming, IncomingKind, MissWait, OpKind, OpState, QueuePair, ReadOut, RecvOp,
+    SendOp, REMOTE_KEY,
 };
 
 /// SENDs of at least this many bytes to a CMA-capable peer are pulled by the receiver with
@@ -269,6 +271,7 @@ impl Engine {
             rx_miss: None,
             refusing: false,
             reads_out: VecDeque::new(),
+            atomics_out: VecDeque::new(),
             backup,
             held: VecDeque::new(),
         });
@@ -462,9 +465,12 @@ impl super::Inner {
         while i < eng.busy.len() {
             let qpn = eng.busy[i];
             self.progress_qp(eng, qpn);
-            let idle = eng.qps[qpn as usize]
-                .as_ref()
-                .is_none_or(|q| q.sq.is_empty() && q.reads_out.is_empty() && q.held.is_empty());
+            let idle = eng.qps[qpn as usize].as_ref().is_none_or(|q| {
+                q.sq.is_empty()
+                    && q.reads_out.is_empty()
+                    && q.atomics_out.is_empty()
+                    && q.held.is_empty()
+            });
             if idle {
                 if let Some(q) = eng.qps[qpn as usize].as_mut() {
                     q.busy = false;
@@ -495,6 +501,7 @@ impl super::Inner {
     fn progress_qp(&self, eng: &mut Engine, qpn: u32) {
         self.drain_held(eng, qpn);
         self.send_read_responses(eng, qpn);
+        self.send_atomic_responses(eng, qpn);
         self.check_acknowledgements(eng, qpn);
         self.complete_front(eng, qpn);
         self.transmit(eng, qpn);

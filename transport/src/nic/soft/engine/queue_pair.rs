@@ -60,6 +60,10 @@ pub(crate) struct QueuePair {
     pub(super) refusing: bool,
     /// READ responses being sent (staged path).
     pub(super) reads_out: VecDeque<ReadOut>,
+    /// Results of atomics executed here, waiting for room in the requester's ring. An
+    /// atomic runs once, when its request is accepted; its result is kept until it is sent
+    /// (what an HCA keeps in its responder resources for atomics).
+    pub(super) atomics_out: VecDeque<AtomicOut>,
     /// The backup ring (receive-fault policy `backup` only).
     pub(super) backup: Option<BackupRing>,
     /// Receive completions held behind messages parked in the backup ring, in order.
@@ -80,6 +84,61 @@ pub(super) enum OpKind {
         addr: u64,
         rkey: u32,
     },
+    Atomic {
+        addr: u64,
+        rkey: u32,
+        op: AtomicOp,
+    },
+}
+
+/// What an atomic work request does to the target word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AtomicOp {
+    FetchAdd { add: u64 },
+    CmpSwap { compare: u64, swap: u64 },
+}
+
+impl AtomicOp {
+    /// The operation's wire code and its two operands.
+    pub(crate) fn encode(self) -> (u32, [u64; 2]) {
+        use crate::nic::soft::ring::{ATOMIC_CMP_SWAP, ATOMIC_FETCH_ADD};
+        match self {
+            AtomicOp::FetchAdd { add } => (ATOMIC_FETCH_ADD, [add, 0]),
+            AtomicOp::CmpSwap { compare, swap } => (ATOMIC_CMP_SWAP, [compare, swap]),
+        }
+    }
+
+    /// The operation of a wire code (checked by `ring::validate`) and its operands.
+    pub(crate) fn decode(code: u32, operands: [u64; 2]) -> AtomicOp {
+        if code == crate::nic::soft::ring::ATOMIC_FETCH_ADD {
+            AtomicOp::FetchAdd { add: operands[0] }
+        } else {
+            AtomicOp::CmpSwap {
+                compare: operands[0],
+                swap: operands[1],
+            }
+        }
+    }
+
+    /// Runs the operation on the word at `word` in this process: its old value.
+    pub(crate) fn execute(self, word: u64) -> std::io::Result<u64> {
+        match self {
+            AtomicOp::FetchAdd { add } => crate::nic::soft::dma::fetch_add(word, add),
+            AtomicOp::CmpSwap { compare, swap } => {
+                crate::nic::soft::dma::cmp_swap(word, compare, swap)
+            }
+        }
+    }
+}
+
+/// The result of an atomic executed at the responder, to be sent back.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct AtomicOut {
+    pub(super) msn: u64,
+    pub(super) dst_qpn: u32,
+    /// `WcStatus` wire code (0: success).
+    pub(super) code: u16,
+    pub(super) old: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use super::cache_miss::dropped;
 use super::{
-    completion, nanos, total_len, Engine, MissWait, OpKind, OpState, QueuePair, SendOp,
+    completion, nanos, total_len, AtomicOp, Engine, MissWait, OpKind, OpState, QueuePair, SendOp,
     MAX_MSG_BYTES, NUDGE_AFTER,
 };
 use crate::error::{Error, Result};
 use crate::nic::soft::ack::Nak;
 use crate::nic::soft::dma;
 use crate::nic::soft::Inner;
-use crate::nic::{Opcode, SendWr, WcOpcode, WcStatus};
+use crate::nic::{Opcode, SendWr, WcOpcode, WcStatus, ATOMIC_BYTES};
 
 /// How long a request may wait on a peer before its liveness is checked (ns).
 const LIVENESS_AFTER: u64 = nanos(Duration::from_millis(5));
@@ -70,7 +70,35 @@ impl Inner {
                 addr: remote_addr,
                 rkey,
             },
+            Opcode::AtomicFetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => OpKind::Atomic {
+                addr: remote_addr,
+                rkey,
+                op: AtomicOp::FetchAdd { add },
+            },
+            Opcode::AtomicCmpSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => OpKind::Atomic {
+                addr: remote_addr,
+                rkey,
+                op: AtomicOp::CmpSwap { compare, swap },
+            },
         };
+        if matches!(kind, OpKind::Atomic { .. })
+            && (wr.inline || wr.sgl.len() != 1 || total != ATOMIC_BYTES as u64)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "an atomic work request needs one scatter-gather entry of {ATOMIC_BYTES} bytes                  for the old value, not inline; this one has {} entries, {total} bytes{}",
+                wr.sgl.len(),
+                if wr.inline { ", inline" } else { "" }
+            )));
+        }
         let mut state = if qp.error.is_some() {
             OpState::Done(WcStatus::WrFlushError)
         } else {
@@ -164,7 +192,8 @@ impl Inner {
                 ) {
                     continue;
                 }
-                if accepted && !matches!(op.kind, OpKind::Read { .. }) {
+                // READs and atomics complete with their response, not the acknowledgement.
+                if accepted && !matches!(op.kind, OpKind::Read { .. } | OpKind::Atomic { .. }) {
                     op.state = OpState::Done(WcStatus::Success);
                 } else if let (Some(now), OpState::AwaitingResponse) = (now, op.state) {
                     op.since = now;
@@ -337,8 +366,10 @@ impl Inner {
                     if i < *cursor {
                         *cursor = i;
                     }
-                    let direct =
-                        peer.cma && !matches!(op.kind, OpKind::Send { .. }) && !op.data_placed;
+                    // Atomics always go to the peer's engine (a kernel copy is not atomic).
+                    let direct = peer.cma
+                        && !matches!(op.kind, OpKind::Send { .. } | OpKind::Atomic { .. })
+                        && !op.data_placed;
                     if direct {
                         if !first_outstanding {
                             break; // fence: earlier requests must complete first
@@ -393,7 +424,9 @@ impl Inner {
                                 None => clock.now(),
                             };
                             op.checked_alive = op.since;
-                            if !peer.cma && !matches!(op.kind, OpKind::Send { .. }) {
+                            let one_sided = !matches!(op.kind, OpKind::Send { .. });
+                            if one_sided && (!peer.cma || matches!(op.kind, OpKind::Atomic { .. }))
+                            {
                                 // One-sided work for the peer's engine.
                                 peer.mem.wake_driver_if_asleep();
                             }
@@ -434,11 +467,18 @@ impl Inner {
                 OpKind::Send { .. } => WcOpcode::Send,
                 OpKind::Write { .. } => WcOpcode::RdmaWrite,
                 OpKind::Read { .. } => WcOpcode::RdmaRead,
+                OpKind::Atomic {
+                    op: AtomicOp::FetchAdd { .. },
+                    ..
+                } => WcOpcode::FetchAdd,
+                OpKind::Atomic {
+                    op: AtomicOp::CmpSwap { .. },
+                    ..
+                } => WcOpcode::CompSwap,
             };
-            let len = if opcode == WcOpcode::RdmaRead {
-                total as u32
-            } else {
-                0
+            let len = match opcode {
+                WcOpcode::RdmaRead | WcOpcode::FetchAdd | WcOpcode::CompSwap => total as u32,
+                _ => 0,
             };
             let send_cq = qp.send_cq;
             if status != WcStatus::Success || signaled {

@@ -121,10 +121,11 @@ impl Inner {
             Err(why) => return self.malformed_packet(eng, from, h.dst_qpn, why),
         };
         match kind {
-            Kind::Send | Kind::Write | Kind::WriteImm | Kind::ReadRequest => {
+            Kind::Send | Kind::Write | Kind::WriteImm | Kind::ReadRequest | Kind::AtomicRequest => {
                 self.handle_request(eng, from, kind, &h, payload)
             }
             Kind::ReadResponse => self.handle_read_response(eng, &h, payload),
+            Kind::AtomicResponse => self.handle_atomic_response(eng, &h, payload),
         }
     }
 
@@ -195,7 +196,7 @@ impl Inner {
                 qp.discard_msn = Some(h.msn);
                 return;
             }
-            match self.accept_request(eng, from, kind, h) {
+            match self.accept_request(eng, from, kind, h, payload) {
                 Some(rx) => rx,
                 None => return,
             }

@@ -31,7 +31,7 @@ impl Inner {
         let (_held, local) = if inline.is_some() || op.data_placed {
             (Held::new(), SmallVec::new())
         } else {
-            let need = if matches!(op.kind, OpKind::Read { .. }) {
+            let need = if matches!(op.kind, OpKind::Read { .. } | OpKind::Atomic { .. }) {
                 Access::LOCAL_WRITE
             } else {
                 Access::NONE
@@ -68,6 +68,25 @@ impl Inner {
                     ..base
                 };
                 self.push_packet(peer, &h, |_| Ok(()))
+            }
+            OpKind::Atomic { addr, rkey, op: a } => {
+                let (code, operands) = a.encode();
+                let h = Header {
+                    kind: Kind::AtomicRequest as u8,
+                    flags: FIRST | LAST,
+                    imm: code,
+                    remote_addr: addr,
+                    rkey,
+                    payload_len: 16,
+                    ..base
+                };
+                self.push_packet(peer, &h, |s| {
+                    let mut p = [0u8; 16];
+                    p[..8].copy_from_slice(&operands[0].to_le_bytes());
+                    p[8..].copy_from_slice(&operands[1].to_le_bytes());
+                    s.write_payload(&p);
+                    Ok(())
+                })
             }
             OpKind::Write { imm, addr, rkey } if op.data_placed => {
                 // The bytes are in place; the responder checks the key once more before it
@@ -114,7 +133,7 @@ impl Inner {
                         rkey,
                         imm: None,
                     } => (Kind::Write, None, addr, rkey),
-                    OpKind::Read { .. } => unreachable!(),
+                    OpKind::Read { .. } | OpKind::Atomic { .. } => unreachable!(),
                 };
                 loop {
                     let chunk = (op.total - op.sent).min(MTU as u64);
