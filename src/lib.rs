@@ -76,6 +76,7 @@ pub mod point_to_point;
 pub mod request;
 mod status;
 pub mod topology;
+pub mod window;
 
 #[cfg(feature = "mpi")]
 pub use backend::host_mpi;

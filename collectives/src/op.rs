@@ -38,10 +38,16 @@ pub enum Op {
     BitOr,
     /// Bitwise exclusive or, integers only (`MPI_BXOR`).
     BitXor,
+    /// The origin's value replaces the target's (`MPI_REPLACE`): one-sided accumulates
+    /// only, refused by the collectives.
+    Replace,
+    /// The target's value stays (`MPI_NO_OP`): one-sided fetching accumulates only,
+    /// refused by the collectives.
+    NoOp,
 }
 
 impl Op {
-    /// All ten, for tests and tables.
+    /// The ten reductions, for tests and tables (not the one-sided `Replace` and `NoOp`).
     pub const ALL: [Op; 10] = [
         Op::Sum,
         Op::Product,
@@ -68,7 +74,15 @@ impl Op {
             Op::BitAnd => "MPI_BAND",
             Op::BitOr => "MPI_BOR",
             Op::BitXor => "MPI_BXOR",
+            Op::Replace => "MPI_REPLACE",
+            Op::NoOp => "MPI_NO_OP",
         }
+    }
+
+    /// Whether the operation is only for one-sided accumulates (`MPI_REPLACE`,
+    /// `MPI_NO_OP`).
+    pub fn is_one_sided_only(self) -> bool {
+        matches!(self, Op::Replace | Op::NoOp)
     }
 
     /// Whether the operation is bitwise (integers only).
@@ -90,6 +104,8 @@ impl Op {
             Op::BitAnd => T::bit_and(a, b),
             Op::BitOr => T::bit_or(a, b),
             Op::BitXor => T::bit_xor(a, b),
+            Op::Replace => a,
+            Op::NoOp => b,
         }
     }
 }
@@ -119,6 +135,8 @@ fn kernel<T: Element>(op: Op, left: &[T], right: &mut [T]) {
         Op::BitAnd => each!(T::bit_and),
         Op::BitOr => each!(T::bit_or),
         Op::BitXor => each!(T::bit_xor),
+        Op::Replace => right.copy_from_slice(left),
+        Op::NoOp => {}
     }
 }
 
@@ -220,6 +238,12 @@ impl<T: Element> Operation<T> for Op {
         true
     }
     fn check(&self) -> Result<()> {
+        if self.is_one_sided_only() {
+            return Err(Error::InvalidArgument(format!(
+                "{} is for one-sided accumulates (windows) only, not for reductions",
+                self.mpi_name()
+            )));
+        }
         if self.is_bitwise() && !T::IS_INTEGER {
             return Err(Error::InvalidArgument(format!(
                 "{} is a bitwise operation, defined for integers only, not for {} (use \

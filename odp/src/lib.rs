@@ -160,6 +160,10 @@ impl BufferMode for OdpMode {
         true
     }
 
+    fn exposes_on_demand(&self) -> bool {
+        true
+    }
+
     fn describe(&self) -> String {
         format!(
             "odp: {} regions, prefetch {}",

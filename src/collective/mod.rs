@@ -70,7 +70,7 @@
 
 mod elements;
 mod immediate;
-mod operation;
+pub(crate) mod operation;
 mod root;
 
 use crate::backend::CollectiveBackend;

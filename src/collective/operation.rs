@@ -90,6 +90,16 @@ impl SystemOperation {
     pub const fn bitwise_xor() -> Self {
         SystemOperation(Op::BitXor)
     }
+    /// `MPI_REPLACE`: in a window's accumulate, the origin's value replaces the target's
+    /// (an atomic put). Refused by the collectives.
+    pub const fn replace() -> Self {
+        SystemOperation(Op::Replace)
+    }
+    /// `MPI_NO_OP`: in a window's fetching accumulate, the target's value stays (an atomic
+    /// get). Refused by the collectives.
+    pub const fn no_op() -> Self {
+        SystemOperation(Op::NoOp)
+    }
     /// The operation as `pagewire_collectives` names it.
     pub fn op(&self) -> Op {
         self.0

@@ -189,6 +189,28 @@ pub enum Error {
         size: usize,
     },
 
+    /// A one-sided operation named bytes outside the target's window (`MPI_ERR_RMA_RANGE`):
+    /// refused at the origin, before anything moved; no byte of either side changed.
+    #[error(
+        "one-sided access outside rank {target}'s window: bytes {offset}..{end} of a          {window_bytes}-byte window"
+    )]
+    OutOfWindow {
+        /// The target rank (in the window's communicator).
+        target: usize,
+        /// First byte named, from the window's base.
+        offset: u64,
+        /// One past the last byte named.
+        end: u64,
+        /// The target's window size in bytes.
+        window_bytes: u64,
+    },
+
+    /// A window's synchronisation was used out of order (`MPI_ERR_RMA_SYNC`): an unlock
+    /// without a lock, a second lock on the same target, a free while a lock or an epoch
+    /// is still open. Nothing was changed.
+    #[error("window synchronisation: {0}")]
+    WindowSync(String),
+
     /// A tag outside `0..=TAG_UB` was used for a send or a receive (`MPI_ERR_TAG`).
     #[error("tag {tag} is out of range: tags are 0..={max} (use ANY_TAG to receive any)")]
     InvalidTag {

@@ -82,6 +82,7 @@ fn mpi_op(op: Op) -> MpiOp {
         Op::BitAnd => MpiOp::bitwise_and(),
         Op::BitOr => MpiOp::bitwise_or(),
         Op::BitXor => MpiOp::bitwise_xor(),
+        Op::Replace | Op::NoOp => unreachable!("refused by reduction::check"),
     }
 }
 

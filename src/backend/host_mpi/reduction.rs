@@ -10,6 +10,12 @@ use crate::error::{Error, Result};
 
 /// Fails unless MPI defines `op` for `T`'s type class (integers, floats).
 pub(super) fn check<T: Element>(op: Op) -> Result<()> {
+    if op.is_one_sided_only() {
+        return Err(Error::InvalidArgument(format!(
+            "{} is for one-sided accumulates (windows) only, not for reductions",
+            op.mpi_name()
+        )));
+    }
     let integer_only = !matches!(op, Op::Sum | Op::Product | Op::Min | Op::Max);
     if integer_only && !T::IS_INTEGER {
         return Err(Error::InvalidArgument(format!(

@@ -152,6 +152,12 @@ pub trait BufferMode: Send {
         self.name().to_string()
     }
 
+    /// Whether memory a window exposes for its whole life is registered on demand (nothing
+    /// pinned; network page faults map it) rather than pinned. Default: pinned.
+    fn exposes_on_demand(&self) -> bool {
+        false
+    }
+
     /// Whether this mode normally exposes user memory itself (it may still fall back per
     /// transfer; see [`Transfer::zero_copy`]).
     fn is_zero_copy(&self) -> bool;

@@ -32,6 +32,7 @@ mod posting;
 #[allow(unsafe_code)]
 pub mod raw;
 mod request;
+pub mod rma;
 mod rndv;
 mod rndv_get;
 mod rndv_local;
@@ -43,6 +44,7 @@ pub mod wire;
 pub use config::{MsgConfig, RndvProtocol, WaitPolicy, DEFAULT_EAGER_LIMIT, DEFAULT_SPLIT_MIN};
 pub use matching::{Envelope, MessageHandle, Selector, ANY_SOURCE, ANY_TAG};
 pub use request::{RequestId, Status};
+pub use rma::{RemoteAtomic, RemoteMemory};
 
 use config::online_cpus;
 use state::wr_parts;
@@ -158,6 +160,8 @@ pub struct PointToPoint {
     passes: u32,
     /// Progress passes in a row that found nothing (the yield waits for a few).
     idle_passes: u32,
+    /// Windows' one-sided operations in flight (`rma.rs`).
+    pub(crate) rma: rma::RmaState,
 }
 
 impl std::fmt::Debug for PointToPoint {
@@ -296,6 +300,7 @@ impl PointToPoint {
             local,
             passes: 0,
             idle_passes: 0,
+            rma: rma::RmaState::default(),
         };
         p2p.yield_when_idle = match p2p.cfg.wait {
             WaitPolicy::Spin => false,
@@ -492,6 +497,11 @@ impl PointToPoint {
         if kind == WrKind::SendSlot as u64 {
             self.send_free.push(index);
         }
+        if kind == WrKind::Rma as u64 {
+            // The window operation waiting for it sees the status; a failure also ends the
+            // peer's traffic below, as its queue pair is now in the error state.
+            self.rma_completed(index, c.status);
+        }
         if c.status != WcStatus::Success {
             if kind == WrKind::Rdma as u64 {
                 // The lease stays with its request, which `fail_peer` releases.
@@ -548,6 +558,9 @@ impl PointToPoint {
     /// Shuts the layer down: stops the buffer mode and deregisters the slots.
     pub fn shutdown(mut self) {
         self.mode.stop(&*self.nic);
+        if let Some((_, lkey)) = self.rma.results.take() {
+            let _ = self.nic.deregister(lkey);
+        }
         let _ = self.nic.deregister(self.recv_key);
         let _ = self.nic.deregister(self.send_key);
     }

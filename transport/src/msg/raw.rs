@@ -142,4 +142,27 @@ impl super::PointToPoint {
             None => Ok(statuses),
         }
     }
+
+    /// Writes `src` at `remote_addr` of `target`'s exposed memory under `rkey` (a window's
+    /// put) and returns once it is there.
+    pub fn put(&mut self, target: usize, remote_addr: u64, rkey: u32, src: &[u8]) -> Result<()> {
+        // SAFETY: the transfer completes before this returns, while `src` is borrowed.
+        let b = unsafe { UserBuf::new(src.as_ptr(), src.len()) };
+        self.rma_transfer(target, remote_addr, rkey, super::rma::OriginBuf::Put(&b))
+    }
+
+    /// Reads `dst.len()` bytes at `remote_addr` of `target`'s exposed memory under `rkey`
+    /// into `dst` (a window's get) and returns once they are there.
+    pub fn get(
+        &mut self,
+        target: usize,
+        remote_addr: u64,
+        rkey: u32,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        // SAFETY: the transfer completes before this returns, while `dst` is exclusively
+        // borrowed.
+        let b = unsafe { UserBufMut::new(dst.as_mut_ptr(), dst.len()) };
+        self.rma_transfer(target, remote_addr, rkey, super::rma::OriginBuf::Get(&b))
+    }
 }

@@ -11,6 +11,8 @@ pub(crate) enum WrKind {
     SendInline = 3,
     Rdma = 4,
     Probe = 5,
+    /// A window's one-sided operation (`rma.rs`).
+    Rma = 6,
 }
 
 pub(crate) fn wr_id(kind: WrKind, peer: usize, index: usize) -> u64 {

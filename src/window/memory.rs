@@ -1,0 +1,113 @@
+//! A window's local memory and the byte views of element slices: the window module's only
+//! `unsafe`.
+//!
+//! The memory is a `Vec<T>` taken apart into its raw parts, so that no Rust reference to
+//! it lives while peers' NICs write it; references exist only inside
+//! [`WindowMemory::with_local`] and [`WindowMemory::with_local_mut`], whose callers hold
+//! the window's lock on this rank's part for that time (see the module `window`).
+#![allow(unsafe_code)]
+
+use std::marker::PhantomData;
+
+use crate::datatype::{Equivalence, TypeMap, UncommittedDatatype};
+use crate::error::{Error, Result};
+
+/// The elements of a window on this rank.
+pub(crate) struct WindowMemory<T> {
+    ptr: *mut T,
+    len: usize,
+    capacity: usize,
+}
+
+// SAFETY: the memory is owned as a `Vec<T>` would own it; `T: Send` moves with it.
+unsafe impl<T: Send> Send for WindowMemory<T> {}
+// SAFETY: shared access only hands out `&[T]` inside `with_local` (needs `T: Sync`), and
+// `&mut [T]` inside `with_local_mut`, whose callers serialise them with the window's lock.
+unsafe impl<T: Sync> Sync for WindowMemory<T> {}
+
+impl<T> WindowMemory<T> {
+    /// Takes over `data`'s buffer.
+    pub(crate) fn new(data: Vec<T>) -> WindowMemory<T> {
+        let mut data = std::mem::ManuallyDrop::new(data);
+        WindowMemory {
+            ptr: data.as_mut_ptr(),
+            len: data.len(),
+            capacity: data.capacity(),
+        }
+    }
+
+    /// Address of element 0.
+    pub(crate) fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+
+    /// Elements.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Runs `f` on the elements. The caller holds this rank's window lock (shared at least),
+    /// so no peer writes them meanwhile.
+    pub(crate) fn with_local<R>(&self, f: impl FnOnce(&[T]) -> R) -> R {
+        // SAFETY: `ptr`/`len` come from a live `Vec<T>` this owns; the caller's lock keeps
+        // peers' writes out for the closure's duration, and the slice does not outlive it.
+        f(unsafe { std::slice::from_raw_parts(self.ptr, self.len) })
+    }
+
+    /// Runs `f` on the elements, to change them. The caller holds this rank's window lock
+    /// exclusively, and `&self` cannot give out another slice meanwhile (the caller's lock
+    /// state refuses a second local access while one is open).
+    pub(crate) fn with_local_mut<R>(&self, f: impl FnOnce(&mut [T]) -> R) -> R {
+        // SAFETY: as for `with_local`, with the exclusive lock: no other reader or writer,
+        // local or remote, while the closure runs.
+        f(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) })
+    }
+}
+
+impl<T> Drop for WindowMemory<T> {
+    fn drop(&mut self) {
+        // SAFETY: the parts of the `Vec<T>` taken apart in `new`, put back once.
+        drop(unsafe { Vec::from_raw_parts(self.ptr, self.len, self.capacity) });
+    }
+}
+
+/// Proof that `T`'s datatype is one gap-free run of `size_of::<T>()` bytes, so that a
+/// slice of `T`s is its bytes: made only by [`ElementBytes::check`].
+#[derive(Clone, Copy)]
+pub(crate) struct ElementBytes<T>(PhantomData<fn() -> T>);
+
+impl<T: Equivalence> ElementBytes<T> {
+    /// The proof for `T`, or why a window cannot hold `T`s.
+    pub(crate) fn check() -> Result<(ElementBytes<T>, TypeMap)> {
+        let map = T::equivalent_datatype().type_map().clone();
+        let size = std::mem::size_of::<T>();
+        if !map.is_contiguous() || map.size() != size || map.extent() != size {
+            return Err(Error::InvalidArgument(format!(
+                "a window of {}: its datatype has gaps or padding ({} of {} bytes move); \
+                 windows hold element types without gaps",
+                std::any::type_name::<T>(),
+                map.size(),
+                size
+            )));
+        }
+        Ok((ElementBytes(PhantomData), map))
+    }
+
+    /// The bytes of `data`.
+    pub(crate) fn of<'a>(&self, data: &'a [T]) -> &'a [u8] {
+        // SAFETY: the proof says every byte of a `T` is a byte of its datatype's one block:
+        // there is no padding, so all are initialised.
+        unsafe { std::slice::from_raw_parts(data.as_ptr().cast(), std::mem::size_of_val(data)) }
+    }
+
+    /// The bytes of `data`, to fill.
+    ///
+    /// The caller writes only bytes that came from `T` values of the same datatype (a
+    /// window's elements), so every `T` stays valid.
+    pub(crate) fn of_mut<'a>(&self, data: &'a mut [T]) -> &'a mut [u8] {
+        // SAFETY: as for `of`; the bytes written are those of valid `T`s (see above).
+        unsafe {
+            std::slice::from_raw_parts_mut(data.as_mut_ptr().cast(), std::mem::size_of_val(data))
+        }
+    }
+}

@@ -1,0 +1,1052 @@
+//! One-sided communication (MPI 3.1 chapter 11): windows of memory that other ranks put
+//! into, get from and update atomically, without the owner's CPU.
+//!
+//! [`Window`] has the API of mpi-rs 0.1's `mpi::window::Window` (`allocate`, `from_vec`,
+//! `put`, `get`, `accumulate`, `fence`, `lock`, `unlock`, `with_local`,
+//! `with_local_mut`, `rank`, `size`, `local_len`), so code written for it compiles
+//! unchanged, with real semantics (`lock` is a lock), and more of MPI's: fetching
+//! accumulates, fetch-and-op, compare-and-swap, shared locks, lock-all, flushes and
+//! post/start/complete/wait. Each operation has a `try_` twin that returns the error
+//! instead of panicking.
+//!
+//! How it runs over the NIC, as RDMA MPI libraries do it:
+//!
+//! - Creation registers each rank's part once, for the window's life, and a page of
+//!   control words (its lock, and the mutex of updates the NIC's atomics cannot make):
+//!   pinned, or on demand in the `odp` buffer mode. The parts' addresses and keys are
+//!   exchanged with an allgather.
+//! - `put` and `get` are RDMA WRITEs and READs straight into and out of the target's part,
+//!   the origin's buffer going through the buffer mode (bounce slots in `copy`, the
+//!   registration cache in `pindown`, the on-demand key in `odp`). The target's CPU does
+//!   nothing: its soft NIC's engine checks and moves, or its driver thread when the
+//!   application computes.
+//! - Accumulates, fetch-and-op and compare-and-swap on elements of up to 8 bytes are the
+//!   NIC's 64-bit atomics: `FETCH_ADD` for sums of 64-bit integers and for no-op reads of
+//!   them, `CMP_SWAP` on the words holding the elements otherwise (`word_update.rs`).
+//!   Larger elements (128-bit integers) are updated under the target's update mutex, itself
+//!   a word taken with `CMP_SWAP`.
+//! - Locks are words in the target's control page: exclusive is a compare-and-swap from
+//!   free, shared a fetch-and-add of one that backs off while the exclusive bit is set.
+//!
+//! Every operation returns once it is complete at the target (an RC completion), so
+//! `flush` has nothing left to wait for and `fence` is a barrier.
+//!
+//! What is checked: a displacement or length past the target's part is an error at the
+//! origin ([`Error::OutOfWindow`]), before anything moves; an unlock without a lock, a
+//! second lock on one target, a nested local access and a free while a lock is held are
+//! [`Error::WindowSync`]. Local access (`with_local`, `with_local_mut`) takes this rank's own
+//! lock, shared or exclusive, for the closure's time, unless this rank holds a lock on its
+//! own part already, so that no peer that locks writes it meanwhile; a peer that writes
+//! under `fence` alone relies on the epochs MPI defines (no local access to a location
+//! that a peer updates in the same epoch), as in every MPI library.
+//!
+//! Not here yet: windows over a borrowed slice (`create`), dynamic windows
+//! (`create_dynamic`, `attach`), shared-memory windows (`allocate_shared`), request-based
+//! operations (`rput`, `rget`, `raccumulate`), element types with gaps, and windows under
+//! `PAGEWIRE_TRANSPORT=mpi` (the host MPI's `MPI_Win`); each is refused with an error that
+//! says so.
+
+mod memory;
+mod word_update;
+
+use std::cell::{Cell, RefCell};
+
+use pagewire_collectives::Op;
+use pagewire_transport::msg::{PointToPoint, RemoteAtomic, RemoteMemory};
+use pagewire_transport::sys::AnonMapping;
+
+use crate::backend::CommunicatorBackend;
+use crate::collective::operation::{combine_bytes, Reduction};
+use crate::collective::{CommunicatorCollectives, SystemOperation};
+use crate::datatype::{Equivalence, Primitive, TypeMap};
+use crate::error::{fatal, Error, Result};
+use crate::point_to_point::{Destination, Source};
+use crate::topology::{Communicator, Group, Rank, SimpleCommunicator};
+
+use memory::{ElementBytes, WindowMemory};
+use word_update::WordSpan;
+
+/// The lock word's exclusive bit; the bits below count shared holders.
+const EXCLUSIVE: u64 = 1 << 62;
+/// Control words: the lock, then the update mutex.
+const LOCK_WORD: u64 = 0;
+const UPDATE_MUTEX: u64 = 8;
+/// Bytes of the control page.
+const CONTROL_BYTES: usize = 4096;
+/// Tags of post/start/complete/wait on the window's own communicator.
+const POST_TAG: i32 = 1;
+const COMPLETE_TAG: i32 = 2;
+
+/// One rank's part of a window, as every rank knows it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Part {
+    /// Its world rank (what the message layer addresses).
+    world: usize,
+    /// Address of its element 0, and the bytes of its part.
+    base: u64,
+    bytes: u64,
+    /// Its registration (rounded out to whole 64-bit words).
+    memory: RemoteMemory,
+    /// Its control page.
+    control: RemoteMemory,
+}
+
+/// A lock this rank holds on a target's part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Held {
+    None,
+    Shared,
+    Exclusive,
+}
+
+/// A window of `T`s on every rank of a communicator (`MPI_Win`).
+pub struct Window<T: Equivalence + Send + Sync> {
+    comm: SimpleCommunicator,
+    memory: WindowMemory<T>,
+    bytes: ElementBytes<T>,
+    map: TypeMap,
+    rank: usize,
+    parts: Vec<Part>,
+    /// This rank's registrations: its part (none for an empty part) and its control page.
+    own_key: Option<u32>,
+    control: AnonMapping,
+    control_key: u32,
+    /// The locks this rank holds, by target.
+    held: RefCell<Vec<Held>>,
+    /// A local access is running (they do not nest).
+    local_open: Cell<bool>,
+    /// Origins of the open exposure epoch (`post`), and targets of the open access epoch
+    /// (`start`).
+    exposure: RefCell<Option<Vec<usize>>>,
+    access: RefCell<Option<Vec<usize>>>,
+    freed: bool,
+}
+
+impl<T: Equivalence + Send + Sync> Window<T> {
+    /// A window of `count` elements per rank, each `T::default()` (`MPI_Win_allocate`).
+    /// Collective over `comm`. Panics on error.
+    pub fn allocate<C: Communicator + ?Sized>(count: usize, comm: &C) -> Window<T>
+    where
+        T: Default + Clone,
+    {
+        fatal(Self::try_allocate(count, comm))
+    }
+
+    /// [`Window::allocate`], returning errors.
+    pub fn try_allocate<C: Communicator + ?Sized>(count: usize, comm: &C) -> Result<Window<T>>
+    where
+        T: Default + Clone,
+    {
+        Self::try_from_vec(vec![T::default(); count], comm)
+    }
+
+    /// A window over `data`, which it owns until it is dropped (`MPI_Win_create` over
+    /// memory the window keeps). Collective over `comm`. Panics on error.
+    pub fn from_vec<C: Communicator + ?Sized>(data: Vec<T>, comm: &C) -> Window<T> {
+        fatal(Self::try_from_vec(data, comm))
+    }
+
+    /// [`Window::from_vec`], returning errors.
+    pub fn try_from_vec<C: Communicator + ?Sized>(data: Vec<T>, comm: &C) -> Result<Window<T>> {
+        let (bytes, map) = ElementBytes::<T>::check()?;
+        let comm = comm.try_duplicate()?;
+        let memory = WindowMemory::new(data);
+        let part_bytes = (memory.len() * std::mem::size_of::<T>()) as u64;
+        let control = AnonMapping::new(CONTROL_BYTES)
+            .map_err(|e| Error::os("mmap of a window's control page", e))?;
+        let world = comm.as_simple().backend().world_ranks()?;
+        let rank = comm.rank() as usize;
+        // Registered rounded out to whole words, for the atomics on its edge elements.
+        let (reg_addr, reg_len) = if part_bytes == 0 {
+            (0, 0)
+        } else {
+            let first = memory.addr() & !7;
+            (
+                first,
+                (memory.addr() + part_bytes).next_multiple_of(8) - first,
+            )
+        };
+        let (own, ctrl) = with_layer(&comm, |p2p| {
+            let own = if reg_len > 0 {
+                Some(p2p.expose(reg_addr, reg_len)?)
+            } else {
+                None
+            };
+            let ctrl = match p2p.expose(control.addr(), CONTROL_BYTES as u64) {
+                Ok(c) => c,
+                Err(e) => {
+                    if let Some(o) = own {
+                        let _ = p2p.unexpose(o.lkey);
+                    }
+                    return Err(e);
+                }
+            };
+            Ok((own, ctrl))
+        })?;
+        let mine = [
+            memory.addr(),
+            part_bytes,
+            reg_addr,
+            reg_len,
+            own.map_or(0, |o| o.rkey as u64),
+            control.addr(),
+            ctrl.rkey as u64,
+        ];
+        let mut all = vec![0u64; mine.len() * world.len()];
+        comm.try_all_gather_into(&mine[..], &mut all[..])?;
+        let parts = all
+            .chunks_exact(mine.len())
+            .zip(&world)
+            .map(|(w, &world)| Part {
+                world,
+                base: w[0],
+                bytes: w[1],
+                memory: RemoteMemory {
+                    addr: w[2],
+                    len: w[3],
+                    rkey: w[4] as u32,
+                },
+                control: RemoteMemory {
+                    addr: w[5],
+                    len: CONTROL_BYTES as u64,
+                    rkey: w[6] as u32,
+                },
+            })
+            .collect::<Vec<_>>();
+        Ok(Window {
+            held: RefCell::new(vec![Held::None; parts.len()]),
+            comm,
+            memory,
+            bytes,
+            map,
+            rank,
+            parts,
+            own_key: own.map(|o| o.lkey),
+            control,
+            control_key: ctrl.lkey,
+            local_open: Cell::new(false),
+            exposure: RefCell::new(None),
+            access: RefCell::new(None),
+            freed: false,
+        })
+    }
+
+    /// This rank in the window's communicator.
+    pub fn rank(&self) -> Rank {
+        self.rank as Rank
+    }
+
+    /// Ranks sharing the window.
+    pub fn size(&self) -> Rank {
+        self.parts.len() as Rank
+    }
+
+    /// Elements of this rank's part.
+    pub fn local_len(&self) -> usize {
+        self.memory.len()
+    }
+
+    /// Address of this rank's part (`MPI_WIN_BASE`).
+    pub fn base(&self) -> u64 {
+        self.memory.addr()
+    }
+
+    /// Bytes of this rank's part (`MPI_WIN_SIZE`).
+    pub fn size_bytes(&self) -> u64 {
+        self.parts[self.rank].bytes
+    }
+
+    /// Bytes one displacement stands for (`MPI_WIN_DISP_UNIT`): one element.
+    pub fn disp_unit(&self) -> usize {
+        std::mem::size_of::<T>()
+    }
+
+    /// Runs `f` on this rank's part. Holds this rank's shared lock meanwhile (unless it
+    /// holds a lock on its own part already). Panics on error.
+    pub fn with_local<R>(&self, f: impl FnOnce(&[T]) -> R) -> R {
+        fatal(self.try_with_local(f))
+    }
+
+    /// [`Window::with_local`], returning errors.
+    pub fn try_with_local<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
+        self.local_access(Held::Shared, || self.memory.with_local(f))
+    }
+
+    /// Runs `f` on this rank's part, to change it. Holds this rank's exclusive lock
+    /// meanwhile (unless it holds a lock on its own part already: exclusive, or shared,
+    /// which keeps other lockers' writes out too). Panics on error.
+    pub fn with_local_mut<R>(&self, f: impl FnOnce(&mut [T]) -> R) -> R {
+        fatal(self.try_with_local_mut(f))
+    }
+
+    /// [`Window::with_local_mut`], returning errors.
+    pub fn try_with_local_mut<R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
+        self.local_access(Held::Exclusive, || self.memory.with_local_mut(f))
+    }
+
+    fn local_access<R>(&self, lock: Held, f: impl FnOnce() -> R) -> Result<R> {
+        if self.local_open.get() {
+            return Err(Error::WindowSync(
+                "a local access to the window inside another one (with_local/with_local_mut do \
+                 not nest)"
+                    .into(),
+            ));
+        }
+        let me = self.rank;
+        let take = self.held.borrow()[me] == Held::None;
+        if take {
+            self.acquire(me, lock)?;
+        }
+        self.local_open.set(true);
+        let r = f();
+        self.local_open.set(false);
+        if take {
+            self.release(me)?;
+        }
+        Ok(r)
+    }
+
+    /// Writes `data` into rank `target`'s part from element `target_disp` (`MPI_Put`).
+    /// Panics on error.
+    pub fn put(&self, target: Rank, target_disp: usize, data: &[T]) {
+        fatal(self.try_put(target, target_disp, data))
+    }
+
+    /// [`Window::put`], returning errors.
+    pub fn try_put(&self, target: Rank, target_disp: usize, data: &[T]) -> Result<()> {
+        let (part, at) = self.range(target, target_disp, data.len())?;
+        let src = self.bytes.of(data);
+        with_layer(&self.comm, |p2p| {
+            p2p.put(part.world, at, part.memory.rkey, src)
+        })
+    }
+
+    /// Reads `buf.len()` elements of rank `target`'s part from element `target_disp` into
+    /// `buf` (`MPI_Get`). Panics on error.
+    pub fn get(&self, target: Rank, target_disp: usize, buf: &mut [T]) {
+        fatal(self.try_get(target, target_disp, buf))
+    }
+
+    /// [`Window::get`], returning errors.
+    pub fn try_get(&self, target: Rank, target_disp: usize, buf: &mut [T]) -> Result<()> {
+        let (part, at) = self.range(target, target_disp, buf.len())?;
+        let dst = self.bytes.of_mut(buf);
+        with_layer(&self.comm, |p2p| {
+            p2p.get(part.world, at, part.memory.rkey, dst)
+        })
+    }
+
+    /// Combines `data` into rank `target`'s part from element `target_disp` with `op`,
+    /// element by element, each element atomically (`MPI_Accumulate`). Panics on error.
+    pub fn accumulate(&self, target: Rank, target_disp: usize, data: &[T], op: SystemOperation) {
+        fatal(self.try_accumulate(target, target_disp, data, op))
+    }
+
+    /// [`Window::accumulate`], returning errors.
+    pub fn try_accumulate(
+        &self,
+        target: Rank,
+        target_disp: usize,
+        data: &[T],
+        op: SystemOperation,
+    ) -> Result<()> {
+        self.update(
+            target,
+            target_disp,
+            data.len(),
+            op.op(),
+            self.bytes.of(data),
+        )?;
+        Ok(())
+    }
+
+    /// [`Window::accumulate`] that also returns the elements' values before it into
+    /// `result` (`MPI_Get_accumulate`; with `SystemOperation::no_op()`, an atomic get).
+    /// Panics on error.
+    pub fn get_accumulate(
+        &self,
+        target: Rank,
+        target_disp: usize,
+        data: &[T],
+        result: &mut [T],
+        op: SystemOperation,
+    ) {
+        fatal(self.try_get_accumulate(target, target_disp, data, result, op))
+    }
+
+    /// [`Window::get_accumulate`], returning errors.
+    pub fn try_get_accumulate(
+        &self,
+        target: Rank,
+        target_disp: usize,
+        data: &[T],
+        result: &mut [T],
+        op: SystemOperation,
+    ) -> Result<()> {
+        if result.len() != data.len() {
+            return Err(Error::InvalidArgument(format!(
+                "get_accumulate of {} elements into a result of {}",
+                data.len(),
+                result.len()
+            )));
+        }
+        let old = self.update(
+            target,
+            target_disp,
+            data.len(),
+            op.op(),
+            self.bytes.of(data),
+        )?;
+        self.bytes.of_mut(result).copy_from_slice(&old);
+        Ok(())
+    }
+
+    /// Combines `value` into element `target_disp` of rank `target`'s part with `op`,
+    /// atomically, and returns the element's value before (`MPI_Fetch_and_op`). Panics on
+    /// error.
+    pub fn fetch_and_op(
+        &self,
+        target: Rank,
+        target_disp: usize,
+        value: &T,
+        op: SystemOperation,
+    ) -> T
+    where
+        T: Copy,
+    {
+        fatal(self.try_fetch_and_op(target, target_disp, value, op))
+    }
+
+    /// [`Window::fetch_and_op`], returning errors.
+    pub fn try_fetch_and_op(
+        &self,
+        target: Rank,
+        target_disp: usize,
+        value: &T,
+        op: SystemOperation,
+    ) -> Result<T>
+    where
+        T: Copy,
+    {
+        let mut out = [*value];
+        self.try_get_accumulate(
+            target,
+            target_disp,
+            std::slice::from_ref(value),
+            &mut out,
+            op,
+        )?;
+        Ok(out[0])
+    }
+
+    /// Writes `swap` into element `target_disp` of rank `target`'s part if it equals
+    /// `compare` (bit for bit), atomically, and returns its value before
+    /// (`MPI_Compare_and_swap`). Panics on error.
+    pub fn compare_and_swap(&self, target: Rank, target_disp: usize, compare: T, swap: T) -> T
+    where
+        T: Copy,
+    {
+        fatal(self.try_compare_and_swap(target, target_disp, compare, swap))
+    }
+
+    /// [`Window::compare_and_swap`], returning errors.
+    pub fn try_compare_and_swap(
+        &self,
+        target: Rank,
+        target_disp: usize,
+        compare: T,
+        swap: T,
+    ) -> Result<T>
+    where
+        T: Copy,
+    {
+        let (part, at) = self.range(target, target_disp, 1)?;
+        let compare = self.bytes.of(std::slice::from_ref(&compare)).to_vec();
+        let swap_bytes = self.bytes.of(std::slice::from_ref(&swap)).to_vec();
+        let old = self.update_bytes(part, at, compare.len(), &mut |current| {
+            Ok(if current == compare {
+                swap_bytes.clone()
+            } else {
+                current.to_vec()
+            })
+        })?;
+        let mut out = [swap];
+        self.bytes.of_mut(&mut out).copy_from_slice(&old);
+        Ok(out[0])
+    }
+
+    /// Ends an epoch and starts the next (`MPI_Win_fence`): every rank's operations of the
+    /// epoch are complete at their targets when it returns. Collective. Panics on error.
+    pub fn fence(&self) {
+        fatal(self.try_fence())
+    }
+
+    /// [`Window::fence`], returning errors.
+    pub fn try_fence(&self) -> Result<()> {
+        // Each operation completed at its target before it returned: the barrier is the
+        // whole fence.
+        self.comm.try_barrier()
+    }
+
+    /// Takes rank `target`'s lock exclusively (`MPI_Win_lock(MPI_LOCK_EXCLUSIVE)`): waits
+    /// until no other rank holds it. Panics on error.
+    pub fn lock(&self, target: Rank) {
+        fatal(self.try_lock(target))
+    }
+
+    /// [`Window::lock`], returning errors.
+    pub fn try_lock(&self, target: Rank) -> Result<()> {
+        let t = self.target(target)?;
+        self.acquire(t, Held::Exclusive)
+    }
+
+    /// Takes rank `target`'s lock shared (`MPI_Win_lock(MPI_LOCK_SHARED)`): waits while
+    /// a rank holds it exclusively. Panics on error.
+    pub fn lock_shared(&self, target: Rank) {
+        fatal(self.try_lock_shared(target))
+    }
+
+    /// [`Window::lock_shared`], returning errors.
+    pub fn try_lock_shared(&self, target: Rank) -> Result<()> {
+        let t = self.target(target)?;
+        self.acquire(t, Held::Shared)
+    }
+
+    /// Gives back rank `target`'s lock (`MPI_Win_unlock`); this rank's operations on it are
+    /// complete. Panics on error.
+    pub fn unlock(&self, target: Rank) {
+        fatal(self.try_unlock(target))
+    }
+
+    /// [`Window::unlock`], returning errors.
+    pub fn try_unlock(&self, target: Rank) -> Result<()> {
+        let t = self.target(target)?;
+        self.release(t)
+    }
+
+    /// Takes every rank's lock shared (`MPI_Win_lock_all`). Panics on error.
+    pub fn lock_all(&self) {
+        fatal(self.try_lock_all())
+    }
+
+    /// [`Window::lock_all`], returning errors; on an error, the locks taken are given back.
+    pub fn try_lock_all(&self) -> Result<()> {
+        for t in 0..self.parts.len() {
+            if let Err(e) = self.acquire(t, Held::Shared) {
+                for u in 0..t {
+                    let _ = self.release(u);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives back every rank's lock taken by [`Window::lock_all`] (`MPI_Win_unlock_all`).
+    /// Panics on error.
+    pub fn unlock_all(&self) {
+        fatal(self.try_unlock_all())
+    }
+
+    /// [`Window::unlock_all`], returning errors (the first; every lock is given back).
+    pub fn try_unlock_all(&self) -> Result<()> {
+        let mut first = None;
+        for t in 0..self.parts.len() {
+            if let Err(e) = self.release(t) {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Completes this rank's operations on `target` at the target (`MPI_Win_flush`). Each
+    /// operation is complete when it returns, so this only checks the rank.
+    pub fn flush(&self, target: Rank) {
+        fatal(self.target(target).map(drop))
+    }
+
+    /// Completes this rank's operations on `target` locally (`MPI_Win_flush_local`): see
+    /// [`Window::flush`].
+    pub fn flush_local(&self, target: Rank) {
+        self.flush(target)
+    }
+
+    /// Completes this rank's operations on every target (`MPI_Win_flush_all`): see
+    /// [`Window::flush`].
+    pub fn flush_all(&self) {}
+
+    /// Orders this rank's loads and stores of its part with the NIC's accesses
+    /// (`MPI_Win_sync`): a full memory fence.
+    pub fn sync(&self) {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Opens an exposure epoch to the ranks of `group` (`MPI_Win_post`): they may access
+    /// this rank's part once they have called [`Window::start`]. Panics on error.
+    pub fn post(&self, group: &dyn Group) {
+        fatal(self.try_post(group))
+    }
+
+    /// [`Window::post`], returning errors.
+    pub fn try_post(&self, group: &dyn Group) -> Result<()> {
+        if self.exposure.borrow().is_some() {
+            return Err(Error::WindowSync(
+                "post while an exposure epoch is open (call wait first)".into(),
+            ));
+        }
+        let origins = self.ranks_of(group)?;
+        for &o in &origins {
+            self.comm
+                .process_at_rank(o as Rank)
+                .try_send_with_tag(&0u8, POST_TAG)?;
+        }
+        *self.exposure.borrow_mut() = Some(origins);
+        Ok(())
+    }
+
+    /// Opens an access epoch to the ranks of `group` (`MPI_Win_start`): waits until each
+    /// has posted an exposure epoch that includes this rank. Panics on error.
+    pub fn start(&self, group: &dyn Group) {
+        fatal(self.try_start(group))
+    }
+
+    /// [`Window::start`], returning errors.
+    pub fn try_start(&self, group: &dyn Group) -> Result<()> {
+        if self.access.borrow().is_some() {
+            return Err(Error::WindowSync(
+                "start while an access epoch is open (call complete first)".into(),
+            ));
+        }
+        let targets = self.ranks_of(group)?;
+        for &t in &targets {
+            let mut token = 0u8;
+            self.comm
+                .process_at_rank(t as Rank)
+                .try_receive_into_with_tag(&mut token, Some(POST_TAG))?;
+        }
+        *self.access.borrow_mut() = Some(targets);
+        Ok(())
+    }
+
+    /// Closes the access epoch (`MPI_Win_complete`): its operations are complete at their
+    /// targets, which learn so. Panics on error.
+    pub fn complete(&self) {
+        fatal(self.try_complete())
+    }
+
+    /// [`Window::complete`], returning errors.
+    pub fn try_complete(&self) -> Result<()> {
+        let Some(targets) = self.access.borrow_mut().take() else {
+            return Err(Error::WindowSync("complete without start".into()));
+        };
+        for t in targets {
+            self.comm
+                .process_at_rank(t as Rank)
+                .try_send_with_tag(&0u8, COMPLETE_TAG)?;
+        }
+        Ok(())
+    }
+
+    /// Closes the exposure epoch (`MPI_Win_wait`): waits until every origin of the group
+    /// has completed its access epoch. Panics on error.
+    pub fn wait(&self) {
+        fatal(self.try_wait())
+    }
+
+    /// [`Window::wait`], returning errors.
+    pub fn try_wait(&self) -> Result<()> {
+        let Some(origins) = self.exposure.borrow_mut().take() else {
+            return Err(Error::WindowSync("wait without post".into()));
+        };
+        for o in origins {
+            let mut token = 0u8;
+            self.comm
+                .process_at_rank(o as Rank)
+                .try_receive_into_with_tag(&mut token, Some(COMPLETE_TAG))?;
+        }
+        Ok(())
+    }
+
+    /// Frees the window (`MPI_Win_free`; also what dropping it does): collective; an
+    /// error if a lock or an epoch is still open on this rank's part or by this rank.
+    pub fn try_free(mut self) -> Result<()> {
+        self.free()
+    }
+
+    fn free(&mut self) -> Result<()> {
+        if self.freed {
+            return Ok(());
+        }
+        self.freed = true;
+        let open = self.open_state();
+        // Every rank reaches the free (or a dead one is reported) before anything goes.
+        let barrier = self.comm.try_barrier();
+        // No rank accesses the window any more: the lock word is read as it is.
+        let word = u64::from_ne_bytes(self.control.as_slice()[..8].try_into().expect("8 bytes"));
+        let own_key = self.own_key.take();
+        let control_key = self.control_key;
+        let unexposed = with_layer(&self.comm, |p2p| {
+            let a = own_key.map_or(Ok(()), |k| p2p.unexpose(k));
+            let b = p2p.unexpose(control_key);
+            a.and(b)
+        });
+        barrier?;
+        if let Some(why) = open {
+            return Err(Error::WindowSync(why));
+        }
+        if word != 0 {
+            return Err(Error::WindowSync(format!(
+                "the window was freed while rank {}'s part was still locked ({}): every lock \
+                 must be unlocked before the free",
+                self.rank,
+                if word & EXCLUSIVE != 0 {
+                    "exclusively".to_string()
+                } else {
+                    format!("shared by {word}")
+                }
+            )));
+        }
+        unexposed
+    }
+
+    /// What this rank left open, if anything.
+    fn open_state(&self) -> Option<String> {
+        let held = self.held.borrow();
+        if let Some(t) = held.iter().position(|h| *h != Held::None) {
+            return Some(format!(
+                "the window was freed while rank {} still held its lock on rank {t}",
+                self.rank
+            ));
+        }
+        if self.access.borrow().is_some() || self.exposure.borrow().is_some() {
+            return Some(format!(
+                "the window was freed while rank {} had an epoch open (start without \
+                 complete, or post without wait)",
+                self.rank
+            ));
+        }
+        None
+    }
+
+    // ---- internals ---------------------------------------------------------------------
+
+    /// The rank index of `target`, or an error.
+    fn target(&self, target: Rank) -> Result<usize> {
+        usize::try_from(target)
+            .ok()
+            .filter(|&t| t < self.parts.len())
+            .ok_or(Error::NoSuchRank {
+                rank: target.max(0) as usize,
+                size: self.parts.len(),
+            })
+    }
+
+    /// The part of `target` and the address of element `disp`, once `count` elements from
+    /// there are checked to lie in the part.
+    fn range(&self, target: Rank, disp: usize, count: usize) -> Result<(Part, u64)> {
+        let t = self.target(target)?;
+        let part = self.parts[t];
+        let unit = std::mem::size_of::<T>() as u64;
+        let offset = (disp as u64).saturating_mul(unit);
+        let end = offset.saturating_add((count as u64).saturating_mul(unit));
+        if end > part.bytes || (count > 0 && offset >= part.bytes) {
+            return Err(Error::OutOfWindow {
+                target: t,
+                offset,
+                end,
+                window_bytes: part.bytes,
+            });
+        }
+        Ok((part, part.base + offset))
+    }
+
+    /// The window ranks of `group`'s members.
+    fn ranks_of(&self, group: &dyn Group) -> Result<Vec<usize>> {
+        group
+            .world_ranks()
+            .iter()
+            .map(|w| {
+                self.parts
+                    .iter()
+                    .position(|p| p.world == *w)
+                    .ok_or_else(|| {
+                        Error::InvalidArgument(format!(
+                            "world rank {w} of the group is not in the window"
+                        ))
+                    })
+            })
+            .collect()
+    }
+
+    /// Runs atomics on `target`'s words under `rkey`.
+    fn atomics(&self, part: Part, rkey: u32, ops: &[(u64, RemoteAtomic)]) -> Result<Vec<u64>> {
+        with_layer(&self.comm, |p2p| p2p.rma_atomics(part.world, rkey, ops))
+    }
+
+    /// Takes `target`'s lock as `how`.
+    fn acquire(&self, target: usize, how: Held) -> Result<()> {
+        if self.held.borrow()[target] != Held::None {
+            return Err(Error::WindowSync(format!(
+                "rank {} locks rank {target} a second time (unlock first)",
+                self.rank
+            )));
+        }
+        let part = self.parts[target];
+        let word = part.control.addr + LOCK_WORD;
+        let mut spins = 0u32;
+        loop {
+            let got = match how {
+                Held::Exclusive => {
+                    let op = RemoteAtomic::CmpSwap {
+                        compare: 0,
+                        swap: EXCLUSIVE,
+                    };
+                    self.atomics(part, part.control.rkey, &[(word, op)])?[0] == 0
+                }
+                _ => {
+                    let add = RemoteAtomic::FetchAdd { add: 1 };
+                    let old = self.atomics(part, part.control.rkey, &[(word, add)])?[0];
+                    if old & EXCLUSIVE != 0 {
+                        let back = RemoteAtomic::FetchAdd { add: u64::MAX };
+                        self.atomics(part, part.control.rkey, &[(word, back)])?;
+                        false
+                    } else {
+                        true
+                    }
+                }
+            };
+            if got {
+                self.held.borrow_mut()[target] = how;
+                return Ok(());
+            }
+            spins += 1;
+            if spins > 16 {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Gives back the lock this rank holds on `target`.
+    fn release(&self, target: usize) -> Result<()> {
+        let how = self.held.borrow()[target];
+        let add = match how {
+            Held::None => {
+                return Err(Error::WindowSync(format!(
+                    "rank {} unlocks rank {target}, which it has not locked",
+                    self.rank
+                )))
+            }
+            Held::Shared => u64::MAX, // minus one
+            Held::Exclusive => EXCLUSIVE.wrapping_neg(),
+        };
+        let part = self.parts[target];
+        let op = RemoteAtomic::FetchAdd { add };
+        self.atomics(
+            part,
+            part.control.rkey,
+            &[(part.control.addr + LOCK_WORD, op)],
+        )?;
+        self.held.borrow_mut()[target] = Held::None;
+        Ok(())
+    }
+
+    /// Combines `origin` (the bytes of `count` elements) into `target`'s part from
+    /// element `disp` with `op`; the elements' bytes before.
+    fn update(
+        &self,
+        target: Rank,
+        disp: usize,
+        count: usize,
+        op: Op,
+        origin: &[u8],
+    ) -> Result<Vec<u8>> {
+        let (part, at) = self.range(target, disp, count)?;
+        let Some(unit) = self.map.primitive() else {
+            return Err(Error::InvalidArgument(format!(
+                "{} needs a datatype made of one primitive type (a number or bool)",
+                op.mpi_name()
+            )));
+        };
+        let unit_bytes = unit_size(unit);
+        // Sums and reads of 64-bit integers are the NIC's fetch-and-add, word by word.
+        if matches!(unit, Primitive::I64 | Primitive::U64)
+            && matches!(op, Op::Sum | Op::NoOp)
+            && at % 8 == 0
+        {
+            let ops: Vec<(u64, RemoteAtomic)> = origin
+                .chunks_exact(8)
+                .enumerate()
+                .map(|(i, v)| {
+                    let add = match op {
+                        Op::Sum => u64::from_ne_bytes(v.try_into().expect("8 bytes")),
+                        _ => 0,
+                    };
+                    (at + 8 * i as u64, RemoteAtomic::FetchAdd { add })
+                })
+                .collect();
+            let old = self.atomics(part, part.memory.rkey, &ops)?;
+            return Ok(old.iter().flat_map(|w| w.to_ne_bytes()).collect());
+        }
+        let map = &self.map;
+        let mut combine = |current: &[u8]| -> Result<Vec<u8>> {
+            match op {
+                Op::Replace => Ok(origin.to_vec()),
+                Op::NoOp => Ok(current.to_vec()),
+                _ => combine_bytes(map, Reduction::System(op), &[origin, current]),
+            }
+        };
+        if unit_bytes > 8 {
+            return self.update_under_mutex(part, at, origin.len(), &mut combine);
+        }
+        self.update_bytes(part, at, origin.len(), &mut combine)
+    }
+
+    /// Updates `len` bytes at `at` in `part` to `combine(current)`, atomically per word with
+    /// `CMP_SWAP` (see `word_update.rs`); the bytes before.
+    fn update_bytes(
+        &self,
+        part: Part,
+        at: u64,
+        len: usize,
+        combine: &mut dyn FnMut(&[u8]) -> Result<Vec<u8>>,
+    ) -> Result<Vec<u8>> {
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let span = WordSpan::new(at, len);
+        // A first guess of the words: a plain read (a torn guess only costs a retry).
+        let mut guess = vec![0u8; span.words * 8];
+        with_layer(&self.comm, |p2p| {
+            p2p.get(part.world, span.first, part.memory.rkey, &mut guess)
+        })?;
+        let mut words: Vec<u64> = guess
+            .chunks_exact(8)
+            .map(|c| u64::from_ne_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        let mut confirmed = vec![false; span.words];
+        loop {
+            let new = span.insert(&words, &combine(&span.extract(&words))?);
+            let pending: Vec<usize> = (0..span.words).filter(|&i| !confirmed[i]).collect();
+            let ops: Vec<(u64, RemoteAtomic)> = pending
+                .iter()
+                .map(|&i| {
+                    let op = RemoteAtomic::CmpSwap {
+                        compare: words[i],
+                        swap: new[i],
+                    };
+                    (span.word_addr(i), op)
+                })
+                .collect();
+            let old = self.atomics(part, part.memory.rkey, &ops)?;
+            for (&i, &o) in pending.iter().zip(&old) {
+                if o == words[i] {
+                    confirmed[i] = true;
+                } else {
+                    words[i] = o;
+                }
+            }
+            if confirmed.iter().all(|&c| c) {
+                return Ok(span.extract(&words));
+            }
+            // A word changed under the guess: compute again from the values found. The
+            // confirmed words keep what they were before their swap.
+        }
+    }
+
+    /// Updates `len` bytes at `at` in `part` to `combine(current)` under the target's
+    /// update mutex (elements the 64-bit atomics cannot hold); the bytes before.
+    fn update_under_mutex(
+        &self,
+        part: Part,
+        at: u64,
+        len: usize,
+        combine: &mut dyn FnMut(&[u8]) -> Result<Vec<u8>>,
+    ) -> Result<Vec<u8>> {
+        let mutex = part.control.addr + UPDATE_MUTEX;
+        let take = RemoteAtomic::CmpSwap {
+            compare: 0,
+            swap: 1,
+        };
+        while self.atomics(part, part.control.rkey, &[(mutex, take)])?[0] != 0 {
+            std::thread::yield_now();
+        }
+        let result = (|| {
+            let mut current = vec![0u8; len];
+            with_layer(&self.comm, |p2p| {
+                p2p.get(part.world, at, part.memory.rkey, &mut current)
+            })?;
+            let new = combine(&current)?;
+            with_layer(&self.comm, |p2p| {
+                p2p.put(part.world, at, part.memory.rkey, &new)
+            })?;
+            Ok(current)
+        })();
+        let give = RemoteAtomic::FetchAdd { add: u64::MAX };
+        self.atomics(part, part.control.rkey, &[(mutex, give)])?;
+        result
+    }
+}
+
+impl<T: Equivalence + Send + Sync> Drop for Window<T> {
+    fn drop(&mut self) {
+        if self.freed {
+            return;
+        }
+        if std::thread::panicking() {
+            // The other ranks may never reach the free: give back the registrations only.
+            self.freed = true;
+            let (own, control) = (self.own_key.take(), self.control_key);
+            let _ = with_layer(&self.comm, |p2p| {
+                own.map(|k| p2p.unexpose(k));
+                p2p.unexpose(control)
+            });
+            return;
+        }
+        if let Err(e) = self.free() {
+            eprintln!("pagewire: rank {}: {e}", self.rank);
+        }
+    }
+}
+
+impl<T: Equivalence + Send + Sync> std::fmt::Debug for Window<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Window")
+            .field("rank", &self.rank)
+            .field("size", &self.parts.len())
+            .field("local_len", &self.memory.len())
+            .finish()
+    }
+}
+
+/// Runs `f` on the message layer under `comm`, flattening the errors: a window needs
+/// pagewire's own transport.
+fn with_layer<R>(
+    comm: &SimpleCommunicator,
+    f: impl FnOnce(&mut PointToPoint) -> Result<R>,
+) -> Result<R> {
+    comm.as_simple()
+        .backend()
+        .with_message_layer(f)
+        .map_err(|e| match e {
+            Error::InvalidArgument(why) if why.starts_with("PAGEWIRE_TRANSPORT=mpi") => {
+                Error::InvalidArgument(
+                    "windows run on pagewire's own transport; under PAGEWIRE_TRANSPORT=mpi the \
+                     host MPI's windows are not wired up yet"
+                        .into(),
+                )
+            }
+            e => e,
+        })?
+}
+
+/// Bytes of one `unit`.
+fn unit_size(unit: Primitive) -> usize {
+    use Primitive::*;
+    match unit {
+        Bool | I8 | U8 => 1,
+        I16 | U16 => 2,
+        I32 | U32 | F32 => 4,
+        I64 | U64 | F64 | Complex32 => 8,
+        Complex64 => 16,
+    }
+}

@@ -1,0 +1,405 @@
+//! Multi-process tests of one-sided communication (`pagewire::window`): every operation
+//! under every synchronisation kind, every element checked, in the three buffer modes and
+//! on the TCP wire; a target that computes without calling pagewire; mutual exclusion of
+//! locks; and the errors (out-of-window access, unlock without lock, free while locked).
+
+use pagewire::traits::*;
+use pagewire::window::Window;
+use pagewire::{Error, SystemOperation};
+use pagewire_test_support::facade::jobs;
+
+/// The value rank `r` puts at element `i`.
+fn value(r: i32, i: usize) -> u64 {
+    (r as u64) << 40 | (i as u64 * 2654435761) & 0xff_ffff_ffff
+}
+
+/// The mpi-rs 0.1 example's shape (put, with_local_mut, get, accumulate under fence), on a
+/// window bound without `mut`, as mpi-rs users write it.
+fn mpi_rs_shape(u: &pagewire::Universe) {
+    let world = u.world();
+    let (rank, size) = (world.rank(), world.size());
+    let win = Window::<i32>::allocate(4, &world);
+    win.fence();
+    if rank == 0 {
+        for r in 1..size {
+            win.put(r, 0, &[r * 10, r * 10 + 1, r * 10 + 2, r * 10 + 3]);
+        }
+        win.with_local_mut(|m| {
+            for (i, v) in m.iter_mut().enumerate() {
+                *v = i as i32;
+            }
+        });
+    }
+    win.fence();
+    if rank != 0 {
+        win.with_local(|m| assert_eq!(m, [rank * 10, rank * 10 + 1, rank * 10 + 2, rank * 10 + 3]));
+        let mut buf = [0i32; 4];
+        win.get(0, 0, &mut buf);
+        assert_eq!(buf, [0, 1, 2, 3]);
+    }
+    win.fence();
+    let win2 = Window::<i32>::allocate(4, &world);
+    win2.fence();
+    win2.accumulate(0, 0, &[1, 1, 1, 1], SystemOperation::sum());
+    win2.fence();
+    if rank == 0 {
+        win2.with_local(|m| assert_eq!(m, [size; 4]));
+    }
+    win2.fence();
+    let _: usize = win.local_len();
+    let _: i32 = win.rank() + win.size();
+    win.lock(0);
+    win.unlock(0);
+    let from_vec = Window::from_vec(vec![rank as f64; 3], &world);
+    from_vec.fence();
+    let mut x = [0.0f64; 3];
+    from_vec.get((rank + 1) % size, 0, &mut x);
+    assert_eq!(x, [((rank + 1) % size) as f64; 3]);
+    from_vec.fence();
+}
+
+/// Put and get of many sizes at odd displacements, under fence, exclusive and shared
+/// locks, lock-all and post/start/complete/wait; every element checked.
+fn put_get_everywhere(u: &pagewire::Universe) {
+    let world = u.world();
+    let (rank, size) = (world.rank(), world.size());
+    const LEN: usize = 300_000;
+    let win = Window::<u64>::allocate(LEN, &world);
+    let next = (rank + 1) % size;
+    let prev = (rank + size - 1) % size;
+    for (round, &(disp, n)) in [
+        (0, 0),
+        (0, 1),
+        (7, 1000),
+        (1, 100_000),
+        (0, LEN),
+        (LEN - 3, 3),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let data: Vec<u64> = (0..n).map(|i| value(rank, i + round)).collect();
+        let expect: Vec<u64> = (0..n).map(|i| value(prev, i + round)).collect();
+        // Fence.
+        win.fence();
+        win.put(next, disp, &data);
+        win.fence();
+        win.with_local(|m| assert_eq!(&m[disp..disp + n], &expect[..], "fence put {n}"));
+        let mut back = vec![0u64; n];
+        win.get(next, disp, &mut back);
+        assert_eq!(back, data, "fence get {n}");
+        win.fence();
+        // Exclusive lock (passive target).
+        win.lock(next);
+        win.put(next, disp, &expect);
+        win.get(next, disp, &mut back);
+        win.unlock(next);
+        assert_eq!(back, expect, "locked put then get {n}");
+        win.fence();
+        // Shared lock on everyone, reads only.
+        win.lock_all();
+        let mut mine = vec![0u64; n];
+        win.get(next, disp, &mut mine);
+        win.unlock_all();
+        assert_eq!(mine, expect, "locked-all get {n}");
+        // Post/start/complete/wait: each rank exposes to its predecessor, accesses its
+        // successor.
+        let to_next = world.group().include(&[next]);
+        let from_prev = world.group().include(&[prev]);
+        win.post(&from_prev);
+        win.start(&to_next);
+        win.put(next, disp, &data);
+        win.complete();
+        win.wait();
+        win.with_local(|m| assert_eq!(&m[disp..disp + n], &expect[..], "pscw put {n}"));
+    }
+    win.fence();
+}
+
+/// Accumulates, fetching accumulates, fetch-and-op and compare-and-swap on several element
+/// types, every rank into rank 0 at once: exact results.
+fn accumulates(u: &pagewire::Universe) {
+    let world = u.world();
+    let (rank, size) = (world.rank(), world.size());
+    let n = size as u64;
+    // u64: sums by fetch-and-add, max and replace by compare-and-swap.
+    let w = Window::<u64>::allocate(1024, &world);
+    w.fence();
+    let ones = vec![1u64; 1000];
+    w.accumulate(0, 3, &ones, SystemOperation::sum());
+    let old = w.fetch_and_op(0, 1020, &5, SystemOperation::sum());
+    assert!(old % 5 == 0 && old < 5 * n);
+    w.accumulate(0, 1021, &[rank as u64 * 7], SystemOperation::max());
+    w.fence();
+    if rank == 0 {
+        w.with_local(|m| {
+            assert!(m[3..1003].iter().all(|&x| x == n), "u64 sums");
+            assert_eq!(m[..3], [0, 0, 0]);
+            assert_eq!(m[1003], 0);
+            assert_eq!(m[1020], 5 * n);
+            assert_eq!(m[1021], (n - 1) * 7);
+        });
+    }
+    w.fence();
+    // i32 and u8: words shared by several elements, updated by compare-and-swap.
+    let w32 = Window::<i32>::allocate(33, &world);
+    let w8 = Window::<u8>::allocate(37, &world);
+    w32.fence();
+    w8.fence();
+    let d: Vec<i32> = (0..31).map(|i| i - 15).collect();
+    w32.accumulate(0, 1, &d, SystemOperation::sum());
+    w8.accumulate(0, 3, &[1u8; 33], SystemOperation::sum());
+    w8.accumulate(0, 0, &[rank as u8 + 1], SystemOperation::max());
+    w32.fence();
+    w8.fence();
+    if rank == 0 {
+        w32.with_local(|m| {
+            assert_eq!(m[0], 0);
+            for (i, x) in m[1..32].iter().enumerate() {
+                assert_eq!(*x, (i as i32 - 15) * size, "i32 element {i}");
+            }
+            assert_eq!(m[32], 0);
+        });
+        w8.with_local(|m| {
+            assert_eq!(m[0], size as u8);
+            assert_eq!(m[1..3], [0, 0]);
+            assert!(m[3..36].iter().all(|&x| x == size as u8));
+            assert_eq!(m[36], 0);
+        });
+    }
+    w32.fence();
+    // f64: sums by compare-and-swap; get_accumulate and no_op reads.
+    let wf = Window::<f64>::allocate(4, &world);
+    wf.fence();
+    let mut before = [0.0f64; 2];
+    wf.get_accumulate(0, 1, &[0.5, 2.0], &mut before, SystemOperation::sum());
+    assert!(before[0] >= 0.0 && before[0] < 0.5 * size as f64);
+    wf.fence();
+    let mut now = [0.0f64; 2];
+    wf.get_accumulate(0, 1, &[9.0, 9.0], &mut now, SystemOperation::no_op());
+    assert_eq!(now, [0.5 * size as f64, 2.0 * size as f64]);
+    wf.fence();
+    // Compare-and-swap: exactly one rank claims each slot.
+    let wc = Window::<i64>::allocate(2, &world);
+    let wc16 = Window::<i16>::allocate(3, &world);
+    wc.fence();
+    wc16.fence();
+    let won = wc.compare_and_swap(0, 1, 0, rank as i64 + 100) == 0;
+    let won16 = wc16.compare_and_swap(0, 1, 0, rank as i16 + 1) == 0;
+    let winners: Vec<i32> = {
+        let mut all = vec![0i32; 2 * size as usize];
+        world.all_gather_into(&[won as i32, won16 as i32][..], &mut all[..]);
+        all
+    };
+    assert_eq!(
+        winners.iter().step_by(2).sum::<i32>(),
+        1,
+        "one compare-and-swap wins"
+    );
+    assert_eq!(
+        winners.iter().skip(1).step_by(2).sum::<i32>(),
+        1,
+        "one i16 swap wins"
+    );
+    wc.fence();
+    wc16.fence();
+    if rank == 0 {
+        wc.with_local(|m| assert!(m[0] == 0 && (100..100 + size as i64).contains(&m[1])));
+        wc16.with_local(|m| assert!(m[0] == 0 && m[2] == 0 && (1..=size as i16).contains(&m[1])));
+    }
+    // Replace is an atomic put.
+    w.accumulate(0, 0, &[42], SystemOperation::replace());
+    w.fence();
+    if rank == 0 {
+        w.with_local(|m| assert_eq!(m[0], 42));
+    }
+    w.fence();
+}
+
+/// Every rank increments rank 0's counter with a get and a put (not atomic by themselves)
+/// under rank 0's exclusive lock, while rank 0 itself computes without calling pagewire
+/// for a while: the count ends exact, so the lock excluded, and the target's NIC served
+/// everything without its application.
+fn locks_exclude_and_the_target_is_passive(u: &pagewire::Universe) {
+    let world = u.world();
+    let (rank, size) = (world.rank(), world.size());
+    const ROUNDS: u64 = 150;
+    let win = Window::<u64>::allocate(2, &world);
+    win.fence();
+    if rank == 0 {
+        // Compute: no pagewire call for 300 ms while the others lock, get and put.
+        let t = std::time::Instant::now();
+        let mut x = 1u64;
+        while t.elapsed() < std::time::Duration::from_millis(300) {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+    }
+    for _ in 0..ROUNDS {
+        win.lock(0);
+        let mut c = [0u64];
+        win.get(0, 0, &mut c);
+        win.put(0, 0, &[c[0] + 1]);
+        win.unlock(0);
+        win.fetch_and_op(0, 1, &1, SystemOperation::sum());
+    }
+    win.fence();
+    if rank == 0 {
+        win.with_local(|m| assert_eq!(m, [ROUNDS * size as u64; 2], "lost increments"));
+    }
+    win.fence();
+}
+
+/// The errors: nothing changes, and the window stays usable.
+fn errors(u: &pagewire::Universe) {
+    let world = u.world();
+    let (rank, size) = (world.rank(), world.size());
+    let win = Window::<u32>::allocate(10, &world);
+    win.with_local_mut(|m| m.fill(7));
+    win.fence();
+    let other = (rank + 1) % size;
+    let e = win.try_put(other, 8, &[1, 2, 3]).unwrap_err();
+    assert!(
+        matches!(e, Error::OutOfWindow { target, offset: 32, end: 44, window_bytes: 40 } if target == other as usize),
+        "{e}"
+    );
+    let mut buf = [0u32; 2];
+    assert!(matches!(
+        win.try_get(other, 10, &mut buf),
+        Err(Error::OutOfWindow { .. })
+    ));
+    assert!(matches!(
+        win.try_get(other, usize::MAX / 2, &mut buf),
+        Err(Error::OutOfWindow { .. })
+    ));
+    assert!(matches!(
+        win.try_accumulate(other, 9, &[1, 1], SystemOperation::sum()),
+        Err(Error::OutOfWindow { .. })
+    ));
+    assert!(matches!(
+        win.try_put(size, 0, &[1]),
+        Err(Error::NoSuchRank { .. })
+    ));
+    assert!(matches!(win.try_unlock(other), Err(Error::WindowSync(_))));
+    win.lock(other);
+    assert!(matches!(win.try_lock(other), Err(Error::WindowSync(_))));
+    win.unlock(other);
+    assert!(
+        win.try_with_local(|_| win.try_with_local(|_| ()))
+            .unwrap()
+            .is_err(),
+        "nested"
+    );
+    win.accumulate(other, 0, &[7], SystemOperation::bitwise_and());
+    let wf = Window::<f32>::allocate(2, &world);
+    assert!(wf
+        .try_accumulate(other, 0, &[1.0], SystemOperation::bitwise_or())
+        .is_err());
+    win.fence();
+    win.with_local(|m| assert_eq!(m, [7; 10], "a refused access changed the window"));
+    // A window freed while a lock is held: the error says so, on the rank that held it.
+    let held = Window::<u8>::allocate(4, &world);
+    if rank == 0 {
+        held.lock(1 % size);
+    }
+    let freed = held.try_free();
+    if rank == 0 {
+        assert!(matches!(freed, Err(Error::WindowSync(_))), "{freed:?}");
+    }
+    world.barrier();
+    wf.fence();
+}
+
+#[test]
+fn the_mpi_rs_window_example_runs_unchanged() {
+    jobs(
+        "the_mpi_rs_window_example_runs_unchanged",
+        &[2, 3],
+        &[],
+        mpi_rs_shape,
+    );
+}
+
+#[test]
+fn put_and_get_under_every_synchronisation_in_the_copy_mode() {
+    jobs(
+        "put_and_get_under_every_synchronisation_in_the_copy_mode",
+        &[2, 3],
+        &[("PAGEWIRE_MODE", "copy")],
+        put_get_everywhere,
+    );
+}
+
+#[test]
+fn put_and_get_under_every_synchronisation_in_the_pindown_mode() {
+    jobs(
+        "put_and_get_under_every_synchronisation_in_the_pindown_mode",
+        &[2, 4],
+        &[("PAGEWIRE_MODE", "pindown")],
+        put_get_everywhere,
+    );
+}
+
+#[test]
+fn put_and_get_under_every_synchronisation_in_the_odp_mode() {
+    jobs(
+        "put_and_get_under_every_synchronisation_in_the_odp_mode",
+        &[2, 3],
+        &[("PAGEWIRE_MODE", "odp")],
+        put_get_everywhere,
+    );
+}
+
+#[test]
+fn put_and_get_on_the_tcp_wire() {
+    jobs(
+        "put_and_get_on_the_tcp_wire",
+        &[3],
+        &[("PAGEWIRE_SOFT_WIRE", "tcp")],
+        put_get_everywhere,
+    );
+}
+
+#[test]
+fn accumulates_are_exact_in_every_mode() {
+    for mode in ["copy", "pindown", "odp"] {
+        jobs(
+            "accumulates_are_exact_in_every_mode",
+            &[2, 4],
+            &[("PAGEWIRE_MODE", mode)],
+            accumulates,
+        );
+    }
+}
+
+#[test]
+fn accumulates_are_exact_on_the_tcp_wire() {
+    jobs(
+        "accumulates_are_exact_on_the_tcp_wire",
+        &[3],
+        &[("PAGEWIRE_SOFT_WIRE", "tcp")],
+        accumulates,
+    );
+}
+
+#[test]
+fn locks_exclude_and_the_target_needs_no_cpu() {
+    for mode in ["copy", "odp"] {
+        jobs(
+            "locks_exclude_and_the_target_needs_no_cpu",
+            &[2, 4],
+            &[("PAGEWIRE_MODE", mode)],
+            locks_exclude_and_the_target_is_passive,
+        );
+    }
+}
+
+#[test]
+fn bad_window_accesses_are_errors_at_the_origin() {
+    jobs(
+        "bad_window_accesses_are_errors_at_the_origin",
+        &[2, 3],
+        &[],
+        errors,
+    );
+}

@@ -1,0 +1,366 @@
+//! One-sided access for windows: memory a rank exposes for the life of a window, and the
+//! RDMA WRITEs, READs and atomics that other ranks run on it without its CPU.
+//!
+//! - **Exposing** registers the window's memory once with remote write, read and atomic
+//!   rights: pinned, or on demand in a mode that never pins (the buffer mode says which,
+//!   [`BufferMode::exposes_on_demand`]).
+//! - **Put and get** move the origin's buffer through the buffer mode, as a rendezvous
+//!   does: a bounce slot per chunk in `copy`, the registration cache in `pindown`, the
+//!   on-demand key in `odp`; each chunk is one RDMA WRITE or READ straight into or out of
+//!   the target's window, a pipeline of the mode's depth.
+//! - **Atomics** are the NIC's 64-bit `FETCH_ADD` and `CMP_SWAP`, posted in batches (one
+//!   work request per word) with their results landing in a small registered page.
+//!
+//! Every call here returns once its work requests have completed (an RC completion of a
+//! WRITE means the target's NIC has placed it), so the caller's buffers are free and the
+//! data is at the target when it returns. Bounds are the caller's to check (the window
+//! layer does, at the origin): a remote access error would end the queue pair, and with
+//! it all traffic with that peer, as on an HCA.
+
+use super::*;
+use crate::buffer_mode::{Direction, Transfer};
+use crate::nic::RegionInfo;
+
+/// The most bytes one RDMA WRITE or READ of a put or get moves (the NICs carry up to
+/// 2 GiB per work request).
+const MAX_RDMA_CHUNK: usize = 1 << 30;
+
+/// A peer's exposed memory, as its owner announced it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct RemoteMemory {
+    /// First byte, in the owner's address space.
+    pub addr: u64,
+    /// Bytes exposed.
+    pub len: u64,
+    /// The key to name in RDMA operations on it.
+    pub rkey: u32,
+}
+
+/// An atomic on one 64-bit word of a peer's exposed memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoteAtomic {
+    /// Adds (wrapping); the old value comes back.
+    FetchAdd {
+        /// What is added.
+        add: u64,
+    },
+    /// Swaps if equal; the old value comes back.
+    CmpSwap {
+        /// The value the word must hold.
+        compare: u64,
+        /// What it becomes then.
+        swap: u64,
+    },
+}
+
+/// Words of atomic results one batch can take (one page).
+const RESULT_WORDS: usize = 512;
+
+/// The one-sided operations' state in the message layer.
+#[derive(Default)]
+pub(crate) struct RmaState {
+    /// By slot: `None` while its work request is in flight, then its status.
+    done: Vec<Option<WcStatus>>,
+    /// Slots not in use.
+    free: Vec<usize>,
+    /// Where atomics' old values land, registered at first use.
+    pub(super) results: Option<(AnonMapping, u32)>,
+}
+
+/// The origin's side of a put or a get.
+pub(crate) enum OriginBuf<'a> {
+    /// Put: the NIC reads it.
+    Put(&'a UserBuf),
+    /// Get: the NIC writes it.
+    Get(&'a UserBufMut),
+}
+
+impl PointToPoint {
+    /// Registers `[addr, addr+len)` for peers' put, get and atomics, for as long as a window
+    /// exposes it: pinned (counted against the locked-memory limit), or on demand where the
+    /// buffer mode never pins. Returns the region; deregister it with [`Self::unexpose`].
+    pub fn expose(&mut self, addr: u64, len: u64) -> Result<RegionInfo> {
+        let mut access = Access::LOCAL_WRITE
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_ATOMIC;
+        if self.mode.exposes_on_demand() {
+            access = access | Access::ON_DEMAND;
+        }
+        self.nic.register(addr, len, access)
+    }
+
+    /// Ends the exposure of a region [`Self::expose`] made: the NIC waits for any access in
+    /// flight, and the key fails from then on.
+    pub fn unexpose(&mut self, lkey: u32) -> Result<()> {
+        self.nic.deregister(lkey)
+    }
+
+    /// Whether the NIC's atomics are also atomic against the target's CPU
+    /// (`IBV_ATOMIC_GLOB`): a window's owner may then update words with its own atomic
+    /// instructions while peers run NIC atomics on them.
+    pub fn atomics_global(&self) -> bool {
+        self.nic.capabilities().atomics_global
+    }
+
+    /// Writes `src` (put) into, or reads into `dst` (get) from, `remote_addr` of `target`'s
+    /// exposed memory under `rkey`; returns once all of it has moved.
+    pub(crate) fn rma_transfer(
+        &mut self,
+        target: usize,
+        remote_addr: u64,
+        rkey: u32,
+        buf: OriginBuf<'_>,
+    ) -> Result<()> {
+        let (addr, len, dir) = match &buf {
+            OriginBuf::Put(b) => (b.addr(), b.len(), Direction::Source),
+            OriginBuf::Get(b) => (b.addr(), b.len(), Direction::Sink),
+        };
+        if len == 0 {
+            return Ok(());
+        }
+        self.check_alive(target)?;
+        let nic = self.nic.clone();
+        let t = self.mode.begin(&*nic, addr, len, dir)?;
+        let result = self.rma_pipeline(target, remote_addr, rkey, &buf, &t, (addr, len, dir));
+        self.mode.end(&*nic, t);
+        result
+    }
+
+    /// The chunks of one put or get: leases from the buffer mode, one RDMA operation each,
+    /// at most the mode's depth in flight; the first error ends it once nothing is in flight.
+    fn rma_pipeline(
+        &mut self,
+        target: usize,
+        remote_addr: u64,
+        rkey: u32,
+        buf: &OriginBuf<'_>,
+        t: &Transfer,
+        (addr, len, dir): (u64, usize, Direction),
+    ) -> Result<()> {
+        let nic = self.nic.clone();
+        let chunk = t.pipeline.chunk.clamp(1, MAX_RDMA_CHUNK);
+        let depth = t.pipeline.depth.max(1);
+        let mut out: VecDeque<(usize, Lease, usize, usize)> = VecDeque::new();
+        let (mut next, mut first_err) = (0usize, None);
+        while (next < len && first_err.is_none()) || !out.is_empty() {
+            while first_err.is_none() && next < len && out.len() < depth {
+                let n = chunk.min(len - next);
+                let lease = match self.mode.lease(&*nic, t, addr, next, n, dir) {
+                    Ok(Some(l)) => l,
+                    Ok(None) => break, // no resources now: progress, then again
+                    Err(e) => {
+                        first_err = Some(e);
+                        break;
+                    }
+                };
+                if let OriginBuf::Put(b) = buf {
+                    self.mode.stage_out(&lease, b, next);
+                }
+                let remote = remote_addr + next as u64;
+                let opcode = match dir {
+                    Direction::Source => Opcode::RdmaWrite {
+                        remote_addr: remote,
+                        rkey,
+                    },
+                    Direction::Sink => Opcode::RdmaRead {
+                        remote_addr: remote,
+                        rkey,
+                    },
+                };
+                let sge = Sge {
+                    addr: lease.addr,
+                    len: n as u32,
+                    lkey: lease.lkey,
+                };
+                match self.post_rma(target, opcode, &[sge]) {
+                    Ok(slot) => out.push_back((slot, lease, next, n)),
+                    Err(e) => {
+                        self.mode.release(&*nic, lease);
+                        first_err = Some(e);
+                    }
+                }
+                next += n;
+            }
+            let Some((slot, lease, offset, n)) = out.pop_front() else {
+                if first_err.is_none() {
+                    self.progress()?; // a lease was refused: what is in flight elsewhere frees one
+                }
+                continue;
+            };
+            let status = self.wait_rma(slot);
+            match status {
+                Ok(WcStatus::Success) => {
+                    if let OriginBuf::Get(b) = buf {
+                        self.mode.stage_in(&lease, b, offset, n);
+                    }
+                }
+                Ok(status) => {
+                    first_err.get_or_insert(Error::Communication {
+                        peer: target,
+                        status,
+                        what: "one-sided access",
+                    });
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+            self.mode.release(&*nic, lease);
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Runs `ops` on `target`'s exposed memory under `rkey`, each on the 8-byte word at its
+    /// address, in order, as NIC atomics (pipelined); their old values.
+    pub fn rma_atomics(
+        &mut self,
+        target: usize,
+        rkey: u32,
+        ops: &[(u64, RemoteAtomic)],
+    ) -> Result<Vec<u64>> {
+        self.check_alive(target)?;
+        if self.rma.results.is_none() {
+            let page = eager::map_slot_pool(RESULT_WORDS * 8, "atomic results page")?;
+            let r = self
+                .nic
+                .register(page.addr(), page.len() as u64, Access::LOCAL_WRITE)?;
+            self.rma.results = Some((page, r.lkey));
+        }
+        let mut old = Vec::with_capacity(ops.len());
+        for batch in ops.chunks(RESULT_WORDS) {
+            let (base, lkey) = {
+                let (page, lkey) = self.rma.results.as_ref().expect("registered above");
+                (page.addr(), *lkey)
+            };
+            let mut slots = Vec::with_capacity(batch.len());
+            let mut first_err = None;
+            for (i, &(addr, op)) in batch.iter().enumerate() {
+                let opcode = match op {
+                    RemoteAtomic::FetchAdd { add } => Opcode::AtomicFetchAdd {
+                        remote_addr: addr,
+                        rkey,
+                        add,
+                    },
+                    RemoteAtomic::CmpSwap { compare, swap } => Opcode::AtomicCmpSwap {
+                        remote_addr: addr,
+                        rkey,
+                        compare,
+                        swap,
+                    },
+                };
+                let sge = Sge {
+                    addr: base + 8 * i as u64,
+                    len: crate::nic::ATOMIC_BYTES,
+                    lkey,
+                };
+                match self.post_rma(target, opcode, &[sge]) {
+                    Ok(slot) => slots.push(slot),
+                    Err(e) => {
+                        first_err = Some(e);
+                        break;
+                    }
+                }
+            }
+            for slot in slots {
+                match self.wait_rma(slot) {
+                    Ok(WcStatus::Success) => {}
+                    Ok(status) => {
+                        first_err.get_or_insert(Error::Communication {
+                            peer: target,
+                            status,
+                            what: "a one-sided atomic",
+                        });
+                    }
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+            if let Some(e) = first_err {
+                return Err(e);
+            }
+            let (page, _) = self.rma.results.as_ref().expect("registered above");
+            old.extend(
+                page.as_slice()[..batch.len() * 8]
+                    .chunks_exact(8)
+                    .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes"))),
+            );
+        }
+        Ok(old)
+    }
+
+    /// An error if `target` failed earlier: nothing is posted to it.
+    fn check_alive(&self, target: usize) -> Result<()> {
+        match self.peers.get(target) {
+            None => Err(Error::NoSuchRank {
+                rank: target,
+                size: self.size(),
+            }),
+            Some(p) => match p.dead {
+                Some(status) => Err(Error::Communication {
+                    peer: target,
+                    status,
+                    what: "one-sided access",
+                }),
+                None => Ok(()),
+            },
+        }
+    }
+
+    /// Posts one one-sided work request to `target`, waiting (with progress) for room on its
+    /// queue pair; the slot its completion will fill.
+    fn post_rma(&mut self, target: usize, opcode: Opcode, sgl: &[Sge]) -> Result<usize> {
+        while self.peers[target].in_flight + 2 >= self.max_send_wr {
+            self.progress()?;
+            self.check_alive(target)?;
+        }
+        let slot = match self.rma.free.pop() {
+            Some(s) => {
+                self.rma.done[s] = None;
+                s
+            }
+            None => {
+                self.rma.done.push(None);
+                self.rma.done.len() - 1
+            }
+        };
+        let wr = SendWr {
+            wr_id: wr_id(WrKind::Rma, target, slot),
+            opcode,
+            sgl,
+            inline: false,
+            signaled: true,
+        };
+        if let Err(e) = raw::post_send(&*self.nic, self.peers[target].qpn, &wr) {
+            self.rma.free.push(slot);
+            return Err(e);
+        }
+        self.peers[target].in_flight += 1;
+        Ok(slot)
+    }
+
+    /// Drives progress until the work request of `slot` has completed; its status.
+    fn wait_rma(&mut self, slot: usize) -> Result<WcStatus> {
+        loop {
+            if let Some(status) = self.rma.done[slot] {
+                self.rma.free.push(slot);
+                return Ok(status);
+            }
+            if let Err(e) = self.progress() {
+                // The slot's own completion may be among what failed: wait for it still,
+                // unless the error is not about a peer (then nothing more will come).
+                if !matches!(e, Error::Communication { .. } | Error::PeerGone { .. }) {
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// A one-sided work request completed (called from the completion handler).
+    pub(crate) fn rma_completed(&mut self, slot: usize, status: WcStatus) {
+        if let Some(s) = self.rma.done.get_mut(slot) {
+            *s = Some(status);
+        }
+    }
+}
