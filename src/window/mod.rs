@@ -28,8 +28,10 @@
 //! - Locks are words in the target's control page: exclusive is a compare-and-swap from
 //!   free, shared a fetch-and-add of one that backs off while the exclusive bit is set.
 //!
-//! Every operation returns once it is complete at the target (an RC completion), so
-//! `flush` has nothing left to wait for and `fence` is a barrier.
+//! A put that fits the NIC's inline data returns at once (the NIC copied it); `flush`,
+//! `unlock` and `fence` wait for such puts to complete at their targets. Every other
+//! operation returns once it is complete at the target (an RC completion); the queue pair
+//! keeps each origin's operations to a target in order.
 //!
 //! What is checked: a displacement or length past the target's part is an error at the
 //! origin ([`Error::OutOfWindow`]), before anything moves; an unlock without a lock, a
@@ -483,8 +485,9 @@ impl<T: Equivalence + Send + Sync> Window<T> {
 
     /// [`Window::fence`], returning errors.
     pub fn try_fence(&self) -> Result<()> {
-        // Each operation completed at its target before it returned: the barrier is the
-        // whole fence.
+        // Every other operation completed at its target before it returned: the inline puts
+        // in flight, then the barrier, are the whole fence.
+        self.flush_puts(None)?;
         self.comm.try_barrier()
     }
 
@@ -559,21 +562,35 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         first.map_or(Ok(()), Err)
     }
 
-    /// Completes this rank's operations on `target` at the target (`MPI_Win_flush`). Each
-    /// operation is complete when it returns, so this only checks the rank.
+    /// Completes this rank's operations on `target` at the target (`MPI_Win_flush`): waits
+    /// for its inline puts (every other operation completed when it returned). Panics on
+    /// error.
     pub fn flush(&self, target: Rank) {
+        fatal(self.try_flush(target))
+    }
+
+    /// [`Window::flush`], returning errors (of a put that failed since the last flush).
+    pub fn try_flush(&self, target: Rank) -> Result<()> {
+        let t = self.target(target)?;
+        self.flush_puts(Some(t))
+    }
+
+    /// Completes this rank's operations on `target` locally (`MPI_Win_flush_local`): the
+    /// origin buffers are free as soon as each call returns, so this checks the rank only.
+    /// Panics on error.
+    pub fn flush_local(&self, target: Rank) {
         fatal(self.target(target).map(drop))
     }
 
-    /// Completes this rank's operations on `target` locally (`MPI_Win_flush_local`): see
-    /// [`Window::flush`].
-    pub fn flush_local(&self, target: Rank) {
-        self.flush(target)
+    /// Completes this rank's operations on every target (`MPI_Win_flush_all`). Panics on
+    /// error.
+    pub fn flush_all(&self) {
+        fatal(self.flush_puts(None))
     }
 
-    /// Completes this rank's operations on every target (`MPI_Win_flush_all`): see
-    /// [`Window::flush`].
-    pub fn flush_all(&self) {}
+    /// Completes this rank's operations locally on every target
+    /// (`MPI_Win_flush_local_all`): nothing to wait for (see [`Window::flush_local`]).
+    pub fn flush_local_all(&self) {}
 
     /// Orders this rank's loads and stores of its part with the NIC's accesses
     /// (`MPI_Win_sync`): a full memory fence.
@@ -639,6 +656,9 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         let Some(targets) = self.access.borrow_mut().take() else {
             return Err(Error::WindowSync("complete without start".into()));
         };
+        for &t in &targets {
+            self.flush_puts(Some(t))?;
+        }
         for t in targets {
             self.comm
                 .process_at_rank(t as Rank)
@@ -679,6 +699,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         }
         self.freed = true;
         let open = self.open_state();
+        let flushed = self.flush_puts(None);
         // Every rank reaches the free (or a dead one is reported) before anything goes.
         let barrier = self.comm.try_barrier();
         // No rank accesses the window any more: the lock word is read as it is.
@@ -691,6 +712,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             a.and(b)
         });
         barrier?;
+        flushed?;
         if let Some(why) = open {
             return Err(Error::WindowSync(why));
         }
@@ -778,6 +800,12 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             .collect()
     }
 
+    /// Waits for this rank's inline puts to `target` (all: `None`) to complete.
+    fn flush_puts(&self, target: Option<usize>) -> Result<()> {
+        let world = target.map(|t| self.parts[t].world);
+        with_layer(&self.comm, |p2p| p2p.rma_flush(world))
+    }
+
     /// Runs atomics on `target`'s words under `rkey`.
     fn atomics(&self, part: Part, rkey: u32, ops: &[(u64, RemoteAtomic)]) -> Result<Vec<u64>> {
         with_layer(&self.comm, |p2p| p2p.rma_atomics(part.world, rkey, ops))
@@ -839,6 +867,8 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             Held::Shared => u64::MAX, // minus one
             Held::Exclusive => EXCLUSIVE.wrapping_neg(),
         };
+        // The epoch's puts are complete at the target before the lock goes.
+        self.flush_puts(Some(target))?;
         let part = self.parts[target];
         let op = RemoteAtomic::FetchAdd { add };
         self.atomics(

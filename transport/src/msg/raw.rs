@@ -12,7 +12,8 @@ use crate::nic::{Nic, RecvWr, SendWr};
 pub(crate) fn post_send(nic: &dyn Nic, qpn: u32, wr: &SendWr<'_>) -> Result<()> {
     // SAFETY: every SGE names either a slot of a pinned pool the message layer owns for its
     // whole life and does not touch until the completion, or a lease of a user buffer that
-    // the request keeps alive (see `UserBuf::new`) until the completion is polled.
+    // the request keeps alive (see `UserBuf::new`) until the completion is polled, or (an
+    // inline request) bytes the NIC copies before `post_send` returns.
     unsafe { nic.post_send(qpn, wr) }
 }
 
@@ -144,8 +145,13 @@ impl super::PointToPoint {
     }
 
     /// Writes `src` at `remote_addr` of `target`'s exposed memory under `rkey` (a window's
-    /// put) and returns once it is there.
+    /// put). Returns once `src` may be reused: at once for a put that fits the NIC's inline
+    /// data (copied when posted; complete at the target after [`Self::rma_flush`]), else
+    /// once it is at the target.
     pub fn put(&mut self, target: usize, remote_addr: u64, rkey: u32, src: &[u8]) -> Result<()> {
+        if self.put_inline(target, remote_addr, rkey, src)? {
+            return Ok(());
+        }
         // SAFETY: the transfer completes before this returns, while `src` is borrowed.
         let b = unsafe { UserBuf::new(src.as_ptr(), src.len()) };
         self.rma_transfer(target, remote_addr, rkey, super::rma::OriginBuf::Put(&b))

@@ -11,11 +11,15 @@
 //! - **Atomics** are the NIC's 64-bit `FETCH_ADD` and `CMP_SWAP`, posted in batches (one
 //!   work request per word) with their results landing in a small registered page.
 //!
-//! Every call here returns once its work requests have completed (an RC completion of a
+//! A put that fits the NIC's inline data ([`PointToPoint::put`]) is copied into the work
+//! request at post time and returns at once, as UCX's short puts do: its completion is
+//! collected by the next [`PointToPoint::rma_flush`] (a window's flush, unlock or fence).
+//! Every other call returns once its work requests have completed (an RC completion of a
 //! WRITE means the target's NIC has placed it), so the caller's buffers are free and the
-//! data is at the target when it returns. Bounds are the caller's to check (the window
-//! layer does, at the origin): a remote access error would end the queue pair, and with
-//! it all traffic with that peer, as on an HCA.
+//! data is at the target when it returns. The queue pair keeps them in order: a get or an
+//! atomic after a put to the same target sees it. Bounds are the caller's to check (the
+//! window layer does, at the origin): a remote access error would end the queue pair, and
+//! with it all traffic with that peer, as on an HCA.
 
 use super::*;
 use crate::buffer_mode::{Direction, Transfer};
@@ -65,6 +69,8 @@ pub(crate) struct RmaState {
     free: Vec<usize>,
     /// Where atomics' old values land, registered at first use.
     pub(super) results: Option<(AnonMapping, u32)>,
+    /// Inline puts posted and not yet waited for: (target, slot).
+    deferred: Vec<(usize, usize)>,
 }
 
 /// The origin's side of a put or a get.
@@ -101,6 +107,60 @@ impl PointToPoint {
     /// instructions while peers run NIC atomics on them.
     pub fn atomics_global(&self) -> bool {
         self.nic.capabilities().atomics_global
+    }
+
+    /// Posts `src` to `remote_addr` of `target`'s exposed memory as an inline RDMA WRITE
+    /// (the NIC copies it at post time) and returns; `false` (nothing posted) if it does not
+    /// fit the inline size. Its completion is waited for by [`Self::rma_flush`].
+    pub fn put_inline(
+        &mut self,
+        target: usize,
+        remote_addr: u64,
+        rkey: u32,
+        src: &[u8],
+    ) -> Result<bool> {
+        if src.is_empty() || src.len() > self.max_inline {
+            return Ok(false);
+        }
+        self.check_alive(target)?;
+        let sge = Sge {
+            addr: src.as_ptr() as u64,
+            len: src.len() as u32,
+            lkey: 0,
+        };
+        let opcode = Opcode::RdmaWrite { remote_addr, rkey };
+        let slot = self.post_rma_with(target, opcode, &[sge], true)?;
+        self.rma.deferred.push((target, slot));
+        Ok(true)
+    }
+
+    /// Waits for the inline puts posted to `target` (every target: `None`) to complete at
+    /// their targets; the first error among them.
+    pub fn rma_flush(&mut self, target: Option<usize>) -> Result<()> {
+        let mut first_err = None;
+        let mut i = 0;
+        while i < self.rma.deferred.len() {
+            let (t, slot) = self.rma.deferred[i];
+            if target.is_some_and(|want| want != t) {
+                i += 1;
+                continue;
+            }
+            self.rma.deferred.swap_remove(i);
+            match self.wait_rma(slot) {
+                Ok(WcStatus::Success) => {}
+                Ok(status) => {
+                    first_err.get_or_insert(Error::Communication {
+                        peer: t,
+                        status,
+                        what: "one-sided access",
+                    });
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
     }
 
     /// Writes `src` (put) into, or reads into `dst` (get) from, `remote_addr` of `target`'s
@@ -311,6 +371,17 @@ impl PointToPoint {
     /// Posts one one-sided work request to `target`, waiting (with progress) for room on its
     /// queue pair; the slot its completion will fill.
     fn post_rma(&mut self, target: usize, opcode: Opcode, sgl: &[Sge]) -> Result<usize> {
+        self.post_rma_with(target, opcode, sgl, false)
+    }
+
+    /// [`Self::post_rma`], inline (the NIC copies `sgl`'s bytes at post time) if `inline`.
+    fn post_rma_with(
+        &mut self,
+        target: usize,
+        opcode: Opcode,
+        sgl: &[Sge],
+        inline: bool,
+    ) -> Result<usize> {
         while self.peers[target].in_flight + 2 >= self.max_send_wr {
             self.progress()?;
             self.check_alive(target)?;
@@ -329,7 +400,7 @@ impl PointToPoint {
             wr_id: wr_id(WrKind::Rma, target, slot),
             opcode,
             sgl,
-            inline: false,
+            inline,
             signaled: true,
         };
         if let Err(e) = raw::post_send(&*self.nic, self.peers[target].qpn, &wr) {
