@@ -1,11 +1,13 @@
-//! The 18 benchmarks of IMB-MPI1, in IMB's order, with what IMB's tables need to know about
-//! each: its type (which sets the columns), time and bandwidth factors, and buffer lengths.
+//! The 18 benchmarks of IMB-MPI1 and the 17 of IMB-RMA, each suite in IMB's order, with
+//! what IMB's tables need to know about each: its type (which sets the columns and who takes
+//! part), time and bandwidth factors, buffer lengths, and for IMB-RMA its aggregation
+//! modes.
 
 use serde::{Deserialize, Serialize};
 
 use crate::settings::ASSIGN_SIZE;
 
-/// An IMB-MPI1 benchmark.
+/// An IMB-MPI1 or IMB-RMA benchmark.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Benchmark {
     /// `MPI_Send` + `MPI_Recv` back and forth between two processes; half the round trip.
@@ -46,6 +48,76 @@ pub enum Benchmark {
     Bcast,
     /// `MPI_Barrier`.
     Barrier,
+    /// IMB-RMA: rank 0 puts into rank 1's window under a shared lock.
+    #[serde(rename = "Unidir_put")]
+    UnidirPut,
+    /// IMB-RMA: ranks 0 and 1 put into each other's window at once.
+    #[serde(rename = "Bidir_put")]
+    BidirPut,
+    /// IMB-RMA: rank 0 gets from rank 1's window.
+    #[serde(rename = "Unidir_get")]
+    UnidirGet,
+    /// IMB-RMA: ranks 0 and 1 get from each other's window at once.
+    #[serde(rename = "Bidir_get")]
+    BidirGet,
+    /// IMB-RMA: Unidir_put completed locally only (`MPI_Win_flush_local`).
+    #[serde(rename = "Put_local")]
+    PutLocal,
+    /// IMB-RMA: rank 0 puts to every other rank, local completion once at the end.
+    #[serde(rename = "Put_all_local")]
+    PutAllLocal,
+    /// IMB-RMA: rank 0 puts to every other rank, `MPI_Win_flush_all` at the end.
+    #[serde(rename = "One_put_all")]
+    OnePutAll,
+    /// IMB-RMA: every rank puts to every other rank.
+    #[serde(rename = "All_put_all")]
+    AllPutAll,
+    /// IMB-RMA: rank 0 gets from every other rank.
+    #[serde(rename = "One_get_all")]
+    OneGetAll,
+    /// IMB-RMA: every rank gets from every other rank.
+    #[serde(rename = "All_get_all")]
+    AllGetAll,
+    /// IMB-RMA: each rank puts to both ring neighbours, flushing each repetition.
+    #[serde(rename = "Exchange_put")]
+    ExchangePut,
+    /// IMB-RMA: each rank gets from both ring neighbours.
+    #[serde(rename = "Exchange_get")]
+    ExchangeGet,
+    /// IMB-RMA: `MPI_Accumulate` of floats, `MPI_SUM`, rank 0 into rank 1.
+    Accumulate,
+    /// IMB-RMA: `MPI_Get_accumulate` of floats, `MPI_SUM`.
+    #[serde(rename = "Get_accumulate")]
+    GetAccumulate,
+    /// IMB-RMA: `MPI_Fetch_and_op` of one float, `MPI_SUM`.
+    #[serde(rename = "Fetch_and_op")]
+    FetchAndOp,
+    /// IMB-RMA: `MPI_Compare_and_swap` of one int.
+    #[serde(rename = "Compare_and_swap")]
+    CompareAndSwap,
+    /// IMB-RMA: a put while the target waits in a barrier (`t_pure`) and while it computes
+    /// (`t_ovrl`): whether puts progress without the target.
+    #[serde(rename = "Truly_passive_put")]
+    TrulyPassivePut,
+}
+
+/// IMB-RMA's aggregation modes (a table for each, non-aggregate first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Aggregation {
+    /// A flush after every operation (IMB's `MODE: NON-AGGREGATE`).
+    NonAggregate,
+    /// All repetitions' operations, then one flush (IMB's `MODE: AGGREGATE`).
+    Aggregate,
+}
+
+impl Aggregation {
+    /// IMB's name of the mode.
+    pub fn name(self) -> &'static str {
+        match self {
+            Aggregation::NonAggregate => "NON-AGGREGATE",
+            Aggregation::Aggregate => "AGGREGATE",
+        }
+    }
 }
 
 /// IMB's benchmark types, which decide the table's columns and who takes part.
@@ -59,10 +131,59 @@ pub enum Kind {
     Collective,
     /// Barrier: no size column.
     Sync,
+    /// IMB-RMA's single transfers between ranks 0 and 1 (and its single-element atomics):
+    /// `t[usec]` (the slower origin's) and `Mbytes/sec`.
+    RmaPair,
+    /// IMB-RMA's one origin (rank 0) to every other rank: `t[usec]` and `Mbytes/sec`.
+    RmaOneToAll,
+    /// IMB-RMA's every rank an origin: `t_min/t_max/t_avg`, no bandwidth.
+    RmaAllToAll,
+    /// IMB-RMA's Truly_passive_put: `t_pure` and `t_ovrl`.
+    RmaOverlap,
+}
+
+impl Kind {
+    /// Whether the benchmark runs on ranks 0 and 1 only.
+    pub fn is_pair(self) -> bool {
+        matches!(
+            self,
+            Kind::SingleTransfer | Kind::RmaPair | Kind::RmaOverlap
+        )
+    }
+
+    /// Whether it is one of IMB-RMA's.
+    pub fn is_rma(self) -> bool {
+        matches!(
+            self,
+            Kind::RmaPair | Kind::RmaOneToAll | Kind::RmaAllToAll | Kind::RmaOverlap
+        )
+    }
 }
 
 impl Benchmark {
-    /// Every benchmark, in IMB's order (the default selection).
+    /// IMB-RMA's 17 benchmarks in the order IMB-RMA 2021 runs them (its C++ driver's; not
+    /// the order its documentation lists).
+    pub const RMA: [Benchmark; 17] = [
+        Benchmark::UnidirPut,
+        Benchmark::BidirPut,
+        Benchmark::UnidirGet,
+        Benchmark::BidirGet,
+        Benchmark::PutLocal,
+        Benchmark::PutAllLocal,
+        Benchmark::OnePutAll,
+        Benchmark::AllPutAll,
+        Benchmark::OneGetAll,
+        Benchmark::AllGetAll,
+        Benchmark::ExchangePut,
+        Benchmark::ExchangeGet,
+        Benchmark::Accumulate,
+        Benchmark::GetAccumulate,
+        Benchmark::FetchAndOp,
+        Benchmark::CompareAndSwap,
+        Benchmark::TrulyPassivePut,
+    ];
+
+    /// IMB-MPI1's 18 benchmarks, in IMB's order (the default selection).
     pub const ALL: [Benchmark; 18] = [
         Benchmark::PingPong,
         Benchmark::PingPing,
@@ -105,6 +226,23 @@ impl Benchmark {
             Benchmark::Alltoallv => "Alltoallv",
             Benchmark::Bcast => "Bcast",
             Benchmark::Barrier => "Barrier",
+            Benchmark::UnidirPut => "Unidir_put",
+            Benchmark::BidirPut => "Bidir_put",
+            Benchmark::UnidirGet => "Unidir_get",
+            Benchmark::BidirGet => "Bidir_get",
+            Benchmark::PutLocal => "Put_local",
+            Benchmark::PutAllLocal => "Put_all_local",
+            Benchmark::OnePutAll => "One_put_all",
+            Benchmark::AllPutAll => "All_put_all",
+            Benchmark::OneGetAll => "One_get_all",
+            Benchmark::AllGetAll => "All_get_all",
+            Benchmark::ExchangePut => "Exchange_put",
+            Benchmark::ExchangeGet => "Exchange_get",
+            Benchmark::Accumulate => "Accumulate",
+            Benchmark::GetAccumulate => "Get_accumulate",
+            Benchmark::FetchAndOp => "Fetch_and_op",
+            Benchmark::CompareAndSwap => "Compare_and_swap",
+            Benchmark::TrulyPassivePut => "Truly_passive_put",
         }
     }
 
@@ -112,6 +250,7 @@ impl Benchmark {
     pub fn from_name(name: &str) -> Option<Benchmark> {
         Benchmark::ALL
             .into_iter()
+            .chain(Benchmark::RMA)
             .find(|b| b.name().eq_ignore_ascii_case(name))
     }
 
@@ -121,8 +260,43 @@ impl Benchmark {
             Benchmark::PingPong | Benchmark::PingPing => Kind::SingleTransfer,
             Benchmark::Sendrecv | Benchmark::Exchange => Kind::ParallelTransfer,
             Benchmark::Barrier => Kind::Sync,
+            Benchmark::UnidirPut
+            | Benchmark::BidirPut
+            | Benchmark::UnidirGet
+            | Benchmark::BidirGet
+            | Benchmark::PutLocal
+            | Benchmark::Accumulate
+            | Benchmark::GetAccumulate
+            | Benchmark::FetchAndOp
+            | Benchmark::CompareAndSwap => Kind::RmaPair,
+            Benchmark::PutAllLocal | Benchmark::OnePutAll | Benchmark::OneGetAll => {
+                Kind::RmaOneToAll
+            }
+            Benchmark::AllPutAll
+            | Benchmark::AllGetAll
+            | Benchmark::ExchangePut
+            | Benchmark::ExchangeGet => Kind::RmaAllToAll,
+            Benchmark::TrulyPassivePut => Kind::RmaOverlap,
             _ => Kind::Collective,
         }
+    }
+
+    /// IMB-RMA's aggregation modes of the benchmark, in the order its tables come (`None`:
+    /// one table without a mode line).
+    pub fn aggregations(self) -> &'static [Option<Aggregation>] {
+        match self.kind() {
+            Kind::RmaPair => &[
+                Some(Aggregation::NonAggregate),
+                Some(Aggregation::Aggregate),
+            ],
+            _ => &[None],
+        }
+    }
+
+    /// The one size IMB runs a single-element benchmark with (`Fetch_and_op`,
+    /// `Compare_and_swap`: one 4-byte element), if it is one.
+    pub fn single_element(self) -> Option<usize> {
+        matches!(self, Benchmark::FetchAndOp | Benchmark::CompareAndSwap).then_some(4)
     }
 
     /// Reductions work on floats: sizes below one float are left out (size 0 is kept).
@@ -133,6 +307,8 @@ impl Benchmark {
                 | Benchmark::Reduce
                 | Benchmark::ReduceScatter
                 | Benchmark::ReduceScatterBlock
+                | Benchmark::Accumulate
+                | Benchmark::GetAccumulate
         )
     }
 
@@ -157,6 +333,10 @@ impl Benchmark {
             Benchmark::PingPong | Benchmark::PingPing => Some(1.0),
             Benchmark::Sendrecv => Some(2.0),
             Benchmark::Exchange => Some(4.0),
+            // IMB-RMA 2021 prints size / t for these, also for One_put_all and the like
+            // (its multiplier by the number of targets is set before the process count is
+            // known, and stays 1).
+            b if matches!(b.kind(), Kind::RmaPair | Kind::RmaOneToAll) => Some(1.0),
             _ => None,
         }
     }
@@ -177,6 +357,7 @@ impl Benchmark {
             | Benchmark::Gather
             | Benchmark::Gatherv => (init, np * init),
             Benchmark::Exchange => (2 * init, init),
+            Benchmark::ExchangePut | Benchmark::ExchangeGet => (2 * init, 2 * init),
             Benchmark::Scatter | Benchmark::Scatterv | Benchmark::ReduceScatterBlock => {
                 (np * init, init)
             }

@@ -1,4 +1,4 @@
-//! `imb-bench`: IMB-MPI1 on pagewire. Started without a launcher it starts itself on
+//! `imb-bench`: IMB-MPI1 and IMB-RMA on pagewire. Started without a launcher it starts itself on
 //! `--np` ranks (2 by default) through the built-in launcher; under `pwrun` or (feature
 //! `mpi`) `mpirun` it runs as the job's ranks. IMB's single-dash flags are accepted as IMB
 //! spells them (`-msglog 0:22`, `-off_cache -1`, ...).
@@ -18,6 +18,15 @@ use pagewire_tools::mode_all::{
     self, AllModesPlan, BenchArgs, ModeChoice, ModeVariant, TransportChoice,
 };
 
+/// The Intel MPI Benchmarks' suites imb-bench has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Suite {
+    /// IMB-MPI1.
+    Mpi1,
+    /// IMB-RMA.
+    Rma,
+}
+
 /// IMB's flags, which IMB spells with one dash; `normalise` gives them a second one.
 const IMB_FLAGS: [&str; 6] = [
     "msglog",
@@ -32,15 +41,22 @@ const IMB_FLAGS: [&str; 6] = [
 #[command(
     name = "imb-bench",
     version,
-    about = "The Intel MPI Benchmarks' MPI-1 part (IMB-MPI1) on pagewire, in every buffer mode",
+    about = "The Intel MPI Benchmarks' MPI-1 part (IMB-MPI1) and one-sided part (IMB-RMA) on \
+             pagewire, in every buffer mode",
     after_help = "IMB's flags are also accepted with one dash, as IMB-MPI1 spells them: \
                   -msglog, -iter, -iter_policy, -time, -npmin, -off_cache.\n\
-                  Example: imb-bench PingPong Allreduce -msglog 0:16 -off_cache -1 --mode all"
+                  Example: imb-bench PingPong Allreduce -msglog 0:16 -off_cache -1 --mode all\n\
+                  IMB-RMA: imb-bench --suite rma, or its benchmarks by name (Unidir_put ...)"
 )]
 struct Args {
-    /// Benchmarks to run, IMB's names, case-insensitive (default: all 18, in IMB's order).
+    /// Benchmarks to run, IMB's names, case-insensitive (default: all of the suite, in
+    /// IMB's order).
     #[arg(value_name = "BENCHMARK")]
     benchmarks: Vec<String>,
+    /// The suite whose benchmarks run when none is named: `mpi1` (IMB-MPI1's 18) or `rma`
+    /// (IMB-RMA's 17, on `pagewire::window`).
+    #[arg(long, value_enum, default_value_t = Suite::Mpi1)]
+    suite: Suite,
     /// Message sizes 0 and 2^MIN .. 2^MAX bytes (IMB `-msglog`).
     #[arg(long = "msglog", value_name = "MIN:MAX", default_value = "0:22")]
     msglog: String,
@@ -99,15 +115,19 @@ fn normalise(args: &[OsString]) -> Vec<OsString> {
 
 fn options(args: &Args) -> anyhow::Result<Options> {
     let benchmarks = if args.benchmarks.is_empty() {
-        Benchmark::ALL.to_vec()
+        match args.suite {
+            Suite::Mpi1 => Benchmark::ALL.to_vec(),
+            Suite::Rma => Benchmark::RMA.to_vec(),
+        }
     } else {
         args.benchmarks
             .iter()
             .map(|n| {
                 Benchmark::from_name(n).with_context(|| {
                     format!(
-                        "unknown benchmark {n:?}; IMB-MPI1's are: {}",
-                        Benchmark::ALL.map(|b| b.name()).join(" ")
+                        "unknown benchmark {n:?}; IMB-MPI1's are: {}; IMB-RMA's: {}",
+                        Benchmark::ALL.map(|b| b.name()).join(" "),
+                        Benchmark::RMA.map(|b| b.name()).join(" ")
                     )
                 })
             })
@@ -192,10 +212,17 @@ fn run() -> anyhow::Result<()> {
         max_size,
         opts.benchmarks.clone(),
     )
-    .render(&format!(
-        "pagewire imb-bench {}, IMB-MPI1 2021's MPI-1 part reimplemented",
-        env!("CARGO_PKG_VERSION")
-    ));
+    .render(&if opts.benchmarks.iter().all(|b| b.kind().is_rma()) {
+        format!(
+            "pagewire imb-bench {}, IMB-RMA 2021's MPI-RMA part reimplemented",
+            env!("CARGO_PKG_VERSION")
+        )
+    } else {
+        format!(
+            "pagewire imb-bench {}, IMB-MPI1 2021's MPI-1 part reimplemented",
+            env!("CARGO_PKG_VERSION")
+        )
+    });
     let tables = run::run(&universe, &opts, &header);
     if world.rank() != 0 {
         return Ok(());

@@ -1,8 +1,9 @@
-//! IMB-MPI1's output, line for line: the header block, each benchmark's table header
-//! (`# Benchmarking NAME`, `# #processes = N`, dashed lines of 13 characters per column)
-//! and rows (13 characters per column, times with 2 decimals), and the closing line.
+//! IMB-MPI1's and IMB-RMA's output, line for line: the header block, each benchmark's
+//! table header (`# Benchmarking NAME`, `# #processes = N`, dashed lines of 13 characters
+//! per column, IMB-RMA's `MODE:` block) and rows (13 characters per column, times with 2
+//! decimals), and the closing line.
 
-use crate::bench::{Benchmark, Kind};
+use crate::bench::{Aggregation, Benchmark, Kind};
 
 /// IMB's column width (`ow_format`).
 pub const COLUMN: usize = 13;
@@ -18,16 +19,19 @@ pub enum Layout {
     TimeRange,
     /// `#repetitions t_min t_max t_avg` (Barrier).
     Sync,
+    /// `#bytes #repetitions t_pure t_ovrl` (IMB-RMA's Truly_passive_put).
+    PureAndOverlap,
 }
 
 impl Layout {
     /// The layout of `b`'s table.
     pub fn of(b: Benchmark) -> Layout {
         match b.kind() {
-            Kind::SingleTransfer => Layout::TimeAndBandwidth,
+            Kind::SingleTransfer | Kind::RmaPair | Kind::RmaOneToAll => Layout::TimeAndBandwidth,
             Kind::ParallelTransfer => Layout::TimeRangeAndBandwidth,
-            Kind::Collective => Layout::TimeRange,
+            Kind::Collective | Kind::RmaAllToAll => Layout::TimeRange,
             Kind::Sync => Layout::Sync,
+            Kind::RmaOverlap => Layout::PureAndOverlap,
         }
     }
 
@@ -51,6 +55,7 @@ impl Layout {
                 "t_avg[usec]",
             ],
             Layout::Sync => &["#repetitions", "t_min[usec]", "t_max[usec]", "t_avg[usec]"],
+            Layout::PureAndOverlap => &["#bytes", "#repetitions", "t_pure[usec]", "t_ovrl[usec]"],
         }
     }
 }
@@ -75,11 +80,24 @@ pub struct RowValues {
     pub t_avg: f64,
     /// `size * factor / t_max` in 10^6 bytes per second (0 where `t_max` is 0).
     pub mbytes_per_sec: f64,
+    /// Truly_passive_put's `t_ovrl` (the slowest process's; `t_max` is its `t_pure`).
+    pub t_overlap: f64,
 }
 
 /// The table header: a blank line, dashes, `# Benchmarking NAME `, `# #processes = N `,
 /// the idle processes if any, dashes, and the headings (no trailing newline).
 pub fn table_header(b: Benchmark, processes: usize, world: usize) -> String {
+    table_header_in_mode(b, processes, world, None)
+}
+
+/// [`table_header`] of an IMB-RMA table, with its `MODE:` block before the headings when it
+/// has a mode.
+pub fn table_header_in_mode(
+    b: Benchmark,
+    processes: usize,
+    world: usize,
+    mode: Option<Aggregation>,
+) -> String {
     let layout = Layout::of(b);
     let line = dashes(layout.headings().len());
     let mut s = format!(
@@ -93,6 +111,9 @@ pub fn table_header(b: Benchmark, processes: usize, world: usize) -> String {
     }
     s += &line;
     s.push('\n');
+    if let Some(m) = mode {
+        s += &format!("#\n#    MODE: {} \n#\n", m.name());
+    }
     for h in layout.headings() {
         s += &format!("{h:>COLUMN$}");
     }
@@ -126,6 +147,12 @@ pub fn row(layout: Layout, v: &RowValues) -> String {
             float(&mut s, v.t_min);
             float(&mut s, v.t_max);
             float(&mut s, v.t_avg);
+        }
+        Layout::PureAndOverlap => {
+            ints(&mut s, v.bytes);
+            ints(&mut s, v.repetitions);
+            float(&mut s, v.t_max);
+            float(&mut s, v.t_overlap);
         }
     }
     s
@@ -212,6 +239,17 @@ impl HeaderInfo {
         s += "# List of Benchmarks to run:\n\n";
         for b in &self.benchmarks {
             s += &format!("# {}\n", b.name());
+            // IMB-RMA's notes under two of its names.
+            match b {
+                Benchmark::CompareAndSwap => s += "#     Uses MPI_INT data type\n",
+                Benchmark::TrulyPassivePut => {
+                    s += "#     The benchmark measures execution time of MPI_Put for 2 cases:\n";
+                    s += "#     1) The target is waiting in MPI_Barrier call (t_pure value)\n";
+                    s += "#     2) The target performs computation and then enters MPI_Barrier \
+                          routine (t_ovrl value)\n";
+                }
+                _ => {}
+            }
         }
         s
     }

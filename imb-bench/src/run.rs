@@ -5,6 +5,7 @@
 
 mod buffers;
 mod kernels;
+mod rma_kernels;
 
 use std::io::Write;
 
@@ -13,12 +14,16 @@ use pagewire::{Color, SimpleCommunicator, SystemOperation, Universe};
 use pagewire_tools::msgperf::RowCounters;
 use serde::{Deserialize, Serialize};
 
-use crate::bench::{Benchmark, Kind};
+use crate::bench::{Aggregation, Benchmark, Kind};
 use crate::output::{self, Layout, RowValues};
 use crate::settings::{process_counts, warmup_repetitions, IterPolicy, Iterations, OffCache};
 
 pub use buffers::Buffers;
 use kernels::kernel;
+use rma_kernels::{rma_kernel, RmaWindow};
+
+/// IMB-RMA's repetitions in non-aggregate mode at most (its `MSGS_NONAGGR`).
+const MSGS_NONAGGREGATE: usize = 100;
 
 /// What to run.
 #[derive(Clone, Debug, PartialEq)]
@@ -52,6 +57,9 @@ pub struct Row {
     pub t_avg_usec: f64,
     /// IMB's bandwidth (MB = 10^6 B) where its table has the column.
     pub mbytes_per_sec: Option<f64>,
+    /// Truly_passive_put's `t_ovrl` (its `t_pure` is `t_max_usec`).
+    #[serde(default)]
+    pub t_ovrl_usec: Option<f64>,
     /// What the buffer mode and the NIC did during the timed repetitions, summed over the
     /// participating processes (`None` on the mpi transport). Not read back from JSON.
     #[serde(skip_deserializing)]
@@ -91,6 +99,9 @@ pub struct Table {
     pub processes: usize,
     /// IMB would not run it on this many processes (PingPong and PingPing on one).
     pub invalid: bool,
+    /// IMB-RMA's aggregation mode of the table, if it has one.
+    #[serde(default)]
+    pub aggregation: Option<Aggregation>,
     /// The rows.
     pub rows: Vec<Row>,
     /// The counters (`None` on the mpi transport).
@@ -136,8 +147,10 @@ pub fn run(universe: &Universe, opts: &Options, header: &str) -> Vec<Table> {
         .benchmarks
         .iter()
         .map(|&b| {
-            let two = b.kind() == Kind::SingleTransfer;
-            (b, process_counts(world_size, opts.npmin, two))
+            (
+                b,
+                process_counts(world_size, opts.npmin, b.kind().is_pair()),
+            )
         })
         .collect();
     let bar = (me == 0 && opts.progress).then(|| progress_bar(&plan, &opts.sizes));
@@ -148,7 +161,7 @@ pub fn run(universe: &Universe, opts: &Options, header: &str) -> Vec<Table> {
     let mut tables = Vec::new();
     for (b, counts) in plan {
         for np in counts {
-            if b.kind() == Kind::SingleTransfer && np < 2 {
+            if (b.kind().is_pair() || b.kind().is_rma()) && np < 2 {
                 if me == 0 {
                     out(&output::invalid(b, np), &bar);
                 }
@@ -156,16 +169,21 @@ pub fn run(universe: &Universe, opts: &Options, header: &str) -> Vec<Table> {
                     benchmark: b,
                     processes: np,
                     invalid: true,
+                    aggregation: None,
                     rows: Vec::new(),
                     summary: None,
                 });
                 continue;
             }
-            let table = run_table(universe, &world, b, np, opts, counters, &|s| out(s, &bar));
+            for &mode in b.aggregations() {
+                let table = run_table(universe, &world, (b, mode), np, opts, counters, &|s| {
+                    out(s, &bar)
+                });
+                tables.push(table);
+            }
             if let Some(bar) = &bar {
                 bar.inc(1);
             }
-            tables.push(table);
         }
     }
     if let Some(bar) = bar {
@@ -196,11 +214,12 @@ fn progress_bar(plan: &[(Benchmark, Vec<usize>)], sizes: &[usize]) -> indicatif:
     bar
 }
 
-/// One table: benchmark `b` on the first `np` processes of `world`.
+/// One table: benchmark `b` (in IMB-RMA aggregation `mode`, if it has modes) on the first
+/// `np` processes of `world`.
 fn run_table(
     universe: &Universe,
     world: &SimpleCommunicator,
-    b: Benchmark,
+    (b, mode): (Benchmark, Option<Aggregation>),
     np: usize,
     opts: &Options,
     counters: bool,
@@ -215,12 +234,13 @@ fn run_table(
     };
     let comm = world.split_by_color(color);
     if me == 0 {
-        out(&output::table_header(b, np, world_size));
+        out(&output::table_header_in_mode(b, np, world_size, mode));
     }
     let layout = Layout::of(b);
     // IMB's Barrier has one row: it runs with the last size only, which it does not use.
-    let sizes: Vec<usize> = match b.kind() {
-        Kind::Sync => vec![0],
+    let sizes: Vec<usize> = match (b.kind(), b.single_element()) {
+        (Kind::Sync, _) => vec![0],
+        (_, Some(size)) => vec![size],
         _ => opts
             .sizes
             .iter()
@@ -235,18 +255,26 @@ fn run_table(
         let (seconds, repetitions, delta) = match &comm {
             Some(comm) => {
                 let before = || counters.then(|| RowCounters::now(universe));
-                let m = measure(b, comm, size, opts, &mut previous_repetitions, before);
+                let m = measure(
+                    (b, mode),
+                    comm,
+                    size,
+                    opts,
+                    &mut previous_repetitions,
+                    before,
+                );
                 let delta = match (m.before, counters.then(|| RowCounters::now(universe))) {
                     (Some(a), Some(z)) => z.zip(a, u64::wrapping_sub),
                     _ => RowCounters::default(),
                 };
                 (m.seconds, m.repetitions, delta)
             }
-            None => (-1.0, 0, RowCounters::default()),
+            None => ([-1.0; 2], 0, RowCounters::default()),
         };
         // The others wait here, as IMB's wait in MPI_Barrier.
         world.barrier();
-        let times = gather(world, seconds);
+        let times = gather(world, seconds[0]);
+        let overlaps = gather(world, seconds[1]);
         let all_counters = gather_counters(world, &delta.to_array());
         if me == 0 {
             let scale = 1e6 * b.time_scale();
@@ -265,6 +293,13 @@ fn run_table(
                     0.0
                 }
             });
+            let t_ovrl = (b.kind() == Kind::RmaOverlap).then(|| {
+                overlaps
+                    .iter()
+                    .filter(|&&t| t >= 0.0)
+                    .map(|t| t * scale)
+                    .fold(0.0, f64::max)
+            });
             let values = RowValues {
                 bytes: size,
                 repetitions,
@@ -272,6 +307,7 @@ fn run_table(
                 t_max,
                 t_avg,
                 mbytes_per_sec: bw.unwrap_or(0.0),
+                t_overlap: t_ovrl.unwrap_or(0.0),
             };
             out(&output::row(layout, &values));
             let row_counters = counters.then(|| {
@@ -291,6 +327,7 @@ fn run_table(
                 t_max_usec: t_max,
                 t_avg_usec: t_avg,
                 mbytes_per_sec: bw,
+                t_ovrl_usec: t_ovrl,
                 counters: row_counters,
             });
         }
@@ -316,6 +353,7 @@ fn run_table(
         benchmark: b,
         processes: np,
         invalid: false,
+        aggregation: mode,
         rows,
         summary,
     }
@@ -348,8 +386,9 @@ fn gather_counters(world: &SimpleCommunicator, values: &[u64]) -> Vec<u64> {
 
 /// One size's measurement on one process.
 struct Measurement {
-    /// Seconds per repetition (unscaled).
-    seconds: f64,
+    /// Seconds per repetition (unscaled; Truly_passive_put's `t_pure` and `t_ovrl`, -1 for
+    /// the second otherwise).
+    seconds: [f64; 2],
     /// Timed repetitions.
     repetitions: usize,
     /// The counters just before the timed loop.
@@ -359,7 +398,7 @@ struct Measurement {
 /// IMB's sequence for one size on `comm`: buffers (rotated with `-off_cache`), preparatory
 /// runs that set the repetitions (dynamic policy), warm-up, the timed run.
 fn measure(
-    b: Benchmark,
+    (b, mode): (Benchmark, Option<Aggregation>),
     comm: &SimpleCommunicator,
     size: usize,
     opts: &Options,
@@ -367,11 +406,20 @@ fn measure(
     counters_now: impl Fn() -> Option<RowCounters>,
 ) -> Measurement {
     let np = comm.size() as usize;
-    let selected = opts.iterations.repetitions(size);
+    let mut selected = opts.iterations.repetitions(size);
+    if mode == Some(Aggregation::NonAggregate) {
+        selected = selected.min(MSGS_NONAGGREGATE);
+    }
     let mut bufs = Buffers::new(b, size, np, selected, opts.off_cache);
+    // IMB-RMA creates the window of each size on the benchmark's processes.
+    let window = b.kind().is_rma().then(|| RmaWindow::new(b, comm, size));
+    let kernel = |bufs: &mut Buffers, n: usize, mode: Option<Aggregation>| match &window {
+        Some(w) => rma_kernel(b, comm, w, bufs, size, n, mode),
+        None => [kernel(b, comm, bufs, size, n), -1.0],
+    };
     let mut n = selected;
     if opts.iterations.policy == IterPolicy::Dynamic {
-        let t1 = max_over(comm, kernel(b, comm, &mut bufs, size, 1));
+        let t1 = max_over(comm, kernel(&mut bufs, 1, mode)[0]);
         let rep_test = if t1 < 1.0 / opts.iterations.msgs_per_sample as f64 {
             opts.iterations.msgs_per_sample
         } else if t1 < 1.0 {
@@ -382,7 +430,7 @@ fn measure(
         let rep_test = max_over(comm, rep_test as f64) as usize;
         let tried = selected.min(rep_test).max(1);
         let t = if tried > 1 {
-            max_over(comm, kernel(b, comm, &mut bufs, size, tried))
+            max_over(comm, kernel(&mut bufs, tried, mode)[0])
         } else {
             t1
         };
@@ -397,9 +445,11 @@ fn measure(
         n = shared[0] as usize;
         *previous_repetitions = n;
     }
-    kernel(b, comm, &mut bufs, size, warmup_repetitions(n));
+    // IMB-RMA warms up in its first mode (non-aggregate where there are two).
+    let warm_mode = b.aggregations()[0];
+    kernel(&mut bufs, warmup_repetitions(n), warm_mode);
     let before = counters_now();
-    let seconds = kernel(b, comm, &mut bufs, size, n);
+    let seconds = kernel(&mut bufs, n, mode);
     Measurement {
         seconds,
         repetitions: n,

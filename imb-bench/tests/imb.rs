@@ -54,6 +54,7 @@ fn table_layout_matches_imb_byte_for_byte() {
         t_max: 9.5,
         t_avg: 9.45,
         mbytes_per_sec: 6898.36,
+        t_overlap: 0.0,
     };
     assert_eq!(
         output::row(Layout::TimeAndBandwidth, &pingpong),
@@ -70,6 +71,7 @@ fn table_layout_matches_imb_byte_for_byte() {
         t_max: 439.68,
         t_avg: 439.67,
         mbytes_per_sec: 19078.76,
+        t_overlap: 0.0,
     };
     assert_eq!(
         output::row(Layout::TimeRangeAndBandwidth, &sendrecv),
@@ -86,6 +88,7 @@ fn table_layout_matches_imb_byte_for_byte() {
         t_max: 1379.78,
         t_avg: 1379.44,
         mbytes_per_sec: 0.0,
+        t_overlap: 0.0,
     };
     assert_eq!(
         output::row(Layout::TimeRange, &allreduce),
@@ -98,6 +101,7 @@ fn table_layout_matches_imb_byte_for_byte() {
         t_max: 1.52,
         t_avg: 1.52,
         mbytes_per_sec: 0.0,
+        t_overlap: 0.0,
     };
     assert_eq!(
         format!(
@@ -332,6 +336,69 @@ fn every_benchmark_runs_on_one_to_four_ranks_in_every_mode() {
                 "{ctx}"
             );
         }
+    }
+}
+
+/// IMB-RMA's 17 benchmarks in IMB-RMA's format: two tables (non-aggregate, then aggregate)
+/// for the pair benchmarks, one per process count for the others, the atomics at 4 bytes
+/// only, Truly_passive_put's two times; on 2 and 3 ranks in the three modes.
+#[test]
+fn every_rma_benchmark_runs_in_imb_rmas_format_in_every_mode() {
+    for (mode, np) in [("copy", 3usize), ("pindown", 2), ("odp", 3)] {
+        let n = np.to_string();
+        let out = imb(&[
+            "--np",
+            &n,
+            "--mode",
+            mode,
+            "--suite",
+            "rma",
+            "-msglog",
+            "0:3",
+            "-iter",
+            "20",
+            "-iter_policy",
+            "off",
+        ]);
+        let ctx = format!("{mode} on {np} ranks:\n{out}");
+        assert!(out.contains("IMB-RMA 2021's MPI-RMA part"), "{ctx}");
+        let mut expected_rows = 0;
+        for b in Benchmark::RMA {
+            let counts = imb_bench::settings::process_counts(np, 2, b.kind().is_pair());
+            for p in &counts {
+                let header = format!("# Benchmarking {} \n# #processes = {p} \n", b.name());
+                assert!(out.contains(&header), "{b} on {p}: {ctx}");
+            }
+            let sizes = if b.single_element().is_some() {
+                1
+            } else if b.is_reduction() {
+                3 // 0, 4, 8
+            } else {
+                5 // 0, 1, 2, 4, 8
+            };
+            expected_rows += sizes * counts.len() * b.aggregations().len();
+        }
+        assert_eq!(
+            out.matches("#    MODE: NON-AGGREGATE \n").count(),
+            9,
+            "{ctx}"
+        );
+        assert_eq!(out.matches("#    MODE: AGGREGATE \n").count(), 9, "{ctx}");
+        assert!(
+            out.contains("       #bytes #repetitions t_pure[usec] t_ovrl[usec]"),
+            "{ctx}"
+        );
+        assert!(
+            out.contains("       #bytes #repetitions  t_min[usec]  t_max[usec]  t_avg[usec]"),
+            "{ctx}"
+        );
+        let rows = out
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty() && !l.contains("#repetitions"))
+            .count();
+        assert_eq!(rows, expected_rows, "{ctx}");
+        // Every row of a timed benchmark has a time: nothing came out as -1 or NaN.
+        assert!(!out.contains("-1.00") && !out.contains("NaN"), "{ctx}");
     }
 }
 

@@ -47,6 +47,7 @@ pub(super) fn kernel(
             }
             total / n as f64
         }
+        k => unreachable!("{b} is an IMB-RMA benchmark ({k:?}): rma_kernels.rs runs it"),
     }
 }
 

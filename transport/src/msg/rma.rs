@@ -58,7 +58,7 @@ pub enum RemoteAtomic {
 }
 
 /// Words of atomic results one batch can take (one page).
-const RESULT_WORDS: usize = 512;
+const RESULT_WORDS: usize = 32;
 
 /// The one-sided operations' state in the message layer.
 #[derive(Default)]
