@@ -69,7 +69,7 @@ cargo test -p pagewire --features mpi --lib host_mpi "${T[@]}"
 export PAGEWIRE_MPI_NP=2,3,4
 timeout 900 cargo test --release -p pagewire --features mpi --test mpirun "${T[@]}" -- --test-threads=1
 timeout 1800 cargo test --release -p pagewire --features mpi --test collectives \
-  --test point_to_point --test communicators --test user_reductions "${T[@]}" -- \
+  --test point_to_point --test communicators --test user_reductions --test windows "${T[@]}" -- \
   --test-threads=1 under_mpirun::
 timeout 900 cargo test --release -p pagewire --features mpi --test mpirun_examples "${T[@]}" -- \
   --test-threads=1
@@ -131,6 +131,12 @@ for np in 1 2 3 4; do
   echo "mpi: imb-bench on $np ranks (${modes[$((np - 1))]}): $(grep -c '^# Benchmarking' <<<"$out") tables"
 done
 timeout 300 "${mpirun[@]}" -np 2 "${imb[@]}" --transport mpi PingPong Allreduce Bcast Barrier
+# IMB-RMA on the host MPI library's windows and on pagewire's, 3 ranks.
+for transport in mpi soft; do
+  out=$(timeout 300 "${mpirun[@]}" -np 3 "${imb[@]}" --suite rma --transport "$transport")
+  grep -q '^# All processes entering MPI_Finalize' <<<"$out" || { echo "$out" >&2; exit 1; }
+  echo "mpi: imb-bench --suite rma on 3 ranks ($transport): $(grep -c '^# Benchmarking' <<<"$out") tables"
+done
 if out=$(timeout 120 "${mpirun[@]}" -np 2 "${imb[@]}" --mode all PingPong 2>&1); then
   echo "mpi: imb-bench --mode all ran under mpirun; it must refuse" >&2
   exit 1

@@ -111,6 +111,17 @@ per_backend! {
     }
 }
 
+impl CommBackend {
+    /// The host MPI library's communicator, on the mpi transport.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn host_mpi(&self) -> Option<&host_mpi::communicator::HostMpiComm> {
+        match self {
+            CommBackend::HostMpi(h) => Some(h),
+            CommBackend::Pagewire(_) => None,
+        }
+    }
+}
+
 /// Starts the backend `cfg` asks for and returns the world communicator's.
 pub(crate) fn start(cfg: UniverseConfig) -> Result<CommBackend> {
     match cfg.transport {

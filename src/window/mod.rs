@@ -93,6 +93,20 @@ struct Part {
     control: RemoteMemory,
 }
 
+/// What carries a window's operations.
+enum Carrier {
+    /// pagewire's NIC: this rank's registrations, its part's (none for an empty part) and
+    /// its control page's.
+    Nic {
+        own_key: Option<u32>,
+        control: AnonMapping,
+        control_key: u32,
+    },
+    /// The host MPI library's windows (`PAGEWIRE_TRANSPORT=mpi`).
+    #[cfg(feature = "mpi")]
+    HostMpi(crate::backend::host_mpi::window::HostWindow),
+}
+
 /// A lock this rank holds on a target's part.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Held {
@@ -109,10 +123,8 @@ pub struct Window<T: Equivalence + Send + Sync> {
     map: TypeMap,
     rank: usize,
     parts: Vec<Part>,
-    /// This rank's registrations: its part (none for an empty part) and its control page.
-    own_key: Option<u32>,
-    control: AnonMapping,
-    control_key: u32,
+    /// What carries the operations.
+    carrier: Carrier,
     /// The locks this rank holds, by target.
     held: RefCell<Vec<Held>>,
     /// A local access is running (they do not nest).
@@ -154,10 +166,34 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         let comm = comm.try_duplicate()?;
         let memory = WindowMemory::new(data);
         let part_bytes = (memory.len() * std::mem::size_of::<T>()) as u64;
-        let control = AnonMapping::new(CONTROL_BYTES)
-            .map_err(|e| Error::os("mmap of a window's control page", e))?;
         let world = comm.as_simple().backend().world_ranks()?;
         let rank = comm.rank() as usize;
+        #[cfg(feature = "mpi")]
+        if let Some(host) = comm.as_simple().backend().host_mpi() {
+            // The window's memory stays where `memory` keeps it until the free.
+            let window = host.create_window(memory.addr() as *mut u8, part_bytes as usize)?;
+            let mut sizes = vec![0u64; world.len()];
+            comm.try_all_gather_into(&[part_bytes][..], &mut sizes[..])?;
+            let parts = sizes
+                .iter()
+                .zip(&world)
+                .map(|(&bytes, &world)| Part {
+                    world,
+                    bytes,
+                    ..Part::default()
+                })
+                .collect();
+            return Ok(Self::assemble(
+                comm,
+                memory,
+                (bytes, map),
+                rank,
+                parts,
+                Carrier::HostMpi(window),
+            ));
+        }
+        let control = AnonMapping::new(CONTROL_BYTES)
+            .map_err(|e| Error::os("mmap of a window's control page", e))?;
         // Registered rounded out to whole words, for the atomics on its edge elements.
         let (reg_addr, reg_len) = if part_bytes == 0 {
             (0, 0)
@@ -215,7 +251,30 @@ impl<T: Equivalence + Send + Sync> Window<T> {
                 },
             })
             .collect::<Vec<_>>();
-        Ok(Window {
+        let carrier = Carrier::Nic {
+            own_key: own.map(|o| o.lkey),
+            control,
+            control_key: ctrl.lkey,
+        };
+        Ok(Self::assemble(
+            comm,
+            memory,
+            (bytes, map),
+            rank,
+            parts,
+            carrier,
+        ))
+    }
+
+    fn assemble(
+        comm: SimpleCommunicator,
+        memory: WindowMemory<T>,
+        (bytes, map): (ElementBytes<T>, TypeMap),
+        rank: usize,
+        parts: Vec<Part>,
+        carrier: Carrier,
+    ) -> Window<T> {
+        Window {
             held: RefCell::new(vec![Held::None; parts.len()]),
             comm,
             memory,
@@ -223,14 +282,12 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             map,
             rank,
             parts,
-            own_key: own.map(|o| o.lkey),
-            control,
-            control_key: ctrl.lkey,
+            carrier,
             local_open: Cell::new(false),
             exposure: RefCell::new(None),
             access: RefCell::new(None),
             freed: false,
-        })
+        }
     }
 
     /// This rank in the window's communicator.
@@ -318,9 +375,13 @@ impl<T: Equivalence + Send + Sync> Window<T> {
     pub fn try_put(&self, target: Rank, target_disp: usize, data: &[T]) -> Result<()> {
         let (part, at) = self.range(target, target_disp, data.len())?;
         let src = self.bytes.of(data);
-        with_layer(&self.comm, |p2p| {
-            p2p.put(part.world, at, part.memory.rkey, src)
-        })
+        match &self.carrier {
+            Carrier::Nic { .. } => with_layer(&self.comm, |p2p| {
+                p2p.put(part.world, at, part.memory.rkey, src)
+            }),
+            #[cfg(feature = "mpi")]
+            Carrier::HostMpi(w) => w.put(target, at - part.base, src),
+        }
     }
 
     /// Reads `buf.len()` elements of rank `target`'s part from element `target_disp` into
@@ -333,9 +394,13 @@ impl<T: Equivalence + Send + Sync> Window<T> {
     pub fn try_get(&self, target: Rank, target_disp: usize, buf: &mut [T]) -> Result<()> {
         let (part, at) = self.range(target, target_disp, buf.len())?;
         let dst = self.bytes.of_mut(buf);
-        with_layer(&self.comm, |p2p| {
-            p2p.get(part.world, at, part.memory.rkey, dst)
-        })
+        match &self.carrier {
+            Carrier::Nic { .. } => with_layer(&self.comm, |p2p| {
+                p2p.get(part.world, at, part.memory.rkey, dst)
+            }),
+            #[cfg(feature = "mpi")]
+            Carrier::HostMpi(w) => w.get(target, at - part.base, dst),
+        }
     }
 
     /// Combines `data` into rank `target`'s part from element `target_disp` with `op`,
@@ -352,14 +417,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         data: &[T],
         op: SystemOperation,
     ) -> Result<()> {
-        self.update(
-            target,
-            target_disp,
-            data.len(),
-            op.op(),
-            self.bytes.of(data),
-        )?;
-        Ok(())
+        self.update(target, target_disp, op.op(), self.bytes.of(data), None)
     }
 
     /// [`Window::accumulate`] that also returns the elements' values before it into
@@ -392,15 +450,14 @@ impl<T: Equivalence + Send + Sync> Window<T> {
                 result.len()
             )));
         }
-        let old = self.update(
+        let result = self.bytes.of_mut(result);
+        self.update(
             target,
             target_disp,
-            data.len(),
             op.op(),
             self.bytes.of(data),
-        )?;
-        self.bytes.of_mut(result).copy_from_slice(&old);
-        Ok(())
+            Some(result),
+        )
     }
 
     /// Combines `value` into element `target_disp` of rank `target`'s part with `op`,
@@ -465,6 +522,20 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         let (part, at) = self.range(target, target_disp, 1)?;
         let compare = self.bytes.of(std::slice::from_ref(&compare)).to_vec();
         let swap_bytes = self.bytes.of(std::slice::from_ref(&swap)).to_vec();
+        #[cfg(feature = "mpi")]
+        if let Carrier::HostMpi(w) = &self.carrier {
+            let unit = self.primitive(Op::Replace)?;
+            let mut out = [swap];
+            w.compare_and_swap(
+                target,
+                at - part.base,
+                unit,
+                &compare,
+                &swap_bytes,
+                self.bytes.of_mut(&mut out),
+            )?;
+            return Ok(out[0]);
+        }
         let old = self.update_bytes(part, at, compare.len(), &mut |current| {
             Ok(if current == compare {
                 swap_bytes.clone()
@@ -703,14 +774,24 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         // Every rank reaches the free (or a dead one is reported) before anything goes.
         let barrier = self.comm.try_barrier();
         // No rank accesses the window any more: the lock word is read as it is.
-        let word = u64::from_ne_bytes(self.control.as_slice()[..8].try_into().expect("8 bytes"));
-        let own_key = self.own_key.take();
-        let control_key = self.control_key;
-        let unexposed = with_layer(&self.comm, |p2p| {
-            let a = own_key.map_or(Ok(()), |k| p2p.unexpose(k));
-            let b = p2p.unexpose(control_key);
-            a.and(b)
-        });
+        let (word, unexposed) = match &mut self.carrier {
+            Carrier::Nic {
+                own_key,
+                control,
+                control_key,
+            } => {
+                let word = u64::from_ne_bytes(control.as_slice()[..8].try_into().expect("8 bytes"));
+                let (own, ctrl) = (own_key.take(), *control_key);
+                let unexposed = with_layer(&self.comm, |p2p| {
+                    let a = own.map_or(Ok(()), |k| p2p.unexpose(k));
+                    let b = p2p.unexpose(ctrl);
+                    a.and(b)
+                });
+                (word, unexposed)
+            }
+            #[cfg(feature = "mpi")]
+            Carrier::HostMpi(w) => (w.own_control(0), w.free()),
+        };
         barrier?;
         flushed?;
         if let Some(why) = open {
@@ -802,8 +883,43 @@ impl<T: Equivalence + Send + Sync> Window<T> {
 
     /// Waits for this rank's inline puts to `target` (all: `None`) to complete.
     fn flush_puts(&self, target: Option<usize>) -> Result<()> {
-        let world = target.map(|t| self.parts[t].world);
-        with_layer(&self.comm, |p2p| p2p.rma_flush(world))
+        match &self.carrier {
+            Carrier::Nic { .. } => {
+                let world = target.map(|t| self.parts[t].world);
+                with_layer(&self.comm, |p2p| p2p.rma_flush(world))
+            }
+            #[cfg(feature = "mpi")]
+            Carrier::HostMpi(w) => match target {
+                Some(t) => w.flush(t as Rank),
+                None => w.flush_all(),
+            },
+        }
+    }
+
+    /// Compare-and-swap of `target`'s control word at byte `word`: its old value.
+    fn control_cas(&self, target: usize, word: u64, compare: u64, swap: u64) -> Result<u64> {
+        match &self.carrier {
+            Carrier::Nic { .. } => {
+                let part = self.parts[target];
+                let op = RemoteAtomic::CmpSwap { compare, swap };
+                Ok(self.atomics(part, part.control.rkey, &[(part.control.addr + word, op)])?[0])
+            }
+            #[cfg(feature = "mpi")]
+            Carrier::HostMpi(w) => w.control_cas(target as Rank, word / 8, compare, swap),
+        }
+    }
+
+    /// Fetch-and-add of `target`'s control word at byte `word`: its old value.
+    fn control_add(&self, target: usize, word: u64, add: u64) -> Result<u64> {
+        match &self.carrier {
+            Carrier::Nic { .. } => {
+                let part = self.parts[target];
+                let op = RemoteAtomic::FetchAdd { add };
+                Ok(self.atomics(part, part.control.rkey, &[(part.control.addr + word, op)])?[0])
+            }
+            #[cfg(feature = "mpi")]
+            Carrier::HostMpi(w) => w.control_add(target as Rank, word / 8, add),
+        }
     }
 
     /// Runs atomics on `target`'s words under `rkey`.
@@ -819,24 +935,14 @@ impl<T: Equivalence + Send + Sync> Window<T> {
                 self.rank
             )));
         }
-        let part = self.parts[target];
-        let word = part.control.addr + LOCK_WORD;
         let mut spins = 0u32;
         loop {
             let got = match how {
-                Held::Exclusive => {
-                    let op = RemoteAtomic::CmpSwap {
-                        compare: 0,
-                        swap: EXCLUSIVE,
-                    };
-                    self.atomics(part, part.control.rkey, &[(word, op)])?[0] == 0
-                }
+                Held::Exclusive => self.control_cas(target, LOCK_WORD, 0, EXCLUSIVE)? == 0,
                 _ => {
-                    let add = RemoteAtomic::FetchAdd { add: 1 };
-                    let old = self.atomics(part, part.control.rkey, &[(word, add)])?[0];
+                    let old = self.control_add(target, LOCK_WORD, 1)?;
                     if old & EXCLUSIVE != 0 {
-                        let back = RemoteAtomic::FetchAdd { add: u64::MAX };
-                        self.atomics(part, part.control.rkey, &[(word, back)])?;
+                        self.control_add(target, LOCK_WORD, u64::MAX)?;
                         false
                     } else {
                         true
@@ -869,13 +975,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         };
         // The epoch's puts are complete at the target before the lock goes.
         self.flush_puts(Some(target))?;
-        let part = self.parts[target];
-        let op = RemoteAtomic::FetchAdd { add };
-        self.atomics(
-            part,
-            part.control.rkey,
-            &[(part.control.addr + LOCK_WORD, op)],
-        )?;
+        self.control_add(target, LOCK_WORD, add)?;
         self.held.borrow_mut()[target] = Held::None;
         Ok(())
     }
@@ -886,17 +986,55 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         &self,
         target: Rank,
         disp: usize,
-        count: usize,
+        op: Op,
+        origin: &[u8],
+        result: Option<&mut [u8]>,
+    ) -> Result<()> {
+        let count = origin.len() / std::mem::size_of::<T>().max(1);
+        let (part, at) = self.range(target, disp, count)?;
+        let unit = self.primitive(op)?;
+        if !op.is_one_sided_only() {
+            // An operation not defined for the type (bitwise on floats) is refused before
+            // anything moves, on either carrier.
+            combine_bytes(&self.map, Reduction::System(op), &[])?;
+        }
+        #[cfg(feature = "mpi")]
+        if let Carrier::HostMpi(w) = &self.carrier {
+            let unit_bytes = unit_size(unit);
+            return w.accumulate(
+                (target, at - part.base),
+                (unit, unit_bytes),
+                op,
+                origin,
+                result,
+            );
+        }
+        let old = self.update_nic(part, at, unit, op, origin)?;
+        if let Some(result) = result {
+            result.copy_from_slice(&old);
+        }
+        Ok(())
+    }
+
+    /// The one primitive the elements are made of, for `op`.
+    fn primitive(&self, op: Op) -> Result<Primitive> {
+        self.map.primitive().ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{} needs a datatype made of one primitive type (a number or bool)",
+                op.mpi_name()
+            ))
+        })
+    }
+
+    /// [`Window::update`] on the NIC: the elements' bytes before.
+    fn update_nic(
+        &self,
+        part: Part,
+        at: u64,
+        unit: Primitive,
         op: Op,
         origin: &[u8],
     ) -> Result<Vec<u8>> {
-        let (part, at) = self.range(target, disp, count)?;
-        let Some(unit) = self.map.primitive() else {
-            return Err(Error::InvalidArgument(format!(
-                "{} needs a datatype made of one primitive type (a number or bool)",
-                op.mpi_name()
-            )));
-        };
         let unit_bytes = unit_size(unit);
         // Sums and reads of 64-bit integers are the NIC's fetch-and-add, word by word.
         if matches!(unit, Primitive::I64 | Primitive::U64)
@@ -1025,11 +1163,22 @@ impl<T: Equivalence + Send + Sync> Drop for Window<T> {
         if std::thread::panicking() {
             // The other ranks may never reach the free: give back the registrations only.
             self.freed = true;
-            let (own, control) = (self.own_key.take(), self.control_key);
-            let _ = with_layer(&self.comm, |p2p| {
-                own.map(|k| p2p.unexpose(k));
-                p2p.unexpose(control)
-            });
+            match &mut self.carrier {
+                Carrier::Nic {
+                    own_key,
+                    control_key,
+                    ..
+                } => {
+                    let (own, control) = (own_key.take(), *control_key);
+                    let _ = with_layer(&self.comm, |p2p| {
+                        own.map(|k| p2p.unexpose(k));
+                        p2p.unexpose(control)
+                    });
+                }
+                // Freeing an MPI window is collective: it is left to MPI_Finalize.
+                #[cfg(feature = "mpi")]
+                Carrier::HostMpi(w) => w.leave_to_finalize(),
+            }
             return;
         }
         if let Err(e) = self.free() {

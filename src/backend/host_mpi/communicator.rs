@@ -41,6 +41,11 @@ impl std::fmt::Debug for HostMpiComm {
 }
 
 impl HostMpiComm {
+    /// The communicator point-to-point calls (and windows) use.
+    pub(super) fn peer_comm(&self) -> &super::ffi::PeerComm {
+        self.mpi.p2p()
+    }
+
     /// Starts the mpi transport: the MPI bootstrap and a host-MPI backend on
     /// `MPI_COMM_WORLD`, whose communicator this returns.
     pub(crate) fn start_world() -> Result<HostMpiComm> {

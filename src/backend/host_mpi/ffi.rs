@@ -70,7 +70,7 @@ fn cast_mut<T: Element, U: bytemuck::Pod>(s: &mut [T]) -> &mut [U] {
 }
 
 /// The predefined `MPI_Op` of `op`.
-fn mpi_op(op: Op) -> MpiOp {
+pub(super) fn mpi_op(op: Op) -> MpiOp {
     match op {
         Op::Sum => MpiOp::sum(),
         Op::Product => MpiOp::product(),
@@ -371,7 +371,7 @@ fn error_class(code: c_int) -> c_int {
     class
 }
 
-fn check(call: &'static str, code: c_int) -> Result<()> {
+pub(super) fn check(call: &'static str, code: c_int) -> Result<()> {
     if code == ffi::MPI_SUCCESS as c_int {
         Ok(())
     } else {

@@ -75,6 +75,7 @@ pub(crate) mod communicator;
 mod ffi;
 mod reduction;
 mod request;
+pub(crate) mod window;
 
 use std::cell::Cell;
 use std::marker::PhantomData;
