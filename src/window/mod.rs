@@ -683,11 +683,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             ));
         }
         let origins = self.ranks_of(group)?;
-        for &o in &origins {
-            self.comm
-                .process_at_rank(o as Rank)
-                .try_send_with_tag(&0u8, POST_TAG)?;
-        }
+        self.notify(&origins, POST_TAG)?;
         *self.exposure.borrow_mut() = Some(origins);
         Ok(())
     }
@@ -706,12 +702,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             ));
         }
         let targets = self.ranks_of(group)?;
-        for &t in &targets {
-            let mut token = 0u8;
-            self.comm
-                .process_at_rank(t as Rank)
-                .try_receive_into_with_tag(&mut token, Some(POST_TAG))?;
-        }
+        self.await_notices(&targets, POST_TAG)?;
         *self.access.borrow_mut() = Some(targets);
         Ok(())
     }
@@ -730,11 +721,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         for &t in &targets {
             self.flush_puts(Some(t))?;
         }
-        for t in targets {
-            self.comm
-                .process_at_rank(t as Rank)
-                .try_send_with_tag(&0u8, COMPLETE_TAG)?;
-        }
+        self.notify(&targets, COMPLETE_TAG)?;
         Ok(())
     }
 
@@ -749,12 +736,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         let Some(origins) = self.exposure.borrow_mut().take() else {
             return Err(Error::WindowSync("wait without post".into()));
         };
-        for o in origins {
-            let mut token = 0u8;
-            self.comm
-                .process_at_rank(o as Rank)
-                .try_receive_into_with_tag(&mut token, Some(COMPLETE_TAG))?;
-        }
+        self.await_notices(&origins, COMPLETE_TAG)?;
         Ok(())
     }
 
@@ -861,6 +843,27 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             });
         }
         Ok((part, part.base + offset))
+    }
+
+    /// Sends a zero-byte notice with `tag` to each of `ranks` (post/start/complete/wait).
+    fn notify(&self, ranks: &[usize], tag: i32) -> Result<()> {
+        for &r in ranks {
+            self.comm
+                .process_at_rank(r as Rank)
+                .try_send_with_tag(&0u8, tag)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for a zero-byte notice with `tag` from each of `ranks`.
+    fn await_notices(&self, ranks: &[usize], tag: i32) -> Result<()> {
+        for &r in ranks {
+            let mut notice = 0u8;
+            self.comm
+                .process_at_rank(r as Rank)
+                .try_receive_into_with_tag(&mut notice, Some(tag))?;
+        }
+        Ok(())
     }
 
     /// The window ranks of `group`'s members.

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# One-sided communication against MPICH: imb-bench's IMB-RMA on pagewire's windows in the
+# three buffer modes (pwrun, soft NIC) and on MPICH's windows (the same binary under
+# mpirun with --transport mpi), 2 ranks bound to cores, alternating, ROUNDS rounds. Prints
+# per benchmark, aggregation mode and size the median time of each and pagewire's over
+# MPICH's (below 1: faster than MPICH), with the range over the rounds. Every raw output is
+# kept in OUTDIR as CONFIG-rROUND.json and .txt, with summary.md. Needs MPICH's mpirun (the
+# `mpi` feature's build).
+#
+# Usage: tools/bench/rma.sh [OUTDIR]   (default: target/bench/rma)
+# Environment: ROUNDS [3], MSGLOG [0:20], TIME [1] (imb-bench -time, seconds per size at
+# most), BENCHMARKS [a selection of IMB-RMA's], BUILD [1].
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:-target/bench/rma}
+rounds=${ROUNDS:-3}
+msglog=${MSGLOG:-0:20}
+secs=${TIME:-1}
+read -r -a benchmarks <<<"${BENCHMARKS:-Unidir_put Unidir_get Bidir_put Put_local One_put_all Exchange_put Accumulate Get_accumulate Fetch_and_op Compare_and_swap Truly_passive_put}"
+mkdir -p "$out"
+source tools/bench/run_record.sh
+run_record_start "$out" "$0" "$@"
+rm -f "$out"/*-r*.json "$out"/*-r*.txt "$out"/summary.md
+if [ "${BUILD:-1}" = 1 ]; then
+  cargo build --release -q -p imb-bench -p pagewire-tools
+  cargo build --release -q -p imb-bench --features mpi --target-dir target/mpi
+fi
+mpirun=(mpirun)
+command -v ssh >/dev/null 2>&1 || mpirun+=(-launcher fork)
+args=("${benchmarks[@]}" -msglog "$msglog" -time "$secs" --no-progress)
+{
+  echo "# $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "# $(nproc) cpus, $(uname -sr); $("${mpirun[@]}" --version | sed -n 2p | xargs)"
+  echo "# rounds $rounds; imb-bench ${args[*]}"
+} > "$out/machine.txt"
+run() {
+  local config=$1 r=$2
+  shift 2
+  timeout 1800 "$@" "${args[@]}" --json "$out/$config-r$r.json" > "$out/$config-r$r.txt"
+}
+for r in $(seq 1 "$rounds"); do
+  configs=(mpich copy pindown odp)
+  [ $((r % 2)) = 0 ] && configs=(odp pindown copy mpich)
+  for c in "${configs[@]}"; do
+    case $c in
+      mpich) run mpich "$r" "${mpirun[@]}" -bind-to core -np 2 target/mpi/release/imb-bench \
+        --transport mpi ;;
+      pindown) PAGEWIRE_MEMLOCK_LIMIT=unlimited run pindown "$r" target/release/pwrun -n 2 \
+        --bind-to core target/release/imb-bench --mode pindown ;;
+      *) run "$c" "$r" target/release/pwrun -n 2 --bind-to core target/release/imb-bench \
+        --mode "$c" ;;
+    esac
+  done
+done
+python3 - "$out" "$rounds" <<'PY' | tee "$out/summary.md"
+import json, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+def tables(config, r):
+    res = json.load(open(f"{out}/{config}-r{r}.json"))
+    t = {}
+    for tab in res["tables"]:
+        if tab["invalid"] or tab["processes"] != 2:
+            continue
+        key = (tab["benchmark"], tab.get("aggregation"))
+        t[key] = {row["bytes"]: (row["t_max_usec"], row.get("t_ovrl_usec")) for row in tab["rows"]}
+    return t
+runs = {c: [tables(c, r) for r in range(1, rounds + 1)] for c in ("mpich", "copy", "pindown", "odp")}
+print(open(f"{out}/machine.txt").read().rstrip())
+print()
+print("Time per operation in µs (median over the rounds; Truly_passive_put: t_ovrl), and "
+      "pagewire's over MPICH's, median (min-max over the rounds):")
+print()
+print("| benchmark | mode | bytes | MPICH µs | copy | pindown | odp |")
+print("|---|---|---|---|---|---|---|")
+sizes = (8, 4096, 65536, 1048576)
+for key in runs["mpich"][0]:
+    bench, agg = key
+    mode = {"NonAggregate": "non-aggr.", "Aggregate": "aggr."}.get(agg, "")
+    for size in sorted(runs["mpich"][0][key]):
+        if size not in sizes and not (bench in ("Fetch_and_op", "Compare_and_swap") and size == 4):
+            continue
+        def t(run):
+            v = run.get(key, {}).get(size)
+            if v is None:
+                return None
+            return v[1] if bench == "Truly_passive_put" else v[0]
+        base = [t(x) for x in runs["mpich"]]
+        if any(b is None or b <= 0 for b in base):
+            continue
+        cells = []
+        for c in ("copy", "pindown", "odp"):
+            mine = [t(x) for x in runs[c]]
+            if any(m is None for m in mine):
+                cells.append("-")
+                continue
+            ratios = [m / b for m, b in zip(mine, base)]
+            cells.append(f"{statistics.median(mine):.2f} µs, {statistics.median(ratios):.2f} "
+                         f"({min(ratios):.2f}-{max(ratios):.2f})")
+        print(f"| {bench} | {mode} | {size} | {statistics.median(base):.2f} | " + " | ".join(cells) + " |")
+PY
+run_record_end "$out"
