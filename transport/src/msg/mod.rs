@@ -415,10 +415,13 @@ impl PointToPoint {
     pub fn progress(&mut self) -> Result<bool> {
         let mut events = 0usize;
         let mut first_err = None;
-        // With every rank on the local path the NIC carries only liveness probes: it is
-        // polled on one pass in NIC_POLL_EVERY_WHEN_LOCAL, not on each.
+        // With every rank on the local path the NIC carries only liveness probes (and the
+        // one-sided operations of windows, while there are any): it is polled on one pass in
+        // NIC_POLL_EVERY_WHEN_LOCAL, not on each.
         self.passes = self.passes.wrapping_add(1);
-        let poll_nic = !self.all_local || self.passes % NIC_POLL_EVERY_WHEN_LOCAL == 0;
+        let poll_nic = !self.all_local
+            || self.rma.exposing()
+            || self.passes % NIC_POLL_EVERY_WHEN_LOCAL == 0;
         if poll_nic {
             loop {
                 self.scratch.clear();

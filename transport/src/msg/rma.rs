@@ -71,6 +71,17 @@ pub(crate) struct RmaState {
     pub(super) results: Option<(AnonMapping, u32)>,
     /// Inline puts posted and not yet waited for: (target, slot).
     deferred: Vec<(usize, usize)>,
+    /// Regions this rank exposes now: while there are any, progress polls the NIC on every
+    /// pass, also when every peer is on the local path, since peers' one-sided operations
+    /// on them go through it.
+    exposed: u32,
+}
+
+impl RmaState {
+    /// Whether this rank exposes memory to peers' one-sided operations now.
+    pub(crate) fn exposing(&self) -> bool {
+        self.exposed > 0
+    }
 }
 
 /// The origin's side of a put or a get.
@@ -93,13 +104,17 @@ impl PointToPoint {
         if self.mode.exposes_on_demand() {
             access = access | Access::ON_DEMAND;
         }
-        self.nic.register(addr, len, access)
+        let region = self.nic.register(addr, len, access)?;
+        self.rma.exposed += 1;
+        Ok(region)
     }
 
     /// Ends the exposure of a region [`Self::expose`] made: the NIC waits for any access in
     /// flight, and the key fails from then on.
     pub fn unexpose(&mut self, lkey: u32) -> Result<()> {
-        self.nic.deregister(lkey)
+        self.nic.deregister(lkey)?;
+        self.rma.exposed = self.rma.exposed.saturating_sub(1);
+        Ok(())
     }
 
     /// Whether the NIC's atomics are also atomic against the target's CPU
