@@ -20,11 +20,14 @@
 //!   registration cache in `pindown`, the on-demand key in `odp`). The target's CPU does
 //!   nothing: its soft NIC's engine checks and moves, or its driver thread when the
 //!   application computes.
-//! - Accumulates, fetch-and-op and compare-and-swap on elements of up to 8 bytes are the
-//!   NIC's 64-bit atomics: `FETCH_ADD` for sums of 64-bit integers and for no-op reads of
-//!   them, `CMP_SWAP` on the words holding the elements otherwise (`word_update.rs`).
-//!   Larger elements (128-bit integers) are updated under the target's update mutex, itself
-//!   a word taken with `CMP_SWAP`.
+//! - Sums (and no-op reads) of 64-bit integers are the NIC's `FETCH_ADD`, element by
+//!   element, and a compare-and-swap of an aligned 8-byte element is its `CMP_SWAP`. Every
+//!   other accumulate, fetching accumulate and compare-and-swap runs under the target's
+//!   update mutex, a word of its control page taken with `CMP_SWAP`: a get, the combination
+//!   at the origin, a put, the mutex given back (four round trips whatever the count, as
+//!   foMPI-style RDMA implementations emulate accumulates). With MPI's default
+//!   `accumulate_ops = same_op_no_op`, concurrent updates of one location use one operation,
+//!   so they take one of the two ways and each element update is atomic.
 //! - Locks are words in the target's control page: exclusive is a compare-and-swap from
 //!   free, shared a fetch-and-add of one that backs off while the exclusive bit is set.
 //!
@@ -49,7 +52,6 @@
 //! says so.
 
 mod memory;
-mod word_update;
 
 use std::cell::{Cell, RefCell};
 
@@ -66,7 +68,6 @@ use crate::point_to_point::{Destination, Source};
 use crate::topology::{Communicator, Group, Rank, SimpleCommunicator};
 
 use memory::{ElementBytes, WindowMemory};
-use word_update::WordSpan;
 
 /// The lock word's exclusive bit; the bits below count shared holders.
 const EXCLUSIVE: u64 = 1 << 62;
@@ -536,13 +537,24 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             )?;
             return Ok(out[0]);
         }
-        let old = self.update_bytes(part, at, compare.len(), &mut |current| {
-            Ok(if current == compare {
-                swap_bytes.clone()
-            } else {
-                current.to_vec()
-            })
-        })?;
+        let old = if compare.len() == 8 && at % 8 == 0 {
+            // One aligned word: the NIC's compare-and-swap.
+            let word = |b: &[u8]| u64::from_ne_bytes(b.try_into().expect("8 bytes"));
+            let op = RemoteAtomic::CmpSwap {
+                compare: word(&compare),
+                swap: word(&swap_bytes),
+            };
+            let old = self.atomics(part, part.memory.rkey, &[(at, op)])?[0];
+            old.to_ne_bytes().to_vec()
+        } else {
+            self.update_under_mutex(part, at, compare.len(), &mut |current| {
+                Ok(if current == compare {
+                    swap_bytes.clone()
+                } else {
+                    current.to_vec()
+                })
+            })?
+        };
         let mut out = [swap];
         self.bytes.of_mut(&mut out).copy_from_slice(&old);
         Ok(out[0])
@@ -1038,7 +1050,6 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         op: Op,
         origin: &[u8],
     ) -> Result<Vec<u8>> {
-        let unit_bytes = unit_size(unit);
         // Sums and reads of 64-bit integers are the NIC's fetch-and-add, word by word.
         if matches!(unit, Primitive::I64 | Primitive::U64)
             && matches!(op, Op::Sum | Op::NoOp)
@@ -1066,66 +1077,12 @@ impl<T: Equivalence + Send + Sync> Window<T> {
                 _ => combine_bytes(map, Reduction::System(op), &[origin, current]),
             }
         };
-        if unit_bytes > 8 {
-            return self.update_under_mutex(part, at, origin.len(), &mut combine);
-        }
-        self.update_bytes(part, at, origin.len(), &mut combine)
-    }
-
-    /// Updates `len` bytes at `at` in `part` to `combine(current)`, atomically per word with
-    /// `CMP_SWAP` (see `word_update.rs`); the bytes before.
-    fn update_bytes(
-        &self,
-        part: Part,
-        at: u64,
-        len: usize,
-        combine: &mut dyn FnMut(&[u8]) -> Result<Vec<u8>>,
-    ) -> Result<Vec<u8>> {
-        if len == 0 {
-            return Ok(Vec::new());
-        }
-        let span = WordSpan::new(at, len);
-        // A first guess of the words: a plain read (a torn guess only costs a retry).
-        let mut guess = vec![0u8; span.words * 8];
-        with_layer(&self.comm, |p2p| {
-            p2p.get(part.world, span.first, part.memory.rkey, &mut guess)
-        })?;
-        let mut words: Vec<u64> = guess
-            .chunks_exact(8)
-            .map(|c| u64::from_ne_bytes(c.try_into().expect("8 bytes")))
-            .collect();
-        let mut confirmed = vec![false; span.words];
-        loop {
-            let new = span.insert(&words, &combine(&span.extract(&words))?);
-            let pending: Vec<usize> = (0..span.words).filter(|&i| !confirmed[i]).collect();
-            let ops: Vec<(u64, RemoteAtomic)> = pending
-                .iter()
-                .map(|&i| {
-                    let op = RemoteAtomic::CmpSwap {
-                        compare: words[i],
-                        swap: new[i],
-                    };
-                    (span.word_addr(i), op)
-                })
-                .collect();
-            let old = self.atomics(part, part.memory.rkey, &ops)?;
-            for (&i, &o) in pending.iter().zip(&old) {
-                if o == words[i] {
-                    confirmed[i] = true;
-                } else {
-                    words[i] = o;
-                }
-            }
-            if confirmed.iter().all(|&c| c) {
-                return Ok(span.extract(&words));
-            }
-            // A word changed under the guess: compute again from the values found. The
-            // confirmed words keep what they were before their swap.
-        }
+        self.update_under_mutex(part, at, origin.len(), &mut combine)
     }
 
     /// Updates `len` bytes at `at` in `part` to `combine(current)` under the target's
-    /// update mutex (elements the 64-bit atomics cannot hold); the bytes before.
+    /// update mutex (a word of its control page taken with `CMP_SWAP`): a get, the
+    /// combination here, a put, the mutex given back; the bytes before.
     fn update_under_mutex(
         &self,
         part: Part,
@@ -1222,6 +1179,7 @@ fn with_layer<R>(
 }
 
 /// Bytes of one `unit`.
+#[cfg(feature = "mpi")]
 fn unit_size(unit: Primitive) -> usize {
     use Primitive::*;
     match unit {

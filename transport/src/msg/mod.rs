@@ -419,9 +419,8 @@ impl PointToPoint {
         // one-sided operations of windows, while there are any): it is polled on one pass in
         // NIC_POLL_EVERY_WHEN_LOCAL, not on each.
         self.passes = self.passes.wrapping_add(1);
-        let poll_nic = !self.all_local
-            || self.rma.exposing()
-            || self.passes % NIC_POLL_EVERY_WHEN_LOCAL == 0;
+        let poll_nic =
+            !self.all_local || self.rma.exposing() || self.passes % NIC_POLL_EVERY_WHEN_LOCAL == 0;
         if poll_nic {
             loop {
                 self.scratch.clear();
