@@ -547,7 +547,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             let old = self.atomics(part, part.memory.rkey, &[(at, op)])?[0];
             old.to_ne_bytes().to_vec()
         } else {
-            self.update_under_mutex(part, at, compare.len(), &mut |current| {
+            self.update_under_mutex(target as usize, at, compare.len(), &mut |current| {
                 Ok(if current == compare {
                     swap_bytes.clone()
                 } else {
@@ -1006,7 +1006,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         result: Option<&mut [u8]>,
     ) -> Result<()> {
         let count = origin.len() / std::mem::size_of::<T>().max(1);
-        let (part, at) = self.range(target, disp, count)?;
+        let (_, at) = self.range(target, disp, count)?;
         let unit = self.primitive(op)?;
         if !op.is_one_sided_only() {
             // An operation not defined for the type (bitwise on floats) is refused before
@@ -1017,14 +1017,14 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         if let Carrier::HostMpi(w) = &self.carrier {
             let unit_bytes = unit_size(unit);
             return w.accumulate(
-                (target, at - part.base),
+                (target, at - self.parts[target as usize].base),
                 (unit, unit_bytes),
                 op,
                 origin,
                 result,
             );
         }
-        let old = self.update_nic(part, at, unit, op, origin)?;
+        let old = self.update_nic(target as usize, at, unit, op, origin)?;
         if let Some(result) = result {
             result.copy_from_slice(&old);
         }
@@ -1044,12 +1044,13 @@ impl<T: Equivalence + Send + Sync> Window<T> {
     /// [`Window::update`] on the NIC: the elements' bytes before.
     fn update_nic(
         &self,
-        part: Part,
+        target: usize,
         at: u64,
         unit: Primitive,
         op: Op,
         origin: &[u8],
     ) -> Result<Vec<u8>> {
+        let part = self.parts[target];
         // Sums and reads of 64-bit integers are the NIC's fetch-and-add, word by word.
         if matches!(unit, Primitive::I64 | Primitive::U64)
             && matches!(op, Op::Sum | Op::NoOp)
@@ -1077,7 +1078,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
                 _ => combine_bytes(map, Reduction::System(op), &[origin, current]),
             }
         };
-        self.update_under_mutex(part, at, origin.len(), &mut combine)
+        self.update_under_mutex(target, at, origin.len(), &mut combine)
     }
 
     /// Updates `len` bytes at `at` in `part` to `combine(current)` under the target's
@@ -1085,17 +1086,13 @@ impl<T: Equivalence + Send + Sync> Window<T> {
     /// combination here, a put, the mutex given back; the bytes before.
     fn update_under_mutex(
         &self,
-        part: Part,
+        target: usize,
         at: u64,
         len: usize,
         combine: &mut dyn FnMut(&[u8]) -> Result<Vec<u8>>,
     ) -> Result<Vec<u8>> {
-        let mutex = part.control.addr + UPDATE_MUTEX;
-        let take = RemoteAtomic::CmpSwap {
-            compare: 0,
-            swap: 1,
-        };
-        while self.atomics(part, part.control.rkey, &[(mutex, take)])?[0] != 0 {
+        let part = self.parts[target];
+        while self.control_cas(target, UPDATE_MUTEX, 0, 1)? != 0 {
             std::thread::yield_now();
         }
         let result = (|| {
@@ -1109,8 +1106,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             })?;
             Ok(current)
         })();
-        let give = RemoteAtomic::FetchAdd { add: u64::MAX };
-        self.atomics(part, part.control.rkey, &[(mutex, give)])?;
+        self.control_add(target, UPDATE_MUTEX, u64::MAX)?;
         result
     }
 }
