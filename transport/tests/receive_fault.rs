@@ -105,13 +105,14 @@ fn stream_body(r: &Rank) {
     let rf = c.receive_fault;
     let faulting = (MESSAGES / 2) as u64;
     if me == 1 {
-        // One fault per cold buffer; under `drop` a retransmission that comes before the
-        // fault is resolved is dropped again and may file it again.
+        // One fault per cold buffer; where messages are dropped (under `drop`, and under
+        // `backup` with a full ring) a retransmission that comes before the fault is
+        // resolved, or while the ring is still full, is dropped again and may file it again.
         assert!(
             c.npf_responder >= faulting,
             "a fault per cold buffer: {c:?}"
         );
-        if policy != "drop" {
+        if policy != "drop" && !small_ring {
             assert_eq!(
                 c.npf_responder, faulting,
                 "one fault per cold buffer: {c:?}"
@@ -131,8 +132,12 @@ fn stream_body(r: &Rank) {
             }
             "backup" if small_ring => {
                 // A 64 KiB ring holds one 64 KiB message: the next cold one finds it full.
+                // A dropped message's retransmission may find the ring full again and be
+                // dropped again, so drops can outnumber the messages that were not parked.
                 assert!(rf.backed_up >= 1 && rf.backup_full >= 1, "{rf:?}");
-                assert_eq!(rf.backed_up + rf.dropped, faulting, "{rf:?}");
+                assert!(rf.backed_up < faulting, "{rf:?}");
+                assert!(rf.backed_up + rf.dropped >= faulting, "{rf:?}");
+                assert_eq!(rf.backup_bytes, rf.backed_up * (64 << 10), "{rf:?}");
             }
             "backup" => {
                 // A 2 MiB ring holds all twelve cold 64 KiB messages.
