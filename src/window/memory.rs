@@ -1,8 +1,9 @@
 //! A window's local memory and the byte views of element slices: the window module's only
 //! `unsafe`.
 //!
-//! The memory is a `Vec<T>` taken apart into its raw parts, so that no Rust reference to
-//! it lives while peers' NICs write it; references exist only inside
+//! The memory is a `Vec<T>` taken apart into its raw parts, or a slice borrowed for the
+//! window's life (`Window::create`), so that no Rust reference to it lives while peers'
+//! NICs write it; references exist only inside
 //! [`WindowMemory::with_local`] and [`WindowMemory::with_local_mut`], whose callers hold
 //! the window's lock on this rank's part for that time (see the module `window`).
 #![allow(unsafe_code)]
@@ -12,14 +13,17 @@ use std::marker::PhantomData;
 use crate::datatype::{Equivalence, TypeMap, UncommittedDatatype};
 use crate::error::{Error, Result};
 
-/// The elements of a window on this rank.
+/// The elements of a window on this rank (or of one region attached to a dynamic window).
 pub(crate) struct WindowMemory<T> {
     ptr: *mut T,
     len: usize,
-    capacity: usize,
+    /// The capacity of the `Vec<T>` this owns; `None` for a borrowed slice, which the
+    /// window's creator keeps borrowed until the window is gone.
+    capacity: Option<usize>,
 }
 
-// SAFETY: the memory is owned as a `Vec<T>` would own it; `T: Send` moves with it.
+// SAFETY: the memory is owned as a `Vec<T>` would own it, or borrowed mutably for the
+// window's life as `&mut [T]` would be; `T: Send` moves with it.
 unsafe impl<T: Send> Send for WindowMemory<T> {}
 // SAFETY: shared access only hands out `&[T]` inside `with_local` (needs `T: Sync`), and
 // `&mut [T]` inside `with_local_mut`, whose callers serialise them with the window's lock.
@@ -32,7 +36,29 @@ impl<T> WindowMemory<T> {
         WindowMemory {
             ptr: data.as_mut_ptr(),
             len: data.len(),
-            capacity: data.capacity(),
+            capacity: Some(data.capacity()),
+        }
+    }
+
+    /// Stands for `data`, which the caller keeps borrowed for as long as this lives (the
+    /// window of `Window::create` lives inside the call that borrows it).
+    pub(crate) fn borrowed(data: &mut [T]) -> WindowMemory<T> {
+        WindowMemory {
+            ptr: data.as_mut_ptr(),
+            len: data.len(),
+            capacity: None,
+        }
+    }
+
+    /// Gives back the `Vec<T>` [`WindowMemory::new`] took over (an empty one if this was
+    /// borrowed).
+    pub(crate) fn into_vec(self) -> Vec<T> {
+        let this = std::mem::ManuallyDrop::new(self);
+        match this.capacity {
+            // SAFETY: the parts of the `Vec<T>` taken apart in `new`, put back once (the
+            // `ManuallyDrop` keeps `drop` from doing it a second time).
+            Some(capacity) => unsafe { Vec::from_raw_parts(this.ptr, this.len, capacity) },
+            None => Vec::new(),
         }
     }
 
@@ -49,7 +75,8 @@ impl<T> WindowMemory<T> {
     /// Runs `f` on the elements. The caller holds this rank's window lock (shared at least),
     /// so no peer writes them meanwhile.
     pub(crate) fn with_local<R>(&self, f: impl FnOnce(&[T]) -> R) -> R {
-        // SAFETY: `ptr`/`len` come from a live `Vec<T>` this owns; the caller's lock keeps
+        // SAFETY: `ptr`/`len` come from a live `Vec<T>` this owns, or from a slice borrowed
+        // for as long as this lives (`borrowed`); the caller's lock keeps
         // peers' writes out for the closure's duration, and the slice does not outlive it.
         f(unsafe { std::slice::from_raw_parts(self.ptr, self.len) })
     }
@@ -66,8 +93,10 @@ impl<T> WindowMemory<T> {
 
 impl<T> Drop for WindowMemory<T> {
     fn drop(&mut self) {
-        // SAFETY: the parts of the `Vec<T>` taken apart in `new`, put back once.
-        drop(unsafe { Vec::from_raw_parts(self.ptr, self.len, self.capacity) });
+        if let Some(capacity) = self.capacity {
+            // SAFETY: the parts of the `Vec<T>` taken apart in `new`, put back once.
+            drop(unsafe { Vec::from_raw_parts(self.ptr, self.len, capacity) });
+        }
     }
 }
 

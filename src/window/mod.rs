@@ -45,13 +45,24 @@
 //! under `fence` alone relies on the epochs MPI defines (no local access to a location
 //! that a peer updates in the same epoch), as in every MPI library.
 //!
-//! Not here yet: windows over a borrowed slice (`create`), dynamic windows
-//! (`create_dynamic`, `attach`), shared-memory windows (`allocate_shared`), request-based
-//! operations (`rput`, `rget`, `raccumulate`), element types with gaps, and windows under
-//! `PAGEWIRE_TRANSPORT=mpi` (the host MPI's `MPI_Win`); each is refused with an error that
-//! says so.
+//! Three ways to make one: over memory the window allocates or takes over
+//! ([`Window::allocate`], [`Window::from_vec`]), over a slice the caller lends for a scope
+//! ([`Window::create`]), and over no memory at first ([`Window::create_dynamic`]), to which
+//! each rank attaches regions and detaches them when it likes ([`Window::attach`],
+//! [`Window::detach`]). How the buffer modes expose a dynamic window differs the most: in
+//! `copy` and `pindown` each attach registers and pins its region, for as long as it stays
+//! attached; in `odp` the window registers the whole address space once, on demand
+//! (implicit ODP), and an attach only publishes the region (and prefetches its pages for
+//! the NIC). [`Window::counters`] says what each did.
+//!
+//! Not here yet: shared-memory windows (`allocate_shared`), request-based operations
+//! (`rput`, `rget`, `raccumulate`), element types with gaps, and dynamic windows under
+//! `PAGEWIRE_TRANSPORT=mpi`; each is refused with an error that says so.
 
+mod dynamic;
 mod memory;
+
+pub use dynamic::Attachment;
 
 use std::cell::{Cell, RefCell};
 
@@ -67,6 +78,10 @@ use crate::error::{fatal, Error, Result};
 use crate::point_to_point::{Destination, Source};
 use crate::topology::{Communicator, Group, Rank, SimpleCommunicator};
 
+use dynamic::{
+    capacity, detach_increment, detaches, entries, header, publish, table_bytes, Attached,
+    AttachedRegion, RegionView, DETACH_BITS, DYNAMIC_CONTROL_BYTES, FIRST_READ_ENTRIES, TABLE_AT,
+};
 use memory::{ElementBytes, WindowMemory};
 
 /// The lock word's exclusive bit; the bits below count shared holders.
@@ -108,6 +123,59 @@ enum Carrier {
     HostMpi(crate::backend::host_mpi::window::HostWindow),
 }
 
+/// Where one access lands: the target, its address there and the key that covers it.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    /// The target's index in the window.
+    target: usize,
+    /// The target's world rank.
+    world: usize,
+    /// The first byte, in the target's address space.
+    at: u64,
+    rkey: u32,
+}
+
+/// A dynamic window's state on this rank.
+struct DynamicState<T> {
+    /// The whole address space's registration (lkey, rkey), where the buffer mode exposes on
+    /// demand; otherwise each attached region has its own.
+    space: Option<(u32, u32)>,
+    /// The regions attached here.
+    attached: RefCell<Vec<Attached<T>>>,
+    /// By target: the copy of its table, and its count of detaches at this rank's latest
+    /// lock on it.
+    views: RefCell<Vec<Option<RegionView>>>,
+    seen_detaches: RefCell<Vec<u64>>,
+    next_id: Cell<u64>,
+}
+
+/// What one rank did for a window: registrations and pins (`Window::counters`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WindowCounters {
+    /// Registrations made: its part (or each attached region, or the whole address space
+    /// once for a dynamic window in `odp`) and its control page.
+    pub registrations: u64,
+    /// Bytes those registrations named (the whole address space counts none).
+    pub bytes_registered: u64,
+    /// Bytes pinned now (none in a mode that exposes on demand).
+    pub bytes_pinned: u64,
+    /// The most bytes pinned at once.
+    pub peak_bytes_pinned: u64,
+    /// Regions attached (dynamic windows).
+    pub attaches: u64,
+    /// Regions detached (dynamic windows).
+    pub detaches: u64,
+}
+
+impl WindowCounters {
+    fn registered(&mut self, bytes: u64, pinned: u64) {
+        self.registrations += 1;
+        self.bytes_registered += bytes;
+        self.bytes_pinned += pinned;
+        self.peak_bytes_pinned = self.peak_bytes_pinned.max(self.bytes_pinned);
+    }
+}
+
 /// A lock this rank holds on a target's part.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Held {
@@ -134,6 +202,9 @@ pub struct Window<T: Equivalence + Send + Sync> {
     /// (`start`).
     exposure: RefCell<Option<Vec<usize>>>,
     access: RefCell<Option<Vec<usize>>>,
+    /// A dynamic window's regions and views (`None` for the others).
+    dynamic: Option<DynamicState<T>>,
+    counters: Cell<WindowCounters>,
     freed: bool,
 }
 
@@ -163,14 +234,72 @@ impl<T: Equivalence + Send + Sync> Window<T> {
 
     /// [`Window::from_vec`], returning errors.
     pub fn try_from_vec<C: Communicator + ?Sized>(data: Vec<T>, comm: &C) -> Result<Window<T>> {
+        Self::build(comm, WindowMemory::new(data), false)
+    }
+
+    /// A window over `data`, which stays the caller's (`MPI_Win_create`): runs `f` on the
+    /// window and frees it (collectively) before `data` is the caller's again, and returns
+    /// what `f` returned. Collective over `comm`. Panics on error.
+    ///
+    /// The window lives inside the call, as `std::thread::scope`'s threads do, because a
+    /// window that could outlive the borrow (leaked with `mem::forget`, say) would let
+    /// peers' NICs write memory the caller uses again. If `f` panics, the window's
+    /// registrations go at once (peers' accesses then fail), and the free is left undone.
+    pub fn create<C: Communicator + ?Sized, R>(
+        data: &mut [T],
+        comm: &C,
+        f: impl FnOnce(&Window<T>) -> R,
+    ) -> R {
+        fatal(Self::try_create(data, comm, f))
+    }
+
+    /// [`Window::create`], returning errors (of the creation or of the free).
+    pub fn try_create<C: Communicator + ?Sized, R>(
+        data: &mut [T],
+        comm: &C,
+        f: impl FnOnce(&Window<T>) -> R,
+    ) -> Result<R> {
+        let window = Self::build(comm, WindowMemory::borrowed(data), false)?;
+        let r = f(&window);
+        window.try_free()?;
+        Ok(r)
+    }
+
+    /// A window with no memory yet (`MPI_Win_create_dynamic`): each rank attaches regions
+    /// to it ([`Window::attach`]) and detaches them ([`Window::detach`]) when it likes, with
+    /// no collective call. A displacement in it is an address in the target's memory
+    /// ([`Attachment::disp`] on the target); [`Window::disp_unit`] is 1. Collective over
+    /// `comm`. Panics on error.
+    pub fn create_dynamic<C: Communicator + ?Sized>(comm: &C) -> Window<T> {
+        fatal(Self::try_create_dynamic(comm))
+    }
+
+    /// [`Window::create_dynamic`], returning errors.
+    pub fn try_create_dynamic<C: Communicator + ?Sized>(comm: &C) -> Result<Window<T>> {
+        Self::build(comm, WindowMemory::new(Vec::new()), true)
+    }
+
+    /// The window over `memory` (none, for a dynamic one) on every rank of `comm`.
+    fn build<C: Communicator + ?Sized>(
+        comm: &C,
+        memory: WindowMemory<T>,
+        dynamic: bool,
+    ) -> Result<Window<T>> {
         let (bytes, map) = ElementBytes::<T>::check()?;
         let comm = comm.try_duplicate()?;
-        let memory = WindowMemory::new(data);
         let part_bytes = (memory.len() * std::mem::size_of::<T>()) as u64;
         let world = comm.as_simple().backend().world_ranks()?;
         let rank = comm.rank() as usize;
         #[cfg(feature = "mpi")]
         if let Some(host) = comm.as_simple().backend().host_mpi() {
+            if dynamic {
+                return Err(Error::InvalidArgument(
+                    "dynamic windows run on pagewire's own transport; under \
+                     PAGEWIRE_TRANSPORT=mpi the host MPI's MPI_Win_create_dynamic is not wired \
+                     up yet"
+                        .into(),
+                ));
+            }
             // The window's memory stays where `memory` keeps it until the free.
             let window = host.create_window(memory.addr() as *mut u8, part_bytes as usize)?;
             let mut sizes = vec![0u64; world.len()];
@@ -188,30 +317,34 @@ impl<T: Equivalence + Send + Sync> Window<T> {
                 comm,
                 memory,
                 (bytes, map),
-                rank,
-                parts,
+                (rank, parts),
                 Carrier::HostMpi(window),
+                None,
+                WindowCounters::default(),
             ));
         }
-        let control = AnonMapping::new(CONTROL_BYTES)
-            .map_err(|e| Error::os("mmap of a window's control page", e))?;
-        // Registered rounded out to whole words, for the atomics on its edge elements.
-        let (reg_addr, reg_len) = if part_bytes == 0 {
-            (0, 0)
+        let control_bytes = if dynamic {
+            DYNAMIC_CONTROL_BYTES
         } else {
-            let first = memory.addr() & !7;
-            (
-                first,
-                (memory.addr() + part_bytes).next_multiple_of(8) - first,
-            )
+            CONTROL_BYTES
         };
+        let control = AnonMapping::new(control_bytes)
+            .map_err(|e| Error::os("mmap of a window's control page", e))?;
+        let (reg_addr, reg_len) = word_span(memory.addr(), part_bytes);
+        let mut counters = WindowCounters::default();
         let (own, ctrl) = with_layer(&comm, |p2p| {
-            let own = if reg_len > 0 {
+            let on_demand = p2p.exposes_on_demand();
+            let pins = |bytes: u64| if on_demand { 0 } else { bytes };
+            let own = if dynamic && on_demand {
+                counters.registered(0, 0);
+                Some(p2p.expose_address_space()?)
+            } else if reg_len > 0 {
+                counters.registered(reg_len, pins(reg_len));
                 Some(p2p.expose(reg_addr, reg_len)?)
             } else {
                 None
             };
-            let ctrl = match p2p.expose(control.addr(), CONTROL_BYTES as u64) {
+            let ctrl = match p2p.expose(control.addr(), control_bytes as u64) {
                 Ok(c) => c,
                 Err(e) => {
                     if let Some(o) = own {
@@ -220,6 +353,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
                     return Err(e);
                 }
             };
+            counters.registered(control_bytes as u64, pins(control_bytes as u64));
             Ok((own, ctrl))
         })?;
         let mine = [
@@ -247,11 +381,18 @@ impl<T: Equivalence + Send + Sync> Window<T> {
                 },
                 control: RemoteMemory {
                     addr: w[5],
-                    len: CONTROL_BYTES as u64,
+                    len: control_bytes as u64,
                     rkey: w[6] as u32,
                 },
             })
             .collect::<Vec<_>>();
+        let dynamic = dynamic.then(|| DynamicState {
+            space: own.map(|o| (o.lkey, o.rkey)),
+            attached: RefCell::new(Vec::new()),
+            views: RefCell::new(vec![None; parts.len()]),
+            seen_detaches: RefCell::new(vec![0; parts.len()]),
+            next_id: Cell::new(0),
+        });
         let carrier = Carrier::Nic {
             own_key: own.map(|o| o.lkey),
             control,
@@ -261,9 +402,10 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             comm,
             memory,
             (bytes, map),
-            rank,
-            parts,
+            (rank, parts),
             carrier,
+            dynamic,
+            counters,
         ))
     }
 
@@ -271,9 +413,10 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         comm: SimpleCommunicator,
         memory: WindowMemory<T>,
         (bytes, map): (ElementBytes<T>, TypeMap),
-        rank: usize,
-        parts: Vec<Part>,
+        (rank, parts): (usize, Vec<Part>),
         carrier: Carrier,
+        dynamic: Option<DynamicState<T>>,
+        counters: WindowCounters,
     ) -> Window<T> {
         Window {
             held: RefCell::new(vec![Held::None; parts.len()]),
@@ -287,6 +430,8 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             local_open: Cell::new(false),
             exposure: RefCell::new(None),
             access: RefCell::new(None),
+            dynamic,
+            counters: Cell::new(counters),
             freed: false,
         }
     }
@@ -316,9 +461,234 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         self.parts[self.rank].bytes
     }
 
-    /// Bytes one displacement stands for (`MPI_WIN_DISP_UNIT`): one element.
+    /// Bytes one displacement stands for (`MPI_WIN_DISP_UNIT`): one element, or one byte
+    /// in a dynamic window (whose displacements are addresses).
     pub fn disp_unit(&self) -> usize {
-        std::mem::size_of::<T>()
+        if self.dynamic.is_some() {
+            1
+        } else {
+            std::mem::size_of::<T>()
+        }
+    }
+
+    /// Whether this is a dynamic window ([`Window::create_dynamic`]).
+    pub fn is_dynamic(&self) -> bool {
+        self.dynamic.is_some()
+    }
+
+    /// What this rank registered and pinned for the window so far.
+    pub fn counters(&self) -> WindowCounters {
+        self.counters.get()
+    }
+
+    /// Attaches `data` to this rank's part of a dynamic window (`MPI_Win_attach`), which
+    /// keeps it until [`Window::detach`] gives it back (or the window is freed). Local: peers
+    /// may access it once they know its address ([`Attachment::disp`]). In `copy` and
+    /// `pindown` the region is registered and pinned now; in `odp` it is covered by the
+    /// window's on-demand registration of the whole address space, and its pages are
+    /// prefetched for the NIC. Panics on error.
+    pub fn attach(&self, data: Vec<T>) -> Attachment {
+        fatal(self.try_attach(data))
+    }
+
+    /// [`Window::attach`], returning errors: not a dynamic window, an empty region, the
+    /// window's table full (2,729 regions per rank), or the registration refused (the
+    /// locked-memory limit); `data` is dropped then.
+    pub fn try_attach(&self, data: Vec<T>) -> Result<Attachment> {
+        let (dynamic, control) = self.dynamic_parts("attach")?;
+        if self.local_open.get() {
+            return Err(Error::WindowSync(
+                "attach inside a local access to the window".into(),
+            ));
+        }
+        if data.is_empty() {
+            return Err(Error::InvalidArgument(
+                "attach of an empty region: a dynamic window holds regions of one element or                  more"
+                    .into(),
+            ));
+        }
+        let mut attached = dynamic.attached.borrow_mut();
+        if attached.len() == capacity(control.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "rank {} has {} regions attached to the window, the most its table holds:                  detach one first",
+                self.rank,
+                attached.len()
+            )));
+        }
+        let memory = WindowMemory::new(data);
+        let len = memory.len();
+        let bytes = (len * std::mem::size_of::<T>()) as u64;
+        let (lkey, rkey, pinned) = with_layer(&self.comm, |p2p| match dynamic.space {
+            Some((lkey, rkey)) => {
+                p2p.prefetch_exposed(lkey, memory.addr(), bytes)?;
+                Ok((None, rkey, 0))
+            }
+            None => {
+                let (addr, len) = word_span(memory.addr(), bytes);
+                let region = p2p.expose(addr, len)?;
+                let pinned = if p2p.exposes_on_demand() { 0 } else { len };
+                Ok((Some(region.lkey), region.rkey, pinned))
+            }
+        })?;
+        let mut c = self.counters.get();
+        if lkey.is_some() {
+            c.registered(word_span(memory.addr(), bytes).1, pinned);
+        }
+        c.attaches += 1;
+        self.counters.set(c);
+        let id = dynamic.next_id.get();
+        dynamic.next_id.set(id + 1);
+        let handle = Attachment {
+            id,
+            address: memory.addr() as usize,
+            len,
+            element: std::mem::size_of::<T>(),
+        };
+        attached.push(Attached {
+            id,
+            region: AttachedRegion {
+                addr: memory.addr(),
+                len: bytes,
+                rkey,
+            },
+            memory,
+            lkey,
+            pinned,
+        });
+        let regions: Vec<AttachedRegion> = attached.iter().map(|a| a.region).collect();
+        publish(control, &regions);
+        Ok(handle)
+    }
+
+    /// Detaches the region `attachment` names (`MPI_Win_detach`) and gives its memory back.
+    /// Local; waits while peers hold this rank's lock (every access to a dynamic window
+    /// holds its target's lock), so no access is under way when it goes, and peers' later
+    /// accesses to it fail at the origin ([`Error::NotAttached`]). Panics on error.
+    pub fn detach(&self, attachment: Attachment) -> Vec<T> {
+        fatal(self.try_detach(attachment))
+    }
+
+    /// [`Window::detach`], returning errors: not a dynamic window, a region of another
+    /// window, this rank holding its own lock shared, or inside a local access.
+    pub fn try_detach(&self, attachment: Attachment) -> Result<Vec<T>> {
+        let (dynamic, control) = self.dynamic_parts("detach")?;
+        if self.local_open.get() {
+            return Err(Error::WindowSync(
+                "detach inside a local access to the window".into(),
+            ));
+        }
+        let Some(i) = dynamic
+            .attached
+            .borrow()
+            .iter()
+            .position(|a| a.id == attachment.id && a.region.addr == attachment.address as u64)
+        else {
+            return Err(Error::InvalidArgument(
+                "detach of a region that is not attached to this window".into(),
+            ));
+        };
+        let me = self.rank;
+        let take = match self.held.borrow()[me] {
+            Held::None => true,
+            Held::Exclusive => false,
+            Held::Shared => {
+                return Err(Error::WindowSync(format!(
+                    "rank {me} detaches a region while it holds its own lock shared (lock_all                      or lock_shared): peers may be accessing it; unlock first"
+                )))
+            }
+        };
+        if take {
+            self.acquire(me, Held::Exclusive)?;
+        }
+        // No peer accesses this rank's part now: the region leaves the table, the lock word
+        // counts the detach (peers' views with it go stale at their next lock), the key goes.
+        let gone = {
+            let mut attached = dynamic.attached.borrow_mut();
+            let gone = attached.remove(i);
+            let regions: Vec<AttachedRegion> = attached.iter().map(|a| a.region).collect();
+            publish(control, &regions);
+            gone
+        };
+        let word = control
+            .atomic_u64(LOCK_WORD as usize)
+            .load(std::sync::atomic::Ordering::Acquire);
+        let counted = self.control_add(me, LOCK_WORD, detach_increment(word));
+        let unexposed = gone
+            .lkey
+            .map_or(Ok(()), |k| with_layer(&self.comm, |p2p| p2p.unexpose(k)));
+        let mut c = self.counters.get();
+        c.bytes_pinned -= gone.pinned;
+        c.detaches += 1;
+        self.counters.set(c);
+        let released = if take { self.release(me) } else { Ok(()) };
+        counted?;
+        unexposed?;
+        released?;
+        Ok(gone.memory.into_vec())
+    }
+
+    /// Runs `f` on the elements of the region `attachment` names, attached here. Holds this
+    /// rank's shared lock meanwhile, as [`Window::with_local`] does. Panics on error.
+    pub fn with_attached<R>(&self, attachment: &Attachment, f: impl FnOnce(&[T]) -> R) -> R {
+        fatal(self.try_with_attached(attachment, f))
+    }
+
+    /// [`Window::with_attached`], returning errors.
+    pub fn try_with_attached<R>(
+        &self,
+        attachment: &Attachment,
+        f: impl FnOnce(&[T]) -> R,
+    ) -> Result<R> {
+        self.attached_access(attachment, Held::Shared, |m| m.with_local(f))
+    }
+
+    /// Runs `f` on the elements of the region `attachment` names, to change them. Holds
+    /// this rank's exclusive lock meanwhile, as [`Window::with_local_mut`] does. Panics on
+    /// error.
+    pub fn with_attached_mut<R>(
+        &self,
+        attachment: &Attachment,
+        f: impl FnOnce(&mut [T]) -> R,
+    ) -> R {
+        fatal(self.try_with_attached_mut(attachment, f))
+    }
+
+    /// [`Window::with_attached_mut`], returning errors.
+    pub fn try_with_attached_mut<R>(
+        &self,
+        attachment: &Attachment,
+        f: impl FnOnce(&mut [T]) -> R,
+    ) -> Result<R> {
+        self.attached_access(attachment, Held::Exclusive, |m| m.with_local_mut(f))
+    }
+
+    fn attached_access<R>(
+        &self,
+        attachment: &Attachment,
+        lock: Held,
+        f: impl FnOnce(&WindowMemory<T>) -> R,
+    ) -> Result<R> {
+        let (dynamic, _) = self.dynamic_parts("a local access to an attached region")?;
+        let attached = dynamic.attached.borrow();
+        let a = attached
+            .iter()
+            .find(|a| a.id == attachment.id && a.region.addr == attachment.address as u64)
+            .ok_or_else(|| {
+                Error::InvalidArgument(
+                    "local access to a region that is not attached to this window".into(),
+                )
+            })?;
+        self.local_access(lock, || f(&a.memory))
+    }
+
+    /// A dynamic window's state and this rank's control page, or why `what` needs them.
+    fn dynamic_parts(&self, what: &str) -> Result<(&DynamicState<T>, &AnonMapping)> {
+        match (&self.dynamic, &self.carrier) {
+            (Some(d), Carrier::Nic { control, .. }) => Ok((d, control)),
+            _ => Err(Error::InvalidArgument(format!(
+                "{what} needs a dynamic window (Window::create_dynamic)"
+            ))),
+        }
     }
 
     /// Runs `f` on this rank's part. Holds this rank's shared lock meanwhile (unless it
@@ -374,15 +744,14 @@ impl<T: Equivalence + Send + Sync> Window<T> {
 
     /// [`Window::put`], returning errors.
     pub fn try_put(&self, target: Rank, target_disp: usize, data: &[T]) -> Result<()> {
-        let (part, at) = self.range(target, target_disp, data.len())?;
         let src = self.bytes.of(data);
-        match &self.carrier {
-            Carrier::Nic { .. } => with_layer(&self.comm, |p2p| {
-                p2p.put(part.world, at, part.memory.rkey, src)
-            }),
+        self.access(target, target_disp, data.len(), |s| match &self.carrier {
+            Carrier::Nic { .. } => {
+                with_layer(&self.comm, |p2p| p2p.put(s.world, s.at, s.rkey, src))
+            }
             #[cfg(feature = "mpi")]
-            Carrier::HostMpi(w) => w.put(target, at - part.base, src),
-        }
+            Carrier::HostMpi(w) => w.put(target, s.at - self.parts[s.target].base, src),
+        })
     }
 
     /// Reads `buf.len()` elements of rank `target`'s part from element `target_disp` into
@@ -393,15 +762,15 @@ impl<T: Equivalence + Send + Sync> Window<T> {
 
     /// [`Window::get`], returning errors.
     pub fn try_get(&self, target: Rank, target_disp: usize, buf: &mut [T]) -> Result<()> {
-        let (part, at) = self.range(target, target_disp, buf.len())?;
+        let count = buf.len();
         let dst = self.bytes.of_mut(buf);
-        match &self.carrier {
-            Carrier::Nic { .. } => with_layer(&self.comm, |p2p| {
-                p2p.get(part.world, at, part.memory.rkey, dst)
-            }),
+        self.access(target, target_disp, count, |s| match &self.carrier {
+            Carrier::Nic { .. } => {
+                with_layer(&self.comm, |p2p| p2p.get(s.world, s.at, s.rkey, dst))
+            }
             #[cfg(feature = "mpi")]
-            Carrier::HostMpi(w) => w.get(target, at - part.base, dst),
-        }
+            Carrier::HostMpi(w) => w.get(target, s.at - self.parts[s.target].base, dst),
+        })
     }
 
     /// Combines `data` into rank `target`'s part from element `target_disp` with `op`,
@@ -520,43 +889,43 @@ impl<T: Equivalence + Send + Sync> Window<T> {
     where
         T: Copy,
     {
-        let (part, at) = self.range(target, target_disp, 1)?;
         let compare = self.bytes.of(std::slice::from_ref(&compare)).to_vec();
         let swap_bytes = self.bytes.of(std::slice::from_ref(&swap)).to_vec();
-        #[cfg(feature = "mpi")]
-        if let Carrier::HostMpi(w) = &self.carrier {
-            let unit = self.primitive(Op::Replace)?;
-            let mut out = [swap];
-            w.compare_and_swap(
-                target,
-                at - part.base,
-                unit,
-                &compare,
-                &swap_bytes,
-                self.bytes.of_mut(&mut out),
-            )?;
-            return Ok(out[0]);
-        }
-        let old = if compare.len() == 8 && at % 8 == 0 {
-            // One aligned word: the NIC's compare-and-swap.
-            let word = |b: &[u8]| u64::from_ne_bytes(b.try_into().expect("8 bytes"));
-            let op = RemoteAtomic::CmpSwap {
-                compare: word(&compare),
-                swap: word(&swap_bytes),
-            };
-            let old = self.atomics(part, part.memory.rkey, &[(at, op)])?[0];
-            old.to_ne_bytes().to_vec()
-        } else {
-            self.update_under_mutex(target as usize, at, compare.len(), &mut |current| {
-                Ok(if current == compare {
-                    swap_bytes.clone()
-                } else {
-                    current.to_vec()
-                })
-            })?
-        };
         let mut out = [swap];
-        self.bytes.of_mut(&mut out).copy_from_slice(&old);
+        self.access(target, target_disp, 1, |s| {
+            #[cfg(feature = "mpi")]
+            if let Carrier::HostMpi(w) = &self.carrier {
+                let unit = self.primitive(Op::Replace)?;
+                return w.compare_and_swap(
+                    target,
+                    s.at - self.parts[s.target].base,
+                    unit,
+                    &compare,
+                    &swap_bytes,
+                    self.bytes.of_mut(&mut out),
+                );
+            }
+            let old = if compare.len() == 8 && s.at % 8 == 0 {
+                // One aligned word: the NIC's compare-and-swap.
+                let word = |b: &[u8]| u64::from_ne_bytes(b.try_into().expect("8 bytes"));
+                let op = RemoteAtomic::CmpSwap {
+                    compare: word(&compare),
+                    swap: word(&swap_bytes),
+                };
+                let old = self.atomics(s.world, s.rkey, &[(s.at, op)])?[0];
+                old.to_ne_bytes().to_vec()
+            } else {
+                self.update_under_mutex(s, compare.len(), &mut |current| {
+                    Ok(if current == compare {
+                        swap_bytes.clone()
+                    } else {
+                        current.to_vec()
+                    })
+                })?
+            };
+            self.bytes.of_mut(&mut out).copy_from_slice(&old);
+            Ok(())
+        })?;
         Ok(out[0])
     }
 
@@ -768,18 +1137,17 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         // Every rank reaches the free (or a dead one is reported) before anything goes.
         let barrier = self.comm.try_barrier();
         // No rank accesses the window any more: the lock word is read as it is.
+        let keys = self.registrations();
         let (word, unexposed) = match &mut self.carrier {
-            Carrier::Nic {
-                own_key,
-                control,
-                control_key,
-            } => {
-                let word = u64::from_ne_bytes(control.as_slice()[..8].try_into().expect("8 bytes"));
-                let (own, ctrl) = (own_key.take(), *control_key);
+            Carrier::Nic { control, .. } => {
+                let word = control
+                    .atomic_u64(LOCK_WORD as usize)
+                    .load(std::sync::atomic::Ordering::Acquire)
+                    & !DETACH_BITS;
                 let unexposed = with_layer(&self.comm, |p2p| {
-                    let a = own.map_or(Ok(()), |k| p2p.unexpose(k));
-                    let b = p2p.unexpose(ctrl);
-                    a.and(b)
+                    keys.into_iter()
+                        .map(|k| p2p.unexpose(k))
+                        .fold(Ok(()), Result::and)
                 });
                 (word, unexposed)
             }
@@ -804,6 +1172,32 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             )));
         }
         unexposed
+    }
+
+    /// Takes this rank's registrations for the window (its part's or the address space's,
+    /// each attached region's, its control page's), to deregister them.
+    // Irrefutable without the `mpi` feature's host-MPI carrier.
+    #[allow(irrefutable_let_patterns)]
+    fn registrations(&mut self) -> Vec<u32> {
+        let mut keys = Vec::new();
+        if let Carrier::Nic {
+            own_key,
+            control_key,
+            ..
+        } = &mut self.carrier
+        {
+            keys.extend(own_key.take());
+            keys.push(*control_key);
+        }
+        if let Some(d) = &self.dynamic {
+            keys.extend(
+                d.attached
+                    .borrow_mut()
+                    .iter_mut()
+                    .filter_map(|a| a.lkey.take()),
+            );
+        }
+        keys
     }
 
     /// What this rank left open, if anything.
@@ -838,10 +1232,135 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             })
     }
 
-    /// The part of `target` and the address of element `disp`, once `count` elements from
-    /// there are checked to lie in the part.
-    fn range(&self, target: Rank, disp: usize, count: usize) -> Result<(Part, u64)> {
+    /// Runs `f` on where `count` elements from displacement `disp` of `target` lie, once
+    /// they are checked to lie in its part (in a region attached there, for a dynamic
+    /// window, whose lock is held meanwhile: one taken for this access alone if this rank
+    /// holds none on it).
+    fn access<R>(
+        &self,
+        target: Rank,
+        disp: usize,
+        count: usize,
+        f: impl FnOnce(Span) -> Result<R>,
+    ) -> Result<R> {
         let t = self.target(target)?;
+        if t == self.rank && self.local_open.get() {
+            return Err(Error::WindowSync(
+                "a one-sided operation on this rank's own part inside a local access to it \
+                 (with_local/with_local_mut hold references to it)"
+                    .into(),
+            ));
+        }
+        let Some(dynamic) = &self.dynamic else {
+            return f(self.static_span(t, disp, count)?);
+        };
+        let implicit = self.held.borrow()[t] == Held::None;
+        if implicit {
+            self.acquire(t, Held::Shared)?;
+        }
+        let r = self.dynamic_span(dynamic, t, disp, count).and_then(f);
+        let released = if implicit { self.release(t) } else { Ok(()) };
+        let r = r?;
+        released?;
+        Ok(r)
+    }
+
+    /// Where `count` elements from address `disp` of dynamic-window target `t` lie: in a
+    /// region of this rank's view of its table (read again once if none holds them).
+    fn dynamic_span(
+        &self,
+        dynamic: &DynamicState<T>,
+        t: usize,
+        disp: usize,
+        count: usize,
+    ) -> Result<Span> {
+        let world = self.parts[t].world;
+        let at = disp as u64;
+        let len = (count as u64).saturating_mul(std::mem::size_of::<T>() as u64);
+        if len == 0 {
+            return Ok(Span {
+                target: t,
+                world,
+                at,
+                rkey: 0,
+            });
+        }
+        for read in [false, true] {
+            if read {
+                self.read_table(dynamic, t)?;
+            }
+            let found = dynamic.views.borrow()[t]
+                .as_ref()
+                .and_then(|v| v.find(at, len));
+            if let Some(region) = found {
+                return Ok(Span {
+                    target: t,
+                    world,
+                    at,
+                    rkey: region.rkey,
+                });
+            }
+        }
+        Err(Error::NotAttached {
+            target: t,
+            addr: at,
+            end: at.saturating_add(len),
+        })
+    }
+
+    /// Reads target `t`'s table of attached regions into this rank's view of it (this rank
+    /// holds `t`'s lock, so no region is detached meanwhile; one attached meanwhile makes
+    /// the copy retry).
+    fn read_table(&self, dynamic: &DynamicState<T>, t: usize) -> Result<()> {
+        let part = self.parts[t];
+        let table = part.control.addr + TABLE_AT as u64;
+        let most = capacity(part.control.len as usize);
+        let read = |copy: &mut [u8]| {
+            with_layer(&self.comm, |p2p| {
+                p2p.get(part.world, table, part.control.rkey, copy)
+            })
+        };
+        loop {
+            let mut copy = vec![0u8; table_bytes(FIRST_READ_ENTRIES)];
+            read(&mut copy)?;
+            let Some((generation, count)) = header(&copy) else {
+                std::thread::yield_now();
+                continue;
+            };
+            let count = count.min(most);
+            if count > FIRST_READ_ENTRIES {
+                copy.resize(table_bytes(count), 0);
+                read(&mut copy)?;
+                if header(&copy) != Some((generation, count)) {
+                    continue;
+                }
+            }
+            if self.control_add(t, TABLE_AT as u64, 0)? != generation {
+                continue;
+            }
+            dynamic.views.borrow_mut()[t] = Some(RegionView {
+                regions: entries(&copy, count),
+            });
+            return Ok(());
+        }
+    }
+
+    /// Notes the lock word of target `t` read while taking its lock: a dynamic window's
+    /// view of `t`'s table goes if `t` has detached a region since it was read.
+    fn saw_lock_word(&self, t: usize, word: u64) {
+        if let Some(dynamic) = &self.dynamic {
+            let now = detaches(word);
+            let mut seen = dynamic.seen_detaches.borrow_mut();
+            if seen[t] != now {
+                seen[t] = now;
+                dynamic.views.borrow_mut()[t] = None;
+            }
+        }
+    }
+
+    /// Where `count` elements from element `disp` of target `t`'s part lie, once checked to
+    /// lie in the part.
+    fn static_span(&self, t: usize, disp: usize, count: usize) -> Result<Span> {
         let part = self.parts[t];
         let unit = std::mem::size_of::<T>() as u64;
         let offset = (disp as u64).saturating_mul(unit);
@@ -854,7 +1373,12 @@ impl<T: Equivalence + Send + Sync> Window<T> {
                 window_bytes: part.bytes,
             });
         }
-        Ok((part, part.base + offset))
+        Ok(Span {
+            target: t,
+            world: part.world,
+            at: part.base + offset,
+            rkey: part.memory.rkey,
+        })
     }
 
     /// Sends a zero-byte notice with `tag` to each of `ranks` (post/start/complete/wait).
@@ -917,7 +1441,8 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             Carrier::Nic { .. } => {
                 let part = self.parts[target];
                 let op = RemoteAtomic::CmpSwap { compare, swap };
-                Ok(self.atomics(part, part.control.rkey, &[(part.control.addr + word, op)])?[0])
+                let at = part.control.addr + word;
+                Ok(self.atomics(part.world, part.control.rkey, &[(at, op)])?[0])
             }
             #[cfg(feature = "mpi")]
             Carrier::HostMpi(w) => w.control_cas(target as Rank, word / 8, compare, swap),
@@ -930,16 +1455,17 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             Carrier::Nic { .. } => {
                 let part = self.parts[target];
                 let op = RemoteAtomic::FetchAdd { add };
-                Ok(self.atomics(part, part.control.rkey, &[(part.control.addr + word, op)])?[0])
+                let at = part.control.addr + word;
+                Ok(self.atomics(part.world, part.control.rkey, &[(at, op)])?[0])
             }
             #[cfg(feature = "mpi")]
             Carrier::HostMpi(w) => w.control_add(target as Rank, word / 8, add),
         }
     }
 
-    /// Runs atomics on `target`'s words under `rkey`.
-    fn atomics(&self, part: Part, rkey: u32, ops: &[(u64, RemoteAtomic)]) -> Result<Vec<u64>> {
-        with_layer(&self.comm, |p2p| p2p.rma_atomics(part.world, rkey, ops))
+    /// Runs atomics on the words of world rank `world` under `rkey`.
+    fn atomics(&self, world: usize, rkey: u32, ops: &[(u64, RemoteAtomic)]) -> Result<Vec<u64>> {
+        with_layer(&self.comm, |p2p| p2p.rma_atomics(world, rkey, ops))
     }
 
     /// Takes `target`'s lock as `how`.
@@ -950,22 +1476,37 @@ impl<T: Equivalence + Send + Sync> Window<T> {
                 self.rank
             )));
         }
+        // The lock word's middle bits count a dynamic window's detaches; free is every other
+        // bit clear. An exclusive taker guesses the count (the last it saw) and learns it
+        // from a failed compare-and-swap.
+        let mut free = self
+            .dynamic
+            .as_ref()
+            .map_or(0, |d| d.seen_detaches.borrow()[target] << 32);
         let mut spins = 0u32;
         loop {
             let got = match how {
-                Held::Exclusive => self.control_cas(target, LOCK_WORD, 0, EXCLUSIVE)? == 0,
+                Held::Exclusive => {
+                    let old = self.control_cas(target, LOCK_WORD, free, free | EXCLUSIVE)?;
+                    if old != free && old & !DETACH_BITS == 0 {
+                        free = old; // free, at another count of detaches: again at once
+                        continue;
+                    }
+                    (old == free).then_some(old)
+                }
                 _ => {
                     let old = self.control_add(target, LOCK_WORD, 1)?;
                     if old & EXCLUSIVE != 0 {
                         self.control_add(target, LOCK_WORD, u64::MAX)?;
-                        false
+                        None
                     } else {
-                        true
+                        Some(old)
                     }
                 }
             };
-            if got {
+            if let Some(word) = got {
                 self.held.borrow_mut()[target] = how;
+                self.saw_lock_word(target, word);
                 return Ok(());
             }
             spins += 1;
@@ -1006,29 +1547,30 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         result: Option<&mut [u8]>,
     ) -> Result<()> {
         let count = origin.len() / std::mem::size_of::<T>().max(1);
-        let (_, at) = self.range(target, disp, count)?;
         let unit = self.primitive(op)?;
         if !op.is_one_sided_only() {
             // An operation not defined for the type (bitwise on floats) is refused before
             // anything moves, on either carrier.
             combine_bytes(&self.map, Reduction::System(op), &[])?;
         }
-        #[cfg(feature = "mpi")]
-        if let Carrier::HostMpi(w) = &self.carrier {
-            let unit_bytes = unit_size(unit);
-            return w.accumulate(
-                (target, at - self.parts[target as usize].base),
-                (unit, unit_bytes),
-                op,
-                origin,
-                result,
-            );
-        }
-        let old = self.update_nic(target as usize, at, unit, op, origin)?;
-        if let Some(result) = result {
-            result.copy_from_slice(&old);
-        }
-        Ok(())
+        self.access(target, disp, count, |s| {
+            #[cfg(feature = "mpi")]
+            if let Carrier::HostMpi(w) = &self.carrier {
+                let unit_bytes = unit_size(unit);
+                return w.accumulate(
+                    (target, s.at - self.parts[s.target].base),
+                    (unit, unit_bytes),
+                    op,
+                    origin,
+                    result,
+                );
+            }
+            let old = self.update_nic(s, unit, op, origin)?;
+            if let Some(result) = result {
+                result.copy_from_slice(&old);
+            }
+            Ok(())
+        })
     }
 
     /// The one primitive the elements are made of, for `op`.
@@ -1042,15 +1584,8 @@ impl<T: Equivalence + Send + Sync> Window<T> {
     }
 
     /// [`Window::update`] on the NIC: the elements' bytes before.
-    fn update_nic(
-        &self,
-        target: usize,
-        at: u64,
-        unit: Primitive,
-        op: Op,
-        origin: &[u8],
-    ) -> Result<Vec<u8>> {
-        let part = self.parts[target];
+    fn update_nic(&self, s: Span, unit: Primitive, op: Op, origin: &[u8]) -> Result<Vec<u8>> {
+        let at = s.at;
         // Sums and reads of 64-bit integers are the NIC's fetch-and-add, word by word.
         if matches!(unit, Primitive::I64 | Primitive::U64)
             && matches!(op, Op::Sum | Op::NoOp)
@@ -1067,7 +1602,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
                     (at + 8 * i as u64, RemoteAtomic::FetchAdd { add })
                 })
                 .collect();
-            let old = self.atomics(part, part.memory.rkey, &ops)?;
+            let old = self.atomics(s.world, s.rkey, &ops)?;
             return Ok(old.iter().flat_map(|w| w.to_ne_bytes()).collect());
         }
         let map = &self.map;
@@ -1078,35 +1613,31 @@ impl<T: Equivalence + Send + Sync> Window<T> {
                 _ => combine_bytes(map, Reduction::System(op), &[origin, current]),
             }
         };
-        self.update_under_mutex(target, at, origin.len(), &mut combine)
+        self.update_under_mutex(s, origin.len(), &mut combine)
     }
 
-    /// Updates `len` bytes at `at` in `part` to `combine(current)` under the target's
-    /// update mutex (a word of its control page taken with `CMP_SWAP`): a get, the
-    /// combination here, a put, the mutex given back; the bytes before.
+    /// Updates `len` bytes where `s` lies to `combine(current)` under the target's update
+    /// mutex (a word of its control page taken with `CMP_SWAP`): a get, the combination
+    /// here, a put, the mutex given back; the bytes before.
     fn update_under_mutex(
         &self,
-        target: usize,
-        at: u64,
+        s: Span,
         len: usize,
         combine: &mut dyn FnMut(&[u8]) -> Result<Vec<u8>>,
     ) -> Result<Vec<u8>> {
-        let part = self.parts[target];
-        while self.control_cas(target, UPDATE_MUTEX, 0, 1)? != 0 {
+        while self.control_cas(s.target, UPDATE_MUTEX, 0, 1)? != 0 {
             std::thread::yield_now();
         }
         let result = (|| {
             let mut current = vec![0u8; len];
             with_layer(&self.comm, |p2p| {
-                p2p.get(part.world, at, part.memory.rkey, &mut current)
+                p2p.get(s.world, s.at, s.rkey, &mut current)
             })?;
             let new = combine(&current)?;
-            with_layer(&self.comm, |p2p| {
-                p2p.put(part.world, at, part.memory.rkey, &new)
-            })?;
+            with_layer(&self.comm, |p2p| p2p.put(s.world, s.at, s.rkey, &new))?;
             Ok(current)
         })();
-        self.control_add(target, UPDATE_MUTEX, u64::MAX)?;
+        self.control_add(s.target, UPDATE_MUTEX, u64::MAX)?;
         result
     }
 }
@@ -1119,16 +1650,11 @@ impl<T: Equivalence + Send + Sync> Drop for Window<T> {
         if std::thread::panicking() {
             // The other ranks may never reach the free: give back the registrations only.
             self.freed = true;
+            let keys = self.registrations();
             match &mut self.carrier {
-                Carrier::Nic {
-                    own_key,
-                    control_key,
-                    ..
-                } => {
-                    let (own, control) = (own_key.take(), *control_key);
+                Carrier::Nic { .. } => {
                     let _ = with_layer(&self.comm, |p2p| {
-                        own.map(|k| p2p.unexpose(k));
-                        p2p.unexpose(control)
+                        keys.into_iter().try_for_each(|k| p2p.unexpose(k))
                     });
                 }
                 // Freeing an MPI window is collective: it is left to MPI_Finalize.
@@ -1172,6 +1698,16 @@ fn with_layer<R>(
             }
             e => e,
         })?
+}
+
+/// `[addr, addr+bytes)` rounded out to whole 64-bit words (what a window registers, for
+/// the NIC's atomics on its edge elements); empty for no bytes.
+fn word_span(addr: u64, bytes: u64) -> (u64, u64) {
+    if bytes == 0 {
+        return (0, 0);
+    }
+    let first = addr & !7;
+    (first, (addr + bytes).next_multiple_of(8) - first)
 }
 
 /// Bytes of one `unit`.

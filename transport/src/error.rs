@@ -189,6 +189,22 @@ pub enum Error {
         size: usize,
     },
 
+    /// A one-sided operation on a dynamic window named bytes that no region attached at the
+    /// target holds, whole (`MPI_ERR_RMA_RANGE`): never attached, detached since, or running
+    /// past a region's end. Refused at the origin, before anything moved.
+    #[error(
+        "one-sided access to rank {target}'s dynamic window at addresses {addr:#x}..{end:#x}, \
+         which no region attached there holds whole (attach it first, or it was detached)"
+    )]
+    NotAttached {
+        /// The target rank (in the window's communicator).
+        target: usize,
+        /// First byte named (an address in the target's memory).
+        addr: u64,
+        /// One past the last byte named.
+        end: u64,
+    },
+
     /// A one-sided operation named bytes outside the target's window (`MPI_ERR_RMA_RANGE`):
     /// refused at the origin, before anything moved; no byte of either side changed.
     #[error(

@@ -23,7 +23,7 @@
 
 use super::*;
 use crate::buffer_mode::{Direction, Transfer};
-use crate::nic::RegionInfo;
+use crate::nic::{Advice, RegionInfo};
 
 /// The most bytes one RDMA WRITE or READ of a put or get moves (the NICs carry up to
 /// 2 GiB per work request).
@@ -107,6 +107,39 @@ impl PointToPoint {
         let region = self.nic.register(addr, len, access)?;
         self.rma.exposed += 1;
         Ok(region)
+    }
+
+    /// Whether [`Self::expose`] registers on demand (nothing pinned) in this buffer mode.
+    pub fn exposes_on_demand(&self) -> bool {
+        self.mode.exposes_on_demand()
+    }
+
+    /// Registers this rank's whole address space, on demand, for peers' put, get and
+    /// atomics (implicit ODP, as a dynamic window over it uses: memory attached later needs
+    /// no registration of its own). Only in a buffer mode that exposes on demand; the
+    /// caller checks peers' accesses against what it has attached, since the NIC accepts
+    /// any mapped address under this key. Deregister it with [`Self::unexpose`].
+    pub fn expose_address_space(&mut self) -> Result<RegionInfo> {
+        if !self.mode.exposes_on_demand() {
+            return Err(Error::InvalidArgument(format!(
+                "the {} buffer mode pins what it exposes: it cannot expose the whole address                  space",
+                self.mode.name()
+            )));
+        }
+        let region = self.nic.register_implicit_odp(
+            Access::LOCAL_WRITE
+                | Access::REMOTE_WRITE
+                | Access::REMOTE_READ
+                | Access::REMOTE_ATOMIC,
+        )?;
+        self.rma.exposed += 1;
+        Ok(region)
+    }
+
+    /// Maps `[addr, addr+len)` of an on-demand region for the NIC now (a prefetch for
+    /// writing), so that peers' first accesses do not fault.
+    pub fn prefetch_exposed(&mut self, lkey: u32, addr: u64, len: u64) -> Result<()> {
+        self.nic.advise(lkey, addr, len, Advice::PrefetchWrite)
     }
 
     /// Ends the exposure of a region [`Self::expose`] made: the NIC waits for any access in

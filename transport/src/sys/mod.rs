@@ -529,6 +529,21 @@ impl AnonMapping {
         unsafe { &*(self.ptr.add(offset) as *const std::sync::atomic::AtomicU8) }
     }
 
+    /// The 8 bytes at `offset` (a multiple of 8) as an atomic word, for control words that
+    /// this process updates while peers' NICs read or update them (a window's lock and its
+    /// table of attached regions).
+    pub fn atomic_u64(&self, offset: usize) -> &std::sync::atomic::AtomicU64 {
+        assert!(
+            offset % 8 == 0 && offset + 8 <= self.len,
+            "word offset outside the mapping or unaligned"
+        );
+        // SAFETY: in bounds and 8-byte aligned (the mapping is page-aligned); AtomicU64 has
+        // u64's layout; the reference borrows self, so no &mut slice exists meanwhile, and
+        // other processes' writes (CMA, the soft NIC's locked instructions) are observed
+        // through atomic loads.
+        unsafe { &*(self.ptr.add(offset) as *const std::sync::atomic::AtomicU64) }
+    }
+
     /// Drops the pages of `[offset, offset+len)` (`MADV_DONTNEED`): the next access sees
     /// zero-filled fresh pages, and the NIC must fault them in again. Pages locked by a
     /// pinned registration refuse `MADV_DONTNEED` (EINVAL); they are discarded with
