@@ -25,6 +25,7 @@ use std::marker::PhantomData;
 use smallvec::SmallVec;
 
 use pagewire_transport::msg::raw::{Layout, UserBuf, UserBufMut};
+use pagewire_transport::msg::RmaBuf;
 
 use crate::backend::{
     CommBackend, MatchedMessage, MessageBackend, PendingRequest, PointToPointBackend,
@@ -701,6 +702,33 @@ pub(crate) fn start_buffer_send<'a, B: crate::datatype::Buffer + ?Sized>(
         return Ok(Operation::Direct(request));
     }
     start_send(backend, dest, tag, packed(buf), sync)
+}
+
+/// A caller's buffer a one-sided request moves: read by a put, written by a get.
+pub(crate) enum OneSidedBuf<'a> {
+    Put(&'a [u8]),
+    Get(&'a mut [u8]),
+}
+
+/// Starts a one-sided operation (a window's `rput` or `rget`) on `buf`, borrowed for `'a`,
+/// as a request of `scope` over `data` (what `wait_for_data` hands back): `start` gets the
+/// buffer lent to the message layer and returns the operation, which must finish it before
+/// its own drop returns, as every operation of a request does.
+pub(crate) fn start_one_sided<'a, D: ?Sized, S: Scope<'a>>(
+    scope: S,
+    data: *const D,
+    buf: OneSidedBuf<'a>,
+    start: impl FnOnce(RmaBuf) -> Result<Box<dyn Pending + 'a>>,
+) -> Result<Request<'a, D, S>> {
+    // SAFETY: the bytes are borrowed for `'a`, and the operation becomes a request of
+    // `scope`, which finishes it before `'a` ends (see the module documentation).
+    let lent = unsafe {
+        match buf {
+            OneSidedBuf::Put(b) => RmaBuf::Put(UserBuf::new(b.as_ptr(), b.len())),
+            OneSidedBuf::Get(b) => RmaBuf::Get(UserBufMut::new(b.as_mut_ptr(), b.len())),
+        }
+    };
+    Ok(Request::new(start(lent)?, scope, data))
 }
 
 /// How a receive lands: the caller's memory itself (without gaps, or with gaps the backend

@@ -55,12 +55,16 @@
 //! (implicit ODP), and an attach only publishes the region (and prefetches its pages for
 //! the NIC). [`Window::counters`] says what each did.
 //!
-//! Not here yet: shared-memory windows (`allocate_shared`), request-based operations
-//! (`rput`, `rget`, `raccumulate`), element types with gaps, and dynamic windows under
-//! `PAGEWIRE_TRANSPORT=mpi`; each is refused with an error that says so.
+//! Request-based `rput` and `rget` return requests in rsmpi's scopes and move while the
+//! application computes (`requests.rs`).
+//!
+//! Not here yet: shared-memory windows (`allocate_shared`), element types with gaps, and
+//! dynamic windows and request-based operations under `PAGEWIRE_TRANSPORT=mpi`; each is
+//! refused with an error that says so.
 
 mod dynamic;
 mod memory;
+mod requests;
 
 pub use dynamic::Attachment;
 
@@ -182,6 +186,9 @@ enum Held {
     None,
     Shared,
     Exclusive,
+    /// Shared, taken for this many accesses to a dynamic window (blocking ones, and
+    /// request-based ones in flight) while the user held none; the last gives it back.
+    Implicit(u32),
 }
 
 /// A window of `T`s on every rank of a communicator (`MPI_Win`).
@@ -503,7 +510,8 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         }
         if data.is_empty() {
             return Err(Error::InvalidArgument(
-                "attach of an empty region: a dynamic window holds regions of one element or                  more"
+                "attach of an empty region: a dynamic window holds regions of one element or \
+                 more"
                     .into(),
             ));
         }
@@ -591,9 +599,11 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         let take = match self.held.borrow()[me] {
             Held::None => true,
             Held::Exclusive => false,
-            Held::Shared => {
+            Held::Shared | Held::Implicit(_) => {
                 return Err(Error::WindowSync(format!(
-                    "rank {me} detaches a region while it holds its own lock shared (lock_all                      or lock_shared): peers may be accessing it; unlock first"
+                    "rank {me} detaches a region while it holds its own lock shared (lock_all \
+                     or lock_shared, or for its own request-based operations in flight): \
+                     unlock or wait first"
                 )))
             }
         };
@@ -723,7 +733,16 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             ));
         }
         let me = self.rank;
-        let take = self.held.borrow()[me] == Held::None;
+        let take =
+            match self.held.borrow()[me] {
+                Held::None => true,
+                Held::Implicit(_) => return Err(Error::WindowSync(
+                    "a local access while request-based operations on this rank's own part are \
+                     in flight (wait for them first)"
+                        .into(),
+                )),
+                _ => false,
+            };
         if take {
             self.acquire(me, lock)?;
         }
@@ -1243,6 +1262,18 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         count: usize,
         f: impl FnOnce(Span) -> Result<R>,
     ) -> Result<R> {
+        let span = self.span(target, disp, count)?;
+        let r = f(span);
+        let released = self.end_access(span);
+        let r = r?;
+        released?;
+        Ok(r)
+    }
+
+    /// Where `count` elements from displacement `disp` of `target` lie, checked; for a
+    /// dynamic window with the target's lock held, taken for the access if this rank holds
+    /// none ([`Held::Implicit`]; [`Window::end_access`] gives it back).
+    fn span(&self, target: Rank, disp: usize, count: usize) -> Result<Span> {
         let t = self.target(target)?;
         if t == self.rank && self.local_open.get() {
             return Err(Error::WindowSync(
@@ -1252,17 +1283,46 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             ));
         }
         let Some(dynamic) = &self.dynamic else {
-            return f(self.static_span(t, disp, count)?);
+            return self.static_span(t, disp, count);
         };
-        let implicit = self.held.borrow()[t] == Held::None;
-        if implicit {
-            self.acquire(t, Held::Shared)?;
+        let held = self.held.borrow()[t];
+        match held {
+            Held::None => {
+                self.acquire(t, Held::Shared)?;
+                self.held.borrow_mut()[t] = Held::Implicit(1);
+            }
+            Held::Implicit(n) => self.held.borrow_mut()[t] = Held::Implicit(n + 1),
+            Held::Shared | Held::Exclusive => {}
         }
-        let r = self.dynamic_span(dynamic, t, disp, count).and_then(f);
-        let released = if implicit { self.release(t) } else { Ok(()) };
-        let r = r?;
-        released?;
-        Ok(r)
+        let span = self.dynamic_span(dynamic, t, disp, count);
+        if span.is_err() {
+            let _ = self.end_access_to(t);
+        }
+        span
+    }
+
+    /// Ends an access [`Window::span`] began: gives back a lock taken for it alone.
+    fn end_access(&self, span: Span) -> Result<()> {
+        if self.dynamic.is_some() {
+            self.end_access_to(span.target)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn end_access_to(&self, t: usize) -> Result<()> {
+        let held = self.held.borrow()[t];
+        match held {
+            Held::Implicit(1) => {
+                self.held.borrow_mut()[t] = Held::Shared;
+                self.release(t)
+            }
+            Held::Implicit(n) => {
+                self.held.borrow_mut()[t] = Held::Implicit(n - 1);
+                Ok(())
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Where `count` elements from address `disp` of dynamic-window target `t` lie: in a
@@ -1470,11 +1530,21 @@ impl<T: Equivalence + Send + Sync> Window<T> {
 
     /// Takes `target`'s lock as `how`.
     fn acquire(&self, target: usize, how: Held) -> Result<()> {
-        if self.held.borrow()[target] != Held::None {
-            return Err(Error::WindowSync(format!(
-                "rank {} locks rank {target} a second time (unlock first)",
-                self.rank
-            )));
+        match self.held.borrow()[target] {
+            Held::None => {}
+            Held::Implicit(_) => {
+                return Err(Error::WindowSync(format!(
+                    "rank {} locks rank {target} while its request-based operations on it are \
+                     in flight (wait for them first)",
+                    self.rank
+                )))
+            }
+            _ => {
+                return Err(Error::WindowSync(format!(
+                    "rank {} locks rank {target} a second time (unlock first)",
+                    self.rank
+                )))
+            }
         }
         // The lock word's middle bits count a dynamic window's detaches; free is every other
         // bit clear. An exclusive taker guesses the count (the last it saw) and learns it
@@ -1520,7 +1590,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
     fn release(&self, target: usize) -> Result<()> {
         let how = self.held.borrow()[target];
         let add = match how {
-            Held::None => {
+            Held::None | Held::Implicit(_) => {
                 return Err(Error::WindowSync(format!(
                     "rank {} unlocks rank {target}, which it has not locked",
                     self.rank

@@ -208,7 +208,8 @@ pub enum Error {
     /// A one-sided operation named bytes outside the target's window (`MPI_ERR_RMA_RANGE`):
     /// refused at the origin, before anything moved; no byte of either side changed.
     #[error(
-        "one-sided access outside rank {target}'s window: bytes {offset}..{end} of a          {window_bytes}-byte window"
+        "one-sided access outside rank {target}'s window: bytes {offset}..{end} of a \
+         {window_bytes}-byte window"
     )]
     OutOfWindow {
         /// The target rank (in the window's communicator).

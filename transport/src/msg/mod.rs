@@ -33,6 +33,7 @@ mod posting;
 pub mod raw;
 mod request;
 pub mod rma;
+mod rma_transfer;
 mod rndv;
 mod rndv_get;
 mod rndv_local;
@@ -45,6 +46,7 @@ pub use config::{MsgConfig, RndvProtocol, WaitPolicy, DEFAULT_EAGER_LIMIT, DEFAU
 pub use matching::{Envelope, MessageHandle, Selector, ANY_SOURCE, ANY_TAG};
 pub use request::{RequestId, Status};
 pub use rma::{RemoteAtomic, RemoteMemory};
+pub use rma_transfer::{RmaBuf, RmaRequest};
 
 use config::online_cpus;
 use state::wr_parts;
@@ -461,6 +463,9 @@ impl PointToPoint {
         }
         if !self.active.is_empty() {
             events += self.advance_rendezvous();
+        }
+        if !self.rma.active.is_empty() {
+            events += self.advance_rma();
         }
         if !self.failing.is_empty() {
             self.settle_all_failing();

@@ -154,7 +154,7 @@ impl super::PointToPoint {
         }
         // SAFETY: the transfer completes before this returns, while `src` is borrowed.
         let b = unsafe { UserBuf::new(src.as_ptr(), src.len()) };
-        self.rma_transfer(target, remote_addr, rkey, super::rma::OriginBuf::Put(&b))
+        self.rma_transfer(target, remote_addr, rkey, super::RmaBuf::Put(b))
     }
 
     /// Reads `dst.len()` bytes at `remote_addr` of `target`'s exposed memory under `rkey`
@@ -169,6 +169,6 @@ impl super::PointToPoint {
         // SAFETY: the transfer completes before this returns, while `dst` is exclusively
         // borrowed.
         let b = unsafe { UserBufMut::new(dst.as_mut_ptr(), dst.len()) };
-        self.rma_transfer(target, remote_addr, rkey, super::rma::OriginBuf::Get(&b))
+        self.rma_transfer(target, remote_addr, rkey, super::RmaBuf::Get(b))
     }
 }

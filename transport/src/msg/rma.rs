@@ -21,13 +21,10 @@
 //! window layer does, at the origin): a remote access error would end the queue pair, and
 //! with it all traffic with that peer, as on an HCA.
 
+use super::request::Slab;
+use super::rma_transfer::RmaEntry;
 use super::*;
-use crate::buffer_mode::{Direction, Transfer};
 use crate::nic::{Advice, RegionInfo};
-
-/// The most bytes one RDMA WRITE or READ of a put or get moves (the NICs carry up to
-/// 2 GiB per work request).
-const MAX_RDMA_CHUNK: usize = 1 << 30;
 
 /// A peer's exposed memory, as its owner announced it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -75,6 +72,9 @@ pub(crate) struct RmaState {
     /// pass, also when every peer is on the local path, since peers' one-sided operations
     /// on them go through it.
     exposed: u32,
+    /// Request-based puts and gets (`rma_transfer.rs`), and those still moving.
+    pub(super) ops: Slab<RmaEntry>,
+    pub(super) active: Vec<RequestId>,
 }
 
 impl RmaState {
@@ -82,14 +82,6 @@ impl RmaState {
     pub(crate) fn exposing(&self) -> bool {
         self.exposed > 0
     }
-}
-
-/// The origin's side of a put or a get.
-pub(crate) enum OriginBuf<'a> {
-    /// Put: the NIC reads it.
-    Put(&'a UserBuf),
-    /// Get: the NIC writes it.
-    Get(&'a UserBufMut),
 }
 
 impl PointToPoint {
@@ -122,7 +114,8 @@ impl PointToPoint {
     pub fn expose_address_space(&mut self) -> Result<RegionInfo> {
         if !self.mode.exposes_on_demand() {
             return Err(Error::InvalidArgument(format!(
-                "the {} buffer mode pins what it exposes: it cannot expose the whole address                  space",
+                "the {} buffer mode pins what it exposes: it cannot expose the whole address \
+                 space",
                 self.mode.name()
             )));
         }
@@ -182,9 +175,11 @@ impl PointToPoint {
         Ok(true)
     }
 
-    /// Waits for the inline puts posted to `target` (every target: `None`) to complete at
-    /// their targets; the first error among them.
+    /// Waits for the inline puts and the request-based puts and gets to `target` (every
+    /// target: `None`) to complete at their targets; the first error among the inline puts
+    /// (a request's error is its own, reported by its test or wait).
     pub fn rma_flush(&mut self, target: Option<usize>) -> Result<()> {
+        self.rma_settle(target)?;
         let mut first_err = None;
         let mut i = 0;
         while i < self.rma.deferred.len() {
@@ -207,114 +202,6 @@ impl PointToPoint {
                     first_err.get_or_insert(e);
                 }
             }
-        }
-        first_err.map_or(Ok(()), Err)
-    }
-
-    /// Writes `src` (put) into, or reads into `dst` (get) from, `remote_addr` of `target`'s
-    /// exposed memory under `rkey`; returns once all of it has moved.
-    pub(crate) fn rma_transfer(
-        &mut self,
-        target: usize,
-        remote_addr: u64,
-        rkey: u32,
-        buf: OriginBuf<'_>,
-    ) -> Result<()> {
-        let (addr, len, dir) = match &buf {
-            OriginBuf::Put(b) => (b.addr(), b.len(), Direction::Source),
-            OriginBuf::Get(b) => (b.addr(), b.len(), Direction::Sink),
-        };
-        if len == 0 {
-            return Ok(());
-        }
-        self.check_alive(target)?;
-        let nic = self.nic.clone();
-        let t = self.mode.begin(&*nic, addr, len, dir)?;
-        let result = self.rma_pipeline(target, remote_addr, rkey, &buf, &t, (addr, len, dir));
-        self.mode.end(&*nic, t);
-        result
-    }
-
-    /// The chunks of one put or get: leases from the buffer mode, one RDMA operation each,
-    /// at most the mode's depth in flight; the first error ends it once nothing is in flight.
-    fn rma_pipeline(
-        &mut self,
-        target: usize,
-        remote_addr: u64,
-        rkey: u32,
-        buf: &OriginBuf<'_>,
-        t: &Transfer,
-        (addr, len, dir): (u64, usize, Direction),
-    ) -> Result<()> {
-        let nic = self.nic.clone();
-        let chunk = t.pipeline.chunk.clamp(1, MAX_RDMA_CHUNK);
-        let depth = t.pipeline.depth.max(1);
-        let mut out: VecDeque<(usize, Lease, usize, usize)> = VecDeque::new();
-        let (mut next, mut first_err) = (0usize, None);
-        while (next < len && first_err.is_none()) || !out.is_empty() {
-            while first_err.is_none() && next < len && out.len() < depth {
-                let n = chunk.min(len - next);
-                let lease = match self.mode.lease(&*nic, t, addr, next, n, dir) {
-                    Ok(Some(l)) => l,
-                    Ok(None) => break, // no resources now: progress, then again
-                    Err(e) => {
-                        first_err = Some(e);
-                        break;
-                    }
-                };
-                if let OriginBuf::Put(b) = buf {
-                    self.mode.stage_out(&lease, b, next);
-                }
-                let remote = remote_addr + next as u64;
-                let opcode = match dir {
-                    Direction::Source => Opcode::RdmaWrite {
-                        remote_addr: remote,
-                        rkey,
-                    },
-                    Direction::Sink => Opcode::RdmaRead {
-                        remote_addr: remote,
-                        rkey,
-                    },
-                };
-                let sge = Sge {
-                    addr: lease.addr,
-                    len: n as u32,
-                    lkey: lease.lkey,
-                };
-                match self.post_rma(target, opcode, &[sge]) {
-                    Ok(slot) => out.push_back((slot, lease, next, n)),
-                    Err(e) => {
-                        self.mode.release(&*nic, lease);
-                        first_err = Some(e);
-                    }
-                }
-                next += n;
-            }
-            let Some((slot, lease, offset, n)) = out.pop_front() else {
-                if first_err.is_none() {
-                    self.progress()?; // a lease was refused: what is in flight elsewhere frees one
-                }
-                continue;
-            };
-            let status = self.wait_rma(slot);
-            match status {
-                Ok(WcStatus::Success) => {
-                    if let OriginBuf::Get(b) = buf {
-                        self.mode.stage_in(&lease, b, offset, n);
-                    }
-                }
-                Ok(status) => {
-                    first_err.get_or_insert(Error::Communication {
-                        peer: target,
-                        status,
-                        what: "one-sided access",
-                    });
-                }
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                }
-            }
-            self.mode.release(&*nic, lease);
         }
         first_err.map_or(Ok(()), Err)
     }
@@ -399,7 +286,7 @@ impl PointToPoint {
     }
 
     /// An error if `target` failed earlier: nothing is posted to it.
-    fn check_alive(&self, target: usize) -> Result<()> {
+    pub(super) fn check_alive(&self, target: usize) -> Result<()> {
         match self.peers.get(target) {
             None => Err(Error::NoSuchRank {
                 rank: target,
@@ -418,7 +305,7 @@ impl PointToPoint {
 
     /// Posts one one-sided work request to `target`, waiting (with progress) for room on its
     /// queue pair; the slot its completion will fill.
-    fn post_rma(&mut self, target: usize, opcode: Opcode, sgl: &[Sge]) -> Result<usize> {
+    pub(super) fn post_rma(&mut self, target: usize, opcode: Opcode, sgl: &[Sge]) -> Result<usize> {
         self.post_rma_with(target, opcode, sgl, false)
     }
 
@@ -460,7 +347,7 @@ impl PointToPoint {
     }
 
     /// Drives progress until the work request of `slot` has completed; its status.
-    fn wait_rma(&mut self, slot: usize) -> Result<WcStatus> {
+    pub(super) fn wait_rma(&mut self, slot: usize) -> Result<WcStatus> {
         loop {
             if let Some(status) = self.rma.done[slot] {
                 self.rma.free.push(slot);
@@ -474,6 +361,14 @@ impl PointToPoint {
                 }
             }
         }
+    }
+
+    /// The status of the work request of `slot` if it has completed (the slot is free
+    /// then), without waiting.
+    pub(super) fn take_rma(&mut self, slot: usize) -> Option<WcStatus> {
+        let status = self.rma.done[slot]?;
+        self.rma.free.push(slot);
+        Some(status)
     }
 
     /// A one-sided work request completed (called from the completion handler).

@@ -1,0 +1,320 @@
+//! A put or a get as a pipeline of RDMA chunks: the state machine behind both the blocking
+//! calls ([`PointToPoint::put`], [`PointToPoint::get`]) and the request-based ones
+//! ([`PointToPoint::rma_start`], `MPI_Rput` and `MPI_Rget`).
+//!
+//! The origin's buffer goes through the buffer mode as a rendezvous's does: a lease per
+//! chunk (a bounce slot in `copy`, the registration cache in `pindown`, the on-demand key in
+//! `odp`), one RDMA WRITE or READ each, at most the mode's depth in flight. A blocking call
+//! waits for its oldest chunk in turn; a request's chunks are reaped and new ones posted by
+//! every pass of progress, so the request moves while the application computes between
+//! tests, and its wait only finishes it. The first error ends the pipeline once nothing of
+//! it is in flight, so the buffer is never used after the operation reports.
+
+use super::*;
+use crate::buffer_mode::{Direction, Transfer};
+
+/// The most bytes one RDMA WRITE or READ of a put or get moves (the NICs carry up to
+/// 2 GiB per work request).
+const MAX_RDMA_CHUNK: usize = 1 << 30;
+
+/// The origin's buffer of a put or a get, lent for the operation's time.
+#[derive(Debug)]
+pub enum RmaBuf {
+    /// Put: the NIC reads it.
+    Put(UserBuf),
+    /// Get: the NIC writes it.
+    Get(UserBufMut),
+}
+
+/// A request-based put or get in flight ([`PointToPoint::rma_start`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RmaRequest(RequestId);
+
+/// A request-based operation: moving, being stepped (taken out by the pass that advances
+/// it), or finished with its outcome.
+pub(crate) enum RmaEntry {
+    Moving(Box<RmaOp>),
+    Stepping,
+    Done(Result<()>),
+}
+
+/// One put or get on its way.
+pub(crate) struct RmaOp {
+    target: usize,
+    remote_addr: u64,
+    rkey: u32,
+    buf: RmaBuf,
+    /// The buffer mode's transfer; ended when the pipeline is.
+    t: Transfer,
+    addr: u64,
+    len: usize,
+    dir: Direction,
+    /// Bytes posted so far.
+    next: usize,
+    /// Chunks in flight, oldest first: (slot, lease, offset, bytes).
+    out: VecDeque<(usize, Lease, usize, usize)>,
+    first_err: Option<Error>,
+}
+
+impl RmaOp {
+    /// Whether nothing more will be posted and nothing is in flight.
+    fn finished(&self) -> bool {
+        (self.next >= self.len || self.first_err.is_some()) && self.out.is_empty()
+    }
+}
+
+impl PointToPoint {
+    /// Writes `buf` (put) into, or reads into `buf` (get) from, `remote_addr` of `target`'s
+    /// exposed memory under `rkey`; returns once all of it has moved.
+    pub(crate) fn rma_transfer(
+        &mut self,
+        target: usize,
+        remote_addr: u64,
+        rkey: u32,
+        buf: RmaBuf,
+    ) -> Result<()> {
+        let Some(mut op) = self.rma_begin(target, remote_addr, rkey, buf)? else {
+            return Ok(());
+        };
+        while !op.finished() {
+            if self.rma_step(&mut op, true) == 0 && !op.finished() {
+                // No lease now: what is in flight elsewhere frees one.
+                if let Err(e) = self.progress() {
+                    op.first_err.get_or_insert(e);
+                }
+            }
+        }
+        self.rma_end(*op)
+    }
+
+    /// Starts writing `buf` (put) into, or reading into `buf` (get) from, `remote_addr` of
+    /// `target`'s exposed memory under `rkey` (`MPI_Rput`, `MPI_Rget`), and returns at once.
+    /// The caller keeps `buf`'s memory valid until [`Self::rma_test`] or [`Self::rma_wait`]
+    /// reports the request finished; then the data is at the target (a put) or in the
+    /// buffer (a get).
+    pub fn rma_start(
+        &mut self,
+        target: usize,
+        remote_addr: u64,
+        rkey: u32,
+        buf: RmaBuf,
+    ) -> Result<RmaRequest> {
+        let entry = match self.rma_begin(target, remote_addr, rkey, buf)? {
+            None => RmaEntry::Done(Ok(())),
+            Some(mut op) => {
+                self.rma_step(&mut op, false);
+                RmaEntry::Moving(op)
+            }
+        };
+        let moving = matches!(entry, RmaEntry::Moving(_));
+        let id = self.rma.ops.insert(entry);
+        if moving {
+            self.rma.active.push(id);
+        }
+        Ok(RmaRequest(id))
+    }
+
+    /// Finishes request `r` if it is done: `Some(outcome)` (the request is then gone), else
+    /// `None`. Makes progress first.
+    pub fn rma_test(&mut self, r: RmaRequest) -> Result<Option<Result<()>>> {
+        if let Err(e) = self.progress() {
+            // A peer's failure reaches the request through its chunks' completions.
+            if !matches!(e, Error::Communication { .. } | Error::PeerGone { .. }) {
+                return Err(e);
+            }
+        }
+        match self.rma.ops.get(r.0) {
+            None => Err(Error::InvalidArgument(
+                "unknown or already completed one-sided request".into(),
+            )),
+            Some(RmaEntry::Done(_)) => match self.rma.ops.remove(r.0) {
+                Some(RmaEntry::Done(outcome)) => Ok(Some(outcome)),
+                _ => unreachable!("checked above"),
+            },
+            Some(_) => Ok(None),
+        }
+    }
+
+    /// Waits for request `r` and returns its outcome.
+    pub fn rma_wait(&mut self, r: RmaRequest) -> Result<()> {
+        loop {
+            if let Some(outcome) = self.rma_test(r)? {
+                return outcome;
+            }
+        }
+    }
+
+    /// Whether request `r` has finished, without finishing it.
+    pub fn rma_is_done(&self, r: RmaRequest) -> bool {
+        matches!(self.rma.ops.get(r.0), Some(RmaEntry::Done(_)))
+    }
+
+    /// Drives progress until no request-based operation to `target` (any: `None`) moves.
+    pub(super) fn rma_settle(&mut self, target: Option<usize>) -> Result<()> {
+        let moving_to = |this: &Self| {
+            this.rma
+                .active
+                .iter()
+                .any(|id| match this.rma.ops.get(*id) {
+                    Some(RmaEntry::Moving(op)) => target.is_none_or(|t| t == op.target),
+                    _ => false,
+                })
+        };
+        while moving_to(self) {
+            if let Err(e) = self.progress() {
+                if !matches!(e, Error::Communication { .. } | Error::PeerGone { .. }) {
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Advances every request-based operation (a pass of progress): reaps its completed
+    /// chunks, posts more, and finishes it when nothing is left. Returns the chunks moved.
+    pub(super) fn advance_rma(&mut self) -> usize {
+        let mut events = 0;
+        let mut i = 0;
+        while i < self.rma.active.len() {
+            let id = self.rma.active[i];
+            let Some(entry) = self.rma.ops.get_mut(id) else {
+                self.rma.active.swap_remove(i);
+                continue;
+            };
+            let RmaEntry::Moving(mut op) = std::mem::replace(entry, RmaEntry::Stepping) else {
+                i += 1;
+                continue;
+            };
+            events += self.rma_step(&mut op, false);
+            let entry = if op.finished() {
+                self.rma.active.swap_remove(i);
+                RmaEntry::Done(self.rma_end(*op))
+            } else {
+                i += 1;
+                RmaEntry::Moving(op)
+            };
+            if let Some(slot) = self.rma.ops.get_mut(id) {
+                *slot = entry;
+            }
+        }
+        events
+    }
+
+    /// The pipeline of a put or get of `buf`, its transfer begun; `None` for no bytes.
+    fn rma_begin(
+        &mut self,
+        target: usize,
+        remote_addr: u64,
+        rkey: u32,
+        buf: RmaBuf,
+    ) -> Result<Option<Box<RmaOp>>> {
+        let (addr, len, dir) = match &buf {
+            RmaBuf::Put(b) => (b.addr(), b.len(), Direction::Source),
+            RmaBuf::Get(b) => (b.addr(), b.len(), Direction::Sink),
+        };
+        if len == 0 {
+            return Ok(None);
+        }
+        self.check_alive(target)?;
+        let nic = self.nic.clone();
+        let t = self.mode.begin(&*nic, addr, len, dir)?;
+        Ok(Some(Box::new(RmaOp {
+            target,
+            remote_addr,
+            rkey,
+            buf,
+            t,
+            addr,
+            len,
+            dir,
+            next: 0,
+            out: VecDeque::new(),
+            first_err: None,
+        })))
+    }
+
+    /// Posts chunks of `op` up to the mode's depth, then reaps its completed chunks in
+    /// order: waiting for the oldest if `block`, else only those done. Returns the chunks
+    /// posted and reaped.
+    fn rma_step(&mut self, op: &mut RmaOp, block: bool) -> usize {
+        let nic = self.nic.clone();
+        let chunk = op.t.pipeline.chunk.clamp(1, MAX_RDMA_CHUNK);
+        let depth = op.t.pipeline.depth.max(1);
+        let mut moved = 0;
+        while op.first_err.is_none() && op.next < op.len && op.out.len() < depth {
+            let n = chunk.min(op.len - op.next);
+            let lease = match self.mode.lease(&*nic, &op.t, op.addr, op.next, n, op.dir) {
+                Ok(Some(l)) => l,
+                Ok(None) => break, // no resources now: later
+                Err(e) => {
+                    op.first_err = Some(e);
+                    break;
+                }
+            };
+            if let RmaBuf::Put(b) = &op.buf {
+                self.mode.stage_out(&lease, b, op.next);
+            }
+            let remote_addr = op.remote_addr + op.next as u64;
+            let rkey = op.rkey;
+            let opcode = match op.dir {
+                Direction::Source => Opcode::RdmaWrite { remote_addr, rkey },
+                Direction::Sink => Opcode::RdmaRead { remote_addr, rkey },
+            };
+            let sge = Sge {
+                addr: lease.addr,
+                len: n as u32,
+                lkey: lease.lkey,
+            };
+            match self.post_rma(op.target, opcode, &[sge]) {
+                Ok(slot) => op.out.push_back((slot, lease, op.next, n)),
+                Err(e) => {
+                    self.mode.release(&*nic, lease);
+                    op.first_err = Some(e);
+                }
+            }
+            op.next += n;
+            moved += 1;
+        }
+        while let Some(&(slot, _, _, _)) = op.out.front() {
+            let status = if block {
+                self.wait_rma(slot)
+            } else {
+                match self.take_rma(slot) {
+                    Some(status) => Ok(status),
+                    None => break,
+                }
+            };
+            let (_, lease, offset, n) = op.out.pop_front().expect("the front");
+            match status {
+                Ok(WcStatus::Success) => {
+                    if let RmaBuf::Get(b) = &op.buf {
+                        self.mode.stage_in(&lease, b, offset, n);
+                    }
+                }
+                Ok(status) => {
+                    op.first_err.get_or_insert(Error::Communication {
+                        peer: op.target,
+                        status,
+                        what: "one-sided access",
+                    });
+                }
+                Err(e) => {
+                    op.first_err.get_or_insert(e);
+                }
+            }
+            self.mode.release(&*nic, lease);
+            moved += 1;
+            if block {
+                break; // post more before waiting again
+            }
+        }
+        moved
+    }
+
+    /// Ends `op`'s transfer; its outcome.
+    fn rma_end(&mut self, op: RmaOp) -> Result<()> {
+        let nic = self.nic.clone();
+        self.mode.end(&*nic, op.t);
+        op.first_err.map_or(Ok(()), Err)
+    }
+}
