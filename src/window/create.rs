@@ -78,7 +78,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
     /// A window with no memory yet (`MPI_Win_create_dynamic`): each rank attaches regions
     /// to it ([`Window::attach`]) and detaches them ([`Window::detach`]) when it likes, with
     /// no collective call. A displacement in it is an address in the target's memory
-    /// ([`Attachment::disp`] on the target); [`Window::disp_unit`] is 1. Collective over
+    /// ([`Attachment::disp`](super::Attachment::disp) on the target); [`Window::disp_unit`] is 1. Collective over
     /// `comm`. Panics on error.
     pub fn create_dynamic<C: Communicator + ?Sized>(comm: &C) -> Window<T> {
         fatal(Self::try_create_dynamic(comm))
