@@ -175,6 +175,13 @@ pub trait Communicator {
     fn split_by_color_with_key(&self, color: Color, key: Key) -> Option<SimpleCommunicator> {
         fatal(self.try_split_by_color_with_key(color, key))
     }
+    /// Splits the communicator into one per host (`MPI_Comm_split_type` with
+    /// `MPI_COMM_TYPE_SHARED`): the ranks that can share memory (the same kernel, `/dev/shm`
+    /// and PID namespace) form one, ranked by `key`, then by their rank here; what
+    /// `Window::allocate_shared` needs. Collective. Panics on error.
+    fn split_shared(&self, key: Key) -> SimpleCommunicator {
+        fatal(self.try_split_shared(key))
+    }
     /// The communicator of the ranks of `group`, in its order (`MPI_Comm_create`):
     /// collective over this communicator; ranks may pass disjoint groups, and each gets
     /// the communicator of its own, or `None` if it is not in the group it passed.
@@ -278,6 +285,22 @@ pub trait Communicator {
         let color = (!color.is_undefined()).then_some(color.0);
         let sub = self.as_simple().backend().split(color, key)?;
         Ok(sub.map(SimpleCommunicator::new))
+    }
+    /// [`Communicator::split_shared`], returning errors.
+    fn try_split_shared(&self, key: Key) -> Result<SimpleCommunicator> {
+        use crate::collective::CommunicatorCollectives;
+        use pagewire_transport::sys::{HostKey, HOST_KEY_BYTES};
+        let mut mine = Vec::with_capacity(HOST_KEY_BYTES);
+        HostKey::here().encode(&mut mine);
+        let mut all = vec![0u8; HOST_KEY_BYTES * self.size() as usize];
+        self.try_all_gather_into(&mine[..], &mut all[..])?;
+        // The color: the first rank of this host.
+        let first = all
+            .chunks_exact(HOST_KEY_BYTES)
+            .position(|k| k == &mine[..])
+            .expect("this rank's own key is among them");
+        let sub = self.try_split_by_color_with_key(Color::with_value(first as i32), key)?;
+        Ok(sub.expect("a defined color always gives a communicator"))
     }
     /// [`Communicator::split_by_subgroup_collective`], returning errors.
     fn try_split_by_subgroup_collective(

@@ -29,7 +29,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
     /// locked-memory limit); `data` is dropped then.
     pub fn try_attach(&self, data: Vec<T>) -> Result<Attachment> {
         let (dynamic, control) = self.dynamic_parts("attach")?;
-        if self.local_open.get() {
+        if self.local_open.get().is_some() {
             return Err(Error::WindowSync(
                 "attach inside a local access to the window".into(),
             ));
@@ -106,7 +106,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
     /// window, this rank holding its own lock shared, or inside a local access.
     pub fn try_detach(&self, attachment: Attachment) -> Result<Vec<T>> {
         let (dynamic, control) = self.dynamic_parts("detach")?;
-        if self.local_open.get() {
+        if self.local_open.get().is_some() {
             return Err(Error::WindowSync(
                 "detach inside a local access to the window".into(),
             ));

@@ -237,10 +237,11 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             rank,
             parts,
             carrier,
-            local_open: Cell::new(false),
+            local_open: Cell::new(None),
             exposure: RefCell::new(None),
             access: RefCell::new(None),
             dynamic,
+            shared: None,
             counters: Cell::new(counters),
             freed: false,
         }

@@ -10,6 +10,8 @@
 
 use std::marker::PhantomData;
 
+use pagewire_transport::sys::SharedSegment;
+
 use crate::datatype::{Equivalence, TypeMap, UncommittedDatatype};
 use crate::error::{Error, Result};
 
@@ -99,6 +101,90 @@ impl<T> Drop for WindowMemory<T> {
         }
     }
 }
+
+/// The parts of a shared-memory window (`Window::allocate_shared`) as this rank maps them:
+/// every rank's part lies in one segment of `/dev/shm` that every rank of the window maps,
+/// one after the other.
+pub(crate) struct SharedParts<T> {
+    segment: SharedSegment,
+    /// By rank: the first element's byte offset in the segment, and the elements.
+    parts: Vec<(usize, usize)>,
+    _elements: PhantomData<fn() -> T>,
+}
+
+impl<T> SharedParts<T> {
+    /// The parts of `counts` elements, one after the other in `segment`, which must hold
+    /// them all; this rank's (`me`) filled with `value`.
+    pub(crate) fn new(segment: SharedSegment, counts: &[usize], me: usize, value: T) -> Self
+    where
+        T: Clone,
+    {
+        let size = std::mem::size_of::<T>();
+        let mut at = 0;
+        let parts: Vec<(usize, usize)> = counts
+            .iter()
+            .map(|&n| {
+                let part = (at, n);
+                at += n * size;
+                part
+            })
+            .collect();
+        assert!(at <= segment.len(), "the segment holds every part");
+        let (offset, count) = parts[me];
+        let first = segment.addr_of(offset) as *mut T;
+        for i in 0..count {
+            // SAFETY: in this rank's part of the segment (checked above), aligned (the
+            // segment is page-aligned and parts are whole elements apart); nothing else
+            // references it yet, and `write` does not read the bytes there.
+            unsafe { first.add(i).write(value.clone()) };
+        }
+        SharedParts {
+            segment,
+            parts,
+            _elements: PhantomData,
+        }
+    }
+
+    /// Address (in this process) of rank `rank`'s element 0, and its elements.
+    pub(crate) fn part(&self, rank: usize) -> (u64, usize) {
+        let (offset, count) = self.parts[rank];
+        (self.segment.addr_of(offset), count)
+    }
+
+    /// This rank's part as window memory (the segment outlives it: the window holds both).
+    pub(crate) fn own_memory(&self, me: usize) -> WindowMemory<T> {
+        let (addr, len) = self.part(me);
+        WindowMemory {
+            ptr: addr as *mut T,
+            len,
+            capacity: None,
+        }
+    }
+
+    /// Runs `f` on rank `rank`'s elements. The caller holds `rank`'s window lock (shared at
+    /// least), so no peer writes them meanwhile, and holds no other reference to them.
+    pub(crate) fn with_part<R>(&self, rank: usize, f: impl FnOnce(&[T]) -> R) -> R {
+        let (addr, len) = self.part(rank);
+        // SAFETY: the part lies in the mapped segment (checked at creation), holds `len`
+        // valid `T`s (each rank fills its own at creation; peers write only `T`s' bytes),
+        // and the caller's lock keeps writers out for the closure's time.
+        f(unsafe { std::slice::from_raw_parts(addr as *const T, len) })
+    }
+
+    /// Runs `f` on rank `rank`'s elements, to change them. The caller holds `rank`'s lock
+    /// exclusively (or one that keeps every other locker out) and no other reference.
+    pub(crate) fn with_part_mut<R>(&self, rank: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+        let (addr, len) = self.part(rank);
+        // SAFETY: as for `with_part`, with no other reader or writer for the closure's time.
+        f(unsafe { std::slice::from_raw_parts_mut(addr as *mut T, len) })
+    }
+}
+
+// SAFETY: the segment is process-shared memory reached only through the methods above,
+// whose callers serialise access with the window's locks; `T: Send` moves with it.
+unsafe impl<T: Send> Send for SharedParts<T> {}
+// SAFETY: as above; shared references are handed out only under a lock (`T: Sync`).
+unsafe impl<T: Sync> Sync for SharedParts<T> {}
 
 /// Proof that `T`'s datatype is one gap-free run of `size_of::<T>()` bytes, so that a
 /// slice of `T`s is its bytes: made only by [`ElementBytes::check`].

@@ -58,18 +58,22 @@
 //! Request-based `rput` and `rget` return requests in rsmpi's scopes and move while the
 //! application computes (`requests.rs`).
 //!
-//! Not here yet: shared-memory windows (`allocate_shared`), element types with gaps, and
-//! dynamic windows and request-based operations under `PAGEWIRE_TRANSPORT=mpi`; each is
-//! refused with an error that says so.
+//! Shared-memory windows (`allocate_shared`, `shared_query`, `with_shared`) map every
+//! rank's part into each rank of one host (`shared.rs`).
+//!
+//! Not here yet: element types with gaps, and dynamic windows and request-based operations
+//! under `PAGEWIRE_TRANSPORT=mpi`; each is refused with an error that says so.
 
 mod attach;
 mod create;
 mod dynamic;
 mod memory;
 mod requests;
+mod shared;
 mod sync;
 
 pub use dynamic::Attachment;
+pub use shared::SharedPart;
 
 use std::cell::{Cell, RefCell};
 
@@ -202,14 +206,17 @@ pub struct Window<T: Equivalence + Send + Sync> {
     carrier: Carrier,
     /// The locks this rank holds, by target.
     held: RefCell<Vec<Held>>,
-    /// A local access is running (they do not nest).
-    local_open: Cell<bool>,
+    /// The rank whose part a load/store access (`with_local`, `with_shared`, ...) holds
+    /// references to now (they do not nest).
+    local_open: Cell<Option<usize>>,
     /// Origins of the open exposure epoch (`post`), and targets of the open access epoch
     /// (`start`).
     exposure: RefCell<Option<Vec<usize>>>,
     access: RefCell<Option<Vec<usize>>>,
     /// A dynamic window's regions and views (`None` for the others).
     dynamic: Option<DynamicState<T>>,
+    /// A shared-memory window's parts, every rank's mapped here (`None` for the others).
+    shared: Option<memory::SharedParts<T>>,
     counters: Cell<WindowCounters>,
     freed: bool,
 }
@@ -284,14 +291,21 @@ impl<T: Equivalence + Send + Sync> Window<T> {
     }
 
     fn local_access<R>(&self, lock: Held, f: impl FnOnce() -> R) -> Result<R> {
-        if self.local_open.get() {
+        self.load_store_access(self.rank, lock, f)
+    }
+
+    /// Runs `f`, which holds references to rank `t`'s part (this rank's, or a peer's in a
+    /// shared-memory window), under `t`'s lock taken as `lock` (unless this rank holds a
+    /// lock on `t` already), so that no peer that locks writes it meanwhile.
+    fn load_store_access<R>(&self, t: usize, lock: Held, f: impl FnOnce() -> R) -> Result<R> {
+        if self.local_open.get().is_some() {
             return Err(Error::WindowSync(
                 "a local access to the window inside another one (with_local/with_local_mut do \
                  not nest)"
                     .into(),
             ));
         }
-        let me = self.rank;
+        let me = t;
         let take =
             match self.held.borrow()[me] {
                 Held::None => true,
@@ -305,9 +319,9 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         if take {
             self.acquire(me, lock)?;
         }
-        self.local_open.set(true);
+        self.local_open.set(Some(t));
         let r = f();
-        self.local_open.set(false);
+        self.local_open.set(None);
         if take {
             self.release(me)?;
         }
@@ -542,7 +556,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
     /// none ([`Held::Implicit`]; [`Window::end_access`] gives it back).
     fn span(&self, target: Rank, disp: usize, count: usize) -> Result<Span> {
         let t = self.target(target)?;
-        if t == self.rank && self.local_open.get() {
+        if self.local_open.get() == Some(t) {
             return Err(Error::WindowSync(
                 "a one-sided operation on this rank's own part inside a local access to it \
                  (with_local/with_local_mut hold references to it)"

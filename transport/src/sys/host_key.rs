@@ -8,19 +8,19 @@ use std::os::unix::fs::MetadataExt;
 /// PID namespace (CMA names processes by pid). Network namespaces alone share all three, so
 /// ranks in them stay local, as they are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct HostKey {
-    pub(crate) boot_id: [u8; 36],
-    pub(crate) shm_dev: u64,
+pub struct HostKey {
+    boot_id: [u8; 36],
+    shm_dev: u64,
     pub(crate) shm_ino: u64,
-    pub(crate) pid_ns: u64,
+    pid_ns: u64,
 }
 
 /// Bytes of an encoded [`HostKey`].
-pub(crate) const HOST_KEY_BYTES: usize = 36 + 24;
+pub const HOST_KEY_BYTES: usize = 36 + 24;
 
 impl HostKey {
     /// This process's.
-    pub(crate) fn here() -> HostKey {
+    pub fn here() -> HostKey {
         let mut boot_id = [0u8; 36];
         if let Ok(s) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
             let b = s.trim().as_bytes();
@@ -41,14 +41,16 @@ impl HostKey {
         }
     }
 
-    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+    /// Its bytes ([`HOST_KEY_BYTES`]), to exchange with peers.
+    pub fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.boot_id);
         out.extend_from_slice(&self.shm_dev.to_le_bytes());
         out.extend_from_slice(&self.shm_ino.to_le_bytes());
         out.extend_from_slice(&self.pid_ns.to_le_bytes());
     }
 
-    pub(crate) fn decode(b: &[u8]) -> HostKey {
+    /// The key `encode` wrote.
+    pub fn decode(b: &[u8]) -> HostKey {
         let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
         HostKey {
             boot_id: b[..36].try_into().expect("36 bytes"),

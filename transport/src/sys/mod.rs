@@ -16,9 +16,9 @@ pub use file_mapping::{memory_file_system, FileMapping};
 pub use guarded_copy::{
     guarded_cmp_swap, guarded_copy, guarded_fetch_add, install as install_fault_guard,
 };
-pub(crate) use host_key::{HostKey, HOST_KEY_BYTES};
+pub use host_key::{HostKey, HOST_KEY_BYTES};
 pub use longterm_pin::{LongTermPin, LongTermPins, PinnedSnapshot, MAX_PIN_CHUNK, PIN_SLOTS};
-pub(crate) use shm::SharedSegment;
+pub use shm::SharedSegment;
 pub use socket_io::{ipv4_interfaces, poll, recv_extents, send_extents, PollFor, Wakeup, MAX_IOV};
 
 use std::fs::File;

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 
 /// One mapped shared-memory object (`/dev/shm/NAME`).
 #[derive(Debug)]
-pub(crate) struct SharedSegment {
+pub struct SharedSegment {
     ptr: *mut u8,
     len: usize,
     name: String,
@@ -34,7 +34,7 @@ impl SharedSegment {
     /// and maps it; the name is removed by [`SharedSegment::unlink_name`] or when this value
     /// drops. A `/dev/shm` without room for it is [`Error::SharedMemoryFull`] here, never a
     /// `SIGBUS` when a page is first touched.
-    pub(crate) fn create(name: &str, len: usize) -> Result<SharedSegment> {
+    pub fn create(name: &str, len: usize) -> Result<SharedSegment> {
         Self::create_with(name, len, true)
     }
 
@@ -129,7 +129,7 @@ impl SharedSegment {
     }
 
     /// Maps an existing `/dev/shm/NAME` (a peer's), whole.
-    pub(crate) fn open(name: &str) -> Result<SharedSegment> {
+    pub fn open(name: &str) -> Result<SharedSegment> {
         let c =
             CString::new(format!("/{name}")).map_err(|_| Error::InvalidArgument(name.into()))?;
         // SAFETY: shm_open with a valid NUL-terminated name.
@@ -205,7 +205,7 @@ impl SharedSegment {
     /// Removes the object's name now, if this process created it (once); the mapping stays.
     /// The owner calls it when its NIC goes down, so that the name is free at once even if
     /// something (a monitor thread finishing an event) holds the mapping a little longer.
-    pub(crate) fn unlink_name(&self) {
+    pub fn unlink_name(&self) {
         if self.owner.swap(false, std::sync::atomic::Ordering::AcqRel) {
             use std::os::unix::fs::MetadataExt;
             let path = format!("/dev/shm/{}", self.name);
@@ -221,12 +221,17 @@ impl SharedSegment {
     }
 
     /// Size in bytes.
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether it has no bytes (never: a segment has at least one page).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// Address of byte `offset` in this process (for CMA into or out of the segment).
-    pub(crate) fn addr_of(&self, offset: usize) -> u64 {
+    pub fn addr_of(&self, offset: usize) -> u64 {
         assert!(offset <= self.len);
         self.ptr as u64 + offset as u64
     }
