@@ -161,6 +161,10 @@ impl Pending for PointToPoint<'_> {
     }
 }
 
+pub mod persistent;
+
+pub use persistent::{start_all, try_start_all, PersistentRequest};
+
 /// Where a scope keeps the operations of its requests (not part of the API).
 mod registry {
     use super::*;

@@ -69,7 +69,7 @@
 //! [`Error::InvalidArgument`]: crate::Error::InvalidArgument
 
 mod elements;
-mod immediate;
+pub(crate) mod immediate;
 pub(crate) mod operation;
 mod root;
 
@@ -79,7 +79,7 @@ use crate::datatype::{
     Primitive, UncommittedDatatype,
 };
 use crate::error::{fatal, Result};
-use crate::request::{Request, Scope, StaticScope};
+use crate::request::{persistent, PersistentRequest, Request, Scope, StaticScope};
 use crate::topology::Communicator;
 
 pub use crate::backend::pagewire::COLLECTIVE_CONTEXT_BIT;
@@ -181,6 +181,61 @@ pub trait CommunicatorCollectives: Communicator {
         fatal(self.try_exclusive_scan_into(send, recv, op))
     }
 
+    /// A persistent barrier (`MPI_Barrier_init`, MPI-4): started and completed any number
+    /// of times. Collective. Panics on error.
+    fn barrier_init(&self) -> PersistentRequest<'static, (), StaticScope> {
+        let backend = self.as_simple().backend().clone();
+        // A zero-sized buffer: leaking it allocates nothing.
+        let nothing: &'static mut () = Box::leak(Box::new(()));
+        persistent::collective(StaticScope, nothing, move |_| immediate::barrier(&backend))
+    }
+    /// A persistent reduction of `send` with `op` into every rank's `recv`
+    /// (`MPI_Allreduce_init`, MPI-4): each start reduces what `send` holds then; the result
+    /// is read between starts ([`PersistentRequest::buffer`]). `send` stays borrowed for the
+    /// request's life, so its data changes between starts only through interior mutability
+    /// (make a new request otherwise). Collective. Panics on error.
+    fn all_reduce_init<'a, Sc, S, R, O>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+        recv: &'a mut R,
+        op: O,
+    ) -> PersistentRequest<'a, R, Sc>
+    where
+        Sc: Scope<'a> + Copy,
+        S: Buffer + ?Sized + 'a,
+        R: BufferMut + ?Sized + 'a,
+        O: Operation + Clone + 'a,
+    {
+        let backend = self.as_simple().backend().clone();
+        persistent::collective(scope, recv, move |recv| {
+            immediate::reduction(
+                &backend,
+                immediate::Combine::All,
+                send,
+                Some(Landing::new(recv)),
+                op.clone(),
+            )
+        })
+    }
+    /// A persistent all-gather of `send` into `recv` (`MPI_Allgather_init`, MPI-4).
+    /// Collective. Panics on error.
+    fn all_gather_init<'a, Sc, S, R>(
+        &self,
+        scope: Sc,
+        send: &'a S,
+        recv: &'a mut R,
+    ) -> PersistentRequest<'a, R, Sc>
+    where
+        Sc: Scope<'a> + Copy,
+        S: Buffer + ?Sized + 'a,
+        R: BufferMut + ?Sized + 'a,
+    {
+        let backend = self.as_simple().backend().clone();
+        persistent::collective(scope, recv, move |recv| {
+            immediate::all_gather(&backend, &packed(send), Landing::new(recv))
+        })
+    }
     /// Starts a barrier (`MPI_Ibarrier`).
     fn immediate_barrier(&self) -> Request<'static, (), StaticScope> {
         let op = fatal(immediate::barrier(self.as_simple().backend()));

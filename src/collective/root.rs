@@ -13,7 +13,7 @@ use crate::datatype::{
     Primitive, UncommittedDatatype,
 };
 use crate::error::{fatal, Error, Result};
-use crate::request::{Request, Scope};
+use crate::request::{persistent, PersistentRequest, Request, Scope};
 use crate::topology::communicator::Process;
 use crate::topology::{Communicator, InterCommunicator, Rank};
 use std::process::Command;
@@ -90,6 +90,15 @@ pub trait Root {
         scope: Sc,
         buf: &'a mut B,
     ) -> Request<'a, B, Sc>;
+    /// A persistent broadcast of the root's `buf` (`MPI_Bcast_init`, MPI-4): each start
+    /// copies what the root's buffer holds then into every rank's; between starts the root
+    /// changes it and the others read it ([`PersistentRequest::buffer_mut`]). Collective.
+    /// Panics on error.
+    fn broadcast_init<'a, Sc: Scope<'a> + Copy, B: BufferMut + ?Sized + 'a>(
+        &self,
+        scope: Sc,
+        buf: &'a mut B,
+    ) -> PersistentRequest<'a, B, Sc>;
     /// Starts [`Root::reduce_into`] (`MPI_Ireduce`, non-root side).
     fn immediate_reduce_into<'a, Sc, S, O>(
         &self,
@@ -288,6 +297,18 @@ impl Root for Process<'_> {
         let root = self.root()?;
         let backend = self.comm.backend().spawn(root, commands, maxprocs)?;
         Ok(InterCommunicator::new(backend))
+    }
+
+    fn broadcast_init<'a, Sc: Scope<'a> + Copy, B: BufferMut + ?Sized + 'a>(
+        &self,
+        scope: Sc,
+        buf: &'a mut B,
+    ) -> PersistentRequest<'a, B, Sc> {
+        let root = fatal(self.root());
+        let backend = self.comm.backend().clone();
+        persistent::collective(scope, buf, move |buf| {
+            immediate::broadcast(&backend, root, Landing::new(buf))
+        })
     }
 
     fn immediate_broadcast_into<'a, Sc: Scope<'a>, B: BufferMut + ?Sized + 'a>(

@@ -21,7 +21,7 @@ use crate::datatype::{
     packed, vec_from_packed, Buffer, BufferMut, Equivalence, Landing, UncommittedDatatype,
 };
 use crate::error::{fatal, Error, Result};
-use crate::request::{self, OwnedReceive, Pending, Request, Scope};
+use crate::request::{self, persistent, OwnedReceive, Pending, PersistentRequest, Request, Scope};
 use crate::topology::{Rank, SimpleCommunicator, Tag};
 
 mod buffered;
@@ -191,6 +191,64 @@ pub trait Destination {
         tag: Tag,
     ) -> Request<'a, B, S> {
         fatal(self.try_immediate_send_with_tag(scope, buf, tag))
+    }
+
+    /// A persistent send of `buf` (`MPI_Send_init`): started and completed any number of
+    /// times ([`PersistentRequest::start`], [`PersistentRequest::wait`]); the buffer's data
+    /// may change between starts ([`PersistentRequest::buffer_mut`]). Panics on error.
+    fn send_init<'a, S: Scope<'a> + Copy, B: Buffer + ?Sized + 'a>(
+        &self,
+        scope: S,
+        buf: &'a mut B,
+    ) -> PersistentRequest<'a, B, S> {
+        fatal(self.try_send_init_with_tag(scope, buf, 0))
+    }
+    /// [`Destination::send_init`] with a tag.
+    fn send_init_with_tag<'a, S: Scope<'a> + Copy, B: Buffer + ?Sized + 'a>(
+        &self,
+        scope: S,
+        buf: &'a mut B,
+        tag: Tag,
+    ) -> PersistentRequest<'a, B, S> {
+        fatal(self.try_send_init_with_tag(scope, buf, tag))
+    }
+    /// A persistent synchronous send (`MPI_Ssend_init`).
+    fn synchronous_send_init<'a, S: Scope<'a> + Copy, B: Buffer + ?Sized + 'a>(
+        &self,
+        scope: S,
+        buf: &'a mut B,
+    ) -> PersistentRequest<'a, B, S> {
+        fatal(self.try_synchronous_send_init_with_tag(scope, buf, 0))
+    }
+    /// `send_init_with_tag`, returning errors.
+    fn try_send_init_with_tag<'a, S: Scope<'a> + Copy, B: Buffer + ?Sized + 'a>(
+        &self,
+        scope: S,
+        buf: &'a mut B,
+        tag: Tag,
+    ) -> Result<PersistentRequest<'a, B, S>> {
+        let dest = self.destination()?;
+        persistent::send(
+            self.destination_comm().backend(),
+            (dest, tag, false),
+            scope,
+            buf,
+        )
+    }
+    /// `synchronous_send_init` with a tag, returning errors.
+    fn try_synchronous_send_init_with_tag<'a, S: Scope<'a> + Copy, B: Buffer + ?Sized + 'a>(
+        &self,
+        scope: S,
+        buf: &'a mut B,
+        tag: Tag,
+    ) -> Result<PersistentRequest<'a, B, S>> {
+        let dest = self.destination()?;
+        persistent::send(
+            self.destination_comm().backend(),
+            (dest, tag, true),
+            scope,
+            buf,
+        )
     }
 
     /// `send_with_tag`, returning errors.

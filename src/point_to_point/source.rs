@@ -151,6 +151,35 @@ pub trait Source {
         let op = request::start_receive(self.comm().backend(), src, tag, Landing::new(buf))?;
         Ok(Request::new(op, scope, data))
     }
+    /// A persistent receive into `buf` (`MPI_Recv_init`): started and completed any number
+    /// of times; the buffer is read between them ([`PersistentRequest::buffer`]). Panics on
+    /// error.
+    fn receive_init<'a, S: Scope<'a> + Copy, B: BufferMut + ?Sized + 'a>(
+        &self,
+        scope: S,
+        buf: &'a mut B,
+    ) -> PersistentRequest<'a, B, S> {
+        fatal(self.try_receive_init_with_tag(scope, buf, None))
+    }
+    /// [`Source::receive_init`] for messages with `tag`.
+    fn receive_init_with_tag<'a, S: Scope<'a> + Copy, B: BufferMut + ?Sized + 'a>(
+        &self,
+        scope: S,
+        buf: &'a mut B,
+        tag: Tag,
+    ) -> PersistentRequest<'a, B, S> {
+        fatal(self.try_receive_init_with_tag(scope, buf, Some(tag)))
+    }
+    /// `receive_init_with_tag`, returning errors.
+    fn try_receive_init_with_tag<'a, S: Scope<'a> + Copy, B: BufferMut + ?Sized + 'a>(
+        &self,
+        scope: S,
+        buf: &'a mut B,
+        tag: Option<Tag>,
+    ) -> Result<PersistentRequest<'a, B, S>> {
+        let src = self.source()?;
+        persistent::receive(self.comm().backend(), (src, tag), scope, buf)
+    }
     /// `immediate_receive_with_tag`, returning errors.
     fn try_immediate_receive_with_tag<T: Equivalence>(
         &self,

@@ -28,6 +28,7 @@ mod eager;
 mod failure;
 mod liveness;
 pub mod matching;
+mod persistent;
 mod posting;
 #[allow(unsafe_code)]
 pub mod raw;
@@ -44,6 +45,7 @@ pub mod wire;
 
 pub use config::{MsgConfig, RndvProtocol, WaitPolicy, DEFAULT_EAGER_LIMIT, DEFAULT_SPLIT_MIN};
 pub use matching::{Envelope, MessageHandle, Selector, ANY_SOURCE, ANY_TAG};
+pub use persistent::PreparedBuffer;
 pub use request::{RequestId, Status};
 pub use rma::{RemoteAtomic, RemoteMemory};
 pub use rma_transfer::{RmaBuf, RmaRequest};
