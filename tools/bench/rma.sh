@@ -9,7 +9,9 @@
 #
 # Usage: tools/bench/rma.sh [OUTDIR]   (default: target/bench/rma)
 # Environment: ROUNDS [3], MSGLOG [0:20], TIME [1] (imb-bench -time, seconds per size at
-# most), BENCHMARKS [a selection of IMB-RMA's], BUILD [1].
+# most), BENCHMARKS [a selection of IMB-RMA's], BUILD [1], PLOT [1] (rma-BENCH.svg of
+# Unidir_put, Unidir_get and Accumulate over every size), SUMMARY_ONLY [0] (1: no runs, the
+# summary and plots again from the raw outputs in OUTDIR).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-target/bench/rma}
@@ -19,6 +21,10 @@ secs=${TIME:-1}
 read -r -a benchmarks <<<"${BENCHMARKS:-Unidir_put Unidir_get Bidir_put Put_local One_put_all Exchange_put Accumulate Get_accumulate Fetch_and_op Compare_and_swap Truly_passive_put}"
 mkdir -p "$out"
 source tools/bench/run_record.sh
+if [ "${SUMMARY_ONLY:-0}" = 1 ]; then
+  # The summary and plots again from the raw outputs already in OUTDIR (RUN.md kept).
+  rounds=$(ls "$out"/mpich-r*.json | wc -l)
+else
 run_record_start "$out" "$0" "$@"
 rm -f "$out"/*-r*.json "$out"/*-r*.txt "$out"/summary.md
 if [ "${BUILD:-1}" = 1 ]; then
@@ -52,6 +58,7 @@ for r in $(seq 1 "$rounds"); do
     esac
   done
 done
+fi
 python3 - "$out" "$rounds" <<'PY' | tee "$out/summary.md"
 import json, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
@@ -97,5 +104,27 @@ for key in runs["mpich"][0]:
             cells.append(f"{statistics.median(mine):.2f} µs, {statistics.median(ratios):.2f} "
                          f"({min(ratios):.2f}-{max(ratios):.2f})")
         print(f"| {bench} | {mode} | {size} | {statistics.median(base):.2f} | " + " | ".join(cells) + " |")
+# The plots' tables: every size of the non-aggregate runs, median time per configuration.
+for bench in ("Unidir_put", "Unidir_get", "Accumulate"):
+    key = (bench, "NonAggregate")
+    with open(f"{out}/plot-{bench}.txt", "w") as f:
+        f.write("# bytes mpich copy pindown odp (µs, median over the rounds)\n")
+        for size in sorted(runs["mpich"][0].get(key, {})):
+            if size == 0:
+                continue
+            cols = []
+            for c in ("mpich", "copy", "pindown", "odp"):
+                v = [x.get(key, {}).get(size) for x in runs[c]]
+                cols.append(f"{statistics.median(t[0] for t in v):.3f}" if all(v) else "nan")
+            f.write(f"{size} " + " ".join(cols) + "\n")
 PY
-run_record_end "$out"
+if [ "${PLOT:-1}" = 1 ]; then
+  [ -x target/release/pw-plot ] || cargo build --release -q -p pagewire-tools --bin pw-plot
+  for bench in Unidir_put Unidir_get Accumulate; do
+    target/release/pw-plot --title "IMB-RMA $bench, non-aggregate, 2 ranks of one host" \
+      --y-label "time per operation [usec]" -o "$out/rma-$bench.svg" \
+      "MPICH 4.0.2=$out/plot-$bench.txt:1:2" "copy=$out/plot-$bench.txt:1:3" \
+      "pindown=$out/plot-$bench.txt:1:4" "odp=$out/plot-$bench.txt:1:5"
+  done
+fi
+[ "${SUMMARY_ONLY:-0}" = 1 ] || run_record_end "$out"
