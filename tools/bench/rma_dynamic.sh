@@ -9,7 +9,8 @@
 # (medians over the rounds of each run's medians, with their range) into OUTDIR.
 #
 # Usage: tools/bench/rma_dynamic.sh [OUTDIR]   (default: target/bench/rma-dynamic)
-# Environment: ROUNDS [3], SIZES [4K,64K,1M,16M,64M], STEPS [100], BUILD [1].
+# Environment: ROUNDS [3], SIZES [4K,64K,1M,16M,64M], STEPS [100], BUILD [1], SUMMARY_ONLY [0]
+# (1: no runs, the summary and the plot attach-detach.svg again from the raw outputs).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-target/bench/rma-dynamic}
@@ -18,9 +19,14 @@ sizes=${SIZES:-4K,64K,1M,16M,64M}
 steps=${STEPS:-100}
 mkdir -p "$out"
 source tools/bench/run_record.sh
-run_record_start "$out" "$0" "$@"
-rm -f "$out"/*-r*.txt "$out"/summary.md
-[ "${BUILD:-1}" = 1 ] && cargo build --release -q -p pagewire-tools --bin pwrun --bin pw-dynwin
+summary_only=${SUMMARY_ONLY:-0}
+if [ "$summary_only" = 1 ]; then
+  rounds=$(ls "$out"/odp-r*.txt | wc -l)
+else
+  run_record_start "$out" "$0" "$@"
+  rm -f "$out"/*-r*.txt "$out"/summary.md
+fi
+[ "${BUILD:-1}" = 1 ] && cargo build --release -q -p pagewire-tools --bin pwrun --bin pw-dynwin --bin pw-plot
 run() { # MODE OUTFILE [ENV...]
   local mode=$1 file=$2
   shift 2
@@ -28,6 +34,7 @@ run() { # MODE OUTFILE [ENV...]
     target/release/pw-dynwin --sizes "$sizes" --steps "$steps" > "$file" 2>&1
 }
 for r in $(seq 1 "$rounds"); do
+  [ "$summary_only" = 1 ] && break
   modes=(copy pindown odp)
   [ $((r % 2)) = 0 ] && modes=(odp pindown copy)
   for m in "${modes[@]}"; do
@@ -38,7 +45,7 @@ for r in $(seq 1 "$rounds"); do
   done
 done
 # At the machine's own locked-memory limit: the first region larger than it is refused.
-run pindown "$out/memlock-default.txt" || true
+[ "$summary_only" = 1 ] || run pindown "$out/memlock-default.txt" || true
 python3 - "$out" "$rounds" > "$out/summary.md" <<'PY'
 import statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
@@ -76,6 +83,18 @@ print("At the machine's own locked-memory limit (pindown, no PAGEWIRE_MEMLOCK_LI
 for line in open(f"{out}/memlock-default.txt"):
     if line.startswith("pagewire:"):
         print("    " + line.strip())
+# The plot's table: attach and detach medians per size and mode.
+with open(f"{out}/plot.txt", "w") as f:
+    f.write("# bytes attach: copy pindown odp, detach: copy pindown odp (usec)\n")
+    for size in sorted({b for _, b in rows}):
+        cols = [statistics.median(rows[(m, size)][c]) for c in ("attach", "detach")
+                for m in ("copy", "pindown", "odp")]
+        f.write(f"{size} " + " ".join(f"{v:.2f}" for v in cols) + "\n")
 PY
-run_record_end "$out"
+p="$out/plot.txt"
+target/release/pw-plot --title "Dynamic window: attach and detach of a fresh region" \
+  --x-label "region [bytes]" --y-label "time [usec]" -o "$out/attach-detach.svg" \
+  "attach, copy=$p:1:2" "attach, pindown=$p:1:3" "attach, odp=$p:1:4" \
+  "detach, copy=$p:1:5" "detach, pindown=$p:1:6" "detach, odp=$p:1:7"
+[ "$summary_only" = 1 ] || run_record_end "$out"
 cat "$out/summary.md"
