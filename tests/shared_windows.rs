@@ -61,6 +61,36 @@ fn shared(u: &pagewire::Universe) {
         assert_eq!(m[1], 1 + (ROUNDS + 1) * size as u64);
     });
     win.fence();
+    // Atomics and accumulates from every rank on one word, with the CPU's locked
+    // instructions on the mapping: exact.
+    if rank == 0 {
+        win.with_local_mut(|m| m[0] = 0);
+    }
+    win.fence();
+    let before = win.fetch_and_op(0, 1, &0, SystemOperation::no_op());
+    world.barrier();
+    for _ in 0..ROUNDS {
+        win.fetch_and_op(0, 1, &1, SystemOperation::sum());
+        win.accumulate(0, 1, &[2], SystemOperation::sum());
+    }
+    let mut won = 0u64;
+    for _ in 0..ROUNDS {
+        let seen = win.compare_and_swap(0, 0, 0, 1);
+        won += u64::from(seen == 0);
+        if seen == 0 {
+            win.compare_and_swap(0, 0, 1, 0);
+        }
+    }
+    win.fence();
+    win.with_shared(0, |m| {
+        assert_eq!(m[1], before + 3 * ROUNDS * size as u64);
+        assert_eq!(m[0], 0, "every compare-and-swap that won was undone");
+    });
+    let mut wins = 0u64;
+    world.all_reduce_into(&won, &mut wins, SystemOperation::sum());
+    assert!(wins > 0);
+    win.put(0, 0, &[7 + (size - 1) as u64]);
+    win.fence();
     // Errors: nothing changes.
     let plain = Window::<u64>::allocate(2, &world);
     assert!(matches!(

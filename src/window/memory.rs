@@ -151,6 +151,46 @@ impl<T> SharedParts<T> {
         (self.segment.addr_of(offset), count)
     }
 
+    /// Copies `src` into rank `rank`'s part from byte `offset` (a put, with stores).
+    pub(crate) fn write(&self, rank: usize, offset: usize, src: &[u8]) {
+        let at = self.byte_range(rank, offset, src.len());
+        // SAFETY: in the mapped segment (checked); no reference to these bytes lives in this
+        // process (the window refuses an operation on a part a local access borrows), and
+        // what other processes do at the same time is the window's synchronisation, as for
+        // a NIC's write.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), at, src.len()) };
+    }
+
+    /// Copies `dst.len()` bytes of rank `rank`'s part from byte `offset` into `dst` (a get,
+    /// with loads).
+    pub(crate) fn read(&self, rank: usize, offset: usize, dst: &mut [u8]) {
+        let at = self.byte_range(rank, offset, dst.len());
+        // SAFETY: as for `write`, reading.
+        unsafe { std::ptr::copy_nonoverlapping(at as *const u8, dst.as_mut_ptr(), dst.len()) };
+    }
+
+    /// The 8-byte word at byte `offset` of rank `rank`'s part, as an atomic (an 8-aligned
+    /// address), for fetch-and-add and compare-and-swap with the CPU's locked instructions.
+    pub(crate) fn word(&self, rank: usize, offset: usize) -> &std::sync::atomic::AtomicU64 {
+        let at = self.byte_range(rank, offset, 8);
+        assert!(at as usize % 8 == 0, "an aligned word");
+        // SAFETY: in the mapped segment and aligned (checked); AtomicU64 has u64's layout,
+        // and every process updates the word with atomic instructions.
+        unsafe { &*(at as *const std::sync::atomic::AtomicU64) }
+    }
+
+    /// The address of bytes `offset..offset+len` of rank `rank`'s part, checked to lie in it.
+    fn byte_range(&self, rank: usize, offset: usize, len: usize) -> *mut u8 {
+        let (addr, count) = self.part(rank);
+        assert!(
+            offset
+                .checked_add(len)
+                .is_some_and(|end| end <= count * std::mem::size_of::<T>()),
+            "bytes within the part (the window checks the range first)"
+        );
+        (addr as usize + offset) as *mut u8
+    }
+
     /// This rank's part as window memory (the segment outlives it: the window holds both).
     pub(crate) fn own_memory(&self, me: usize) -> WindowMemory<T> {
         let (addr, len) = self.part(me);

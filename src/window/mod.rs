@@ -76,6 +76,7 @@ pub use dynamic::Attachment;
 pub use shared::SharedPart;
 
 use std::cell::{Cell, RefCell};
+use std::sync::atomic::Ordering;
 
 use pagewire_collectives::Op;
 use pagewire_transport::msg::{PointToPoint, RemoteAtomic, RemoteMemory};
@@ -338,9 +339,8 @@ impl<T: Equivalence + Send + Sync> Window<T> {
     pub fn try_put(&self, target: Rank, target_disp: usize, data: &[T]) -> Result<()> {
         let src = self.bytes.of(data);
         self.access(target, target_disp, data.len(), |s| match &self.carrier {
-            Carrier::Nic { .. } => {
-                with_layer(&self.comm, |p2p| p2p.put(s.world, s.at, s.rkey, src))
-            }
+            _ if self.shared.is_some() => self.move_out(s, src),
+            Carrier::Nic { .. } => self.move_out(s, src),
             #[cfg(feature = "mpi")]
             Carrier::HostMpi(w) => w.put(target, s.at - self.parts[s.target].base, src),
         })
@@ -357,9 +357,8 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         let count = buf.len();
         let dst = self.bytes.of_mut(buf);
         self.access(target, target_disp, count, |s| match &self.carrier {
-            Carrier::Nic { .. } => {
-                with_layer(&self.comm, |p2p| p2p.get(s.world, s.at, s.rkey, dst))
-            }
+            _ if self.shared.is_some() => self.move_in(s, dst),
+            Carrier::Nic { .. } => self.move_in(s, dst),
             #[cfg(feature = "mpi")]
             Carrier::HostMpi(w) => w.get(target, s.at - self.parts[s.target].base, dst),
         })
@@ -486,7 +485,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         let mut out = [swap];
         self.access(target, target_disp, 1, |s| {
             #[cfg(feature = "mpi")]
-            if let Carrier::HostMpi(w) = &self.carrier {
+            if let (Carrier::HostMpi(w), None) = (&self.carrier, &self.shared) {
                 let unit = self.primitive(Op::Replace)?;
                 return w.compare_and_swap(
                     target,
@@ -504,7 +503,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
                     compare: word(&compare),
                     swap: word(&swap_bytes),
                 };
-                let old = self.atomics(s.world, s.rkey, &[(s.at, op)])?[0];
+                let old = self.data_atomics(s, &[(s.at, op)])?[0];
                 old.to_ne_bytes().to_vec()
             } else {
                 self.update_under_mutex(s, compare.len(), &mut |current| {
@@ -634,6 +633,55 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         with_layer(&self.comm, |p2p| p2p.rma_atomics(world, rkey, ops))
     }
 
+    /// Runs atomics on words of the part where `s` lies (addresses in the target's address
+    /// space): the NIC's, or the CPU's locked instructions on a shared-memory window's
+    /// mapping (where every rank's updates of the part are the CPU's, so they are atomic
+    /// with each other).
+    fn data_atomics(&self, s: Span, ops: &[(u64, RemoteAtomic)]) -> Result<Vec<u64>> {
+        let Some(shared) = &self.shared else {
+            return self.atomics(s.world, s.rkey, ops);
+        };
+        let base = self.parts[s.target].base;
+        Ok(ops
+            .iter()
+            .map(|&(at, op)| {
+                let word = shared.word(s.target, (at - base) as usize);
+                match op {
+                    RemoteAtomic::FetchAdd { add } => word.fetch_add(add, Ordering::SeqCst),
+                    RemoteAtomic::CmpSwap { compare, swap } => word
+                        .compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst)
+                        .unwrap_or_else(|old| old),
+                }
+            })
+            .collect())
+    }
+
+    /// Writes `src` where `s` lies: stores into a shared-memory window's mapping, else an
+    /// RDMA WRITE.
+    fn move_out(&self, s: Span, src: &[u8]) -> Result<()> {
+        match &self.shared {
+            Some(shared) => {
+                let offset = (s.at - self.parts[s.target].base) as usize;
+                shared.write(s.target, offset, src);
+                Ok(())
+            }
+            None => with_layer(&self.comm, |p2p| p2p.put(s.world, s.at, s.rkey, src)),
+        }
+    }
+
+    /// Reads into `dst` from where `s` lies: loads from a shared-memory window's mapping,
+    /// else an RDMA READ.
+    fn move_in(&self, s: Span, dst: &mut [u8]) -> Result<()> {
+        match &self.shared {
+            Some(shared) => {
+                let offset = (s.at - self.parts[s.target].base) as usize;
+                shared.read(s.target, offset, dst);
+                Ok(())
+            }
+            None => with_layer(&self.comm, |p2p| p2p.get(s.world, s.at, s.rkey, dst)),
+        }
+    }
+
     /// Combines `origin` (the bytes of `count` elements) into `target`'s part from
     /// element `disp` with `op`; the elements' bytes before.
     fn update(
@@ -653,7 +701,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         }
         self.access(target, disp, count, |s| {
             #[cfg(feature = "mpi")]
-            if let Carrier::HostMpi(w) = &self.carrier {
+            if let (Carrier::HostMpi(w), None) = (&self.carrier, &self.shared) {
                 let unit_bytes = unit_size(unit);
                 return w.accumulate(
                     (target, s.at - self.parts[s.target].base),
@@ -700,7 +748,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
                     (at + 8 * i as u64, RemoteAtomic::FetchAdd { add })
                 })
                 .collect();
-            let old = self.atomics(s.world, s.rkey, &ops)?;
+            let old = self.data_atomics(s, &ops)?;
             return Ok(old.iter().flat_map(|w| w.to_ne_bytes()).collect());
         }
         let map = &self.map;
@@ -728,11 +776,9 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         }
         let result = (|| {
             let mut current = vec![0u8; len];
-            with_layer(&self.comm, |p2p| {
-                p2p.get(s.world, s.at, s.rkey, &mut current)
-            })?;
+            self.move_in(s, &mut current)?;
             let new = combine(&current)?;
-            with_layer(&self.comm, |p2p| p2p.put(s.world, s.at, s.rkey, &new))?;
+            self.move_out(s, &new)?;
             Ok(current)
         })();
         self.control_add(s.target, UPDATE_MUTEX, u64::MAX)?;

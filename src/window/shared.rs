@@ -1,7 +1,8 @@
 //! Shared-memory windows (`MPI_Win_allocate_shared`, `MPI_Win_shared_query`): the ranks of
 //! one host allocate their parts one after the other in one segment of `/dev/shm` that
 //! every rank maps, so each reads and writes every part with loads and stores; the
-//! window's operations (put, get, atomics, locks) work on it as on any window.
+//! window's operations work on it as on any window: put and get as loads and stores into
+//! the mapping, fetch-and-op and compare-and-swap as the CPU's locked instructions.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
