@@ -716,6 +716,54 @@ fn a_negative_color_panics_as_in_rsmpi() {
     let _ = Color::with_value(-2);
 }
 
+/// `split_shared`: one communicator per host (the host keys compared here as the reference),
+/// ranked by key (reversed here), on which a shared-memory window works; on a world that
+/// spans hosts, `allocate_shared` is refused with the error that says so.
+fn split_shared_by_host(u: &pagewire::Universe) {
+    use pagewire::sys::{HostKey, HOST_KEY_BYTES};
+    use pagewire::window::Window;
+    let world = u.world();
+    let (rank, size) = (world.rank(), world.size());
+    let mut mine = Vec::new();
+    HostKey::here().encode(&mut mine);
+    let mut keys = vec![0u8; HOST_KEY_BYTES * size as usize];
+    world.all_gather_into(&mine[..], &mut keys[..]);
+    let same: Vec<i32> = (0..size)
+        .filter(|&r| {
+            keys[r as usize * HOST_KEY_BYTES..(r as usize + 1) * HOST_KEY_BYTES] == mine[..]
+        })
+        .collect();
+    let node = world.split_shared(-rank);
+    assert_eq!(node.size() as usize, same.len());
+    // Ranked by key (minus the world rank): the highest world rank first.
+    let expect = same.iter().rev().position(|&r| r == rank).unwrap();
+    assert_eq!(node.rank() as usize, expect);
+    collectives(&node, &world_ranks_of(&node, rank as usize));
+    let win = Window::<u64>::allocate_shared(2, &node);
+    win.with_local_mut(|m| m.fill(rank as u64));
+    win.fence();
+    for r in 0..node.size() {
+        let w = same[same.len() - 1 - r as usize] as u64;
+        win.with_shared(r, |m| assert_eq!(m, [w, w]));
+    }
+    win.fence();
+    drop(win);
+    if same.len() < size as usize {
+        let e = Window::<u64>::try_allocate_shared(1, &world).unwrap_err();
+        assert!(e.to_string().contains("on one host"), "{e}");
+    }
+}
+
+#[test]
+fn split_shared_gives_one_communicator_per_host_on_1_to_4_ranks() {
+    jobs(
+        "split_shared_gives_one_communicator_per_host_on_1_to_4_ranks",
+        &[1, 2, 4],
+        &[],
+        split_shared_by_host,
+    );
+}
+
 /// `spawn` and `spawn_multiple` on pagewire's own transport: every rank gets the error that
 /// says the job cannot grow (one line), `parent` is `None`, and the job goes on.
 fn spawn_refused(u: &pagewire::Universe) {
@@ -777,6 +825,10 @@ mod under_mpirun {
         (
             "matched_probe_takes_the_message_out_of_matching_on_3_and_4_ranks",
             Some(&[3, 4]),
+        ),
+        (
+            "split_shared_gives_one_communicator_per_host_on_1_to_4_ranks",
+            None,
         ),
     ];
     /// Checks of pagewire's own behaviour.
