@@ -227,18 +227,16 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         }
     }
 
-    /// Where `count` elements from address `disp` of dynamic-window target `t` lie: in a
+    /// Where `len` bytes from address `at` of dynamic-window target `t` lie: in a
     /// region of this rank's view of its table (read again once if none holds them).
     pub(super) fn dynamic_span(
         &self,
         dynamic: &DynamicState<T>,
         t: usize,
-        disp: usize,
-        count: usize,
+        at: u64,
+        len: u64,
     ) -> Result<Span> {
         let world = self.parts[t].world;
-        let at = disp as u64;
-        let len = (count as u64).saturating_mul(std::mem::size_of::<T>() as u64);
         if len == 0 {
             return Ok(Span {
                 target: t,

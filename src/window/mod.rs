@@ -554,6 +554,21 @@ impl<T: Equivalence + Send + Sync> Window<T> {
     /// dynamic window with the target's lock held, taken for the access if this rank holds
     /// none ([`Held::Implicit`]; [`Window::end_access`] gives it back).
     fn span(&self, target: Rank, disp: usize, count: usize) -> Result<Span> {
+        let t = self.begin_access(target)?;
+        let unit = self.disp_unit() as u64;
+        let at = (disp as u64).saturating_mul(unit);
+        let len = (count as u64).saturating_mul(std::mem::size_of::<T>() as u64);
+        let span = self.byte_span(t, at, len);
+        if span.is_err() {
+            let _ = self.end_access_to(t);
+        }
+        span
+    }
+
+    /// Begins an access to `target`: checks that no local access borrows its part, and on
+    /// a dynamic window holds its lock (taken for the access if this rank holds none; end
+    /// it with [`Window::end_access_to`]). The target's index.
+    fn begin_access(&self, target: Rank) -> Result<usize> {
         let t = self.target(target)?;
         if self.local_open.get() == Some(t) {
             return Err(Error::WindowSync(
@@ -562,23 +577,27 @@ impl<T: Equivalence + Send + Sync> Window<T> {
                     .into(),
             ));
         }
-        let Some(dynamic) = &self.dynamic else {
-            return self.static_span(t, disp, count);
-        };
-        let held = self.held.borrow()[t];
-        match held {
-            Held::None => {
-                self.acquire(t, Held::Shared)?;
-                self.held.borrow_mut()[t] = Held::Implicit(1);
+        if self.dynamic.is_some() {
+            let held = self.held.borrow()[t];
+            match held {
+                Held::None => {
+                    self.acquire(t, Held::Shared)?;
+                    self.held.borrow_mut()[t] = Held::Implicit(1);
+                }
+                Held::Implicit(n) => self.held.borrow_mut()[t] = Held::Implicit(n + 1),
+                Held::Shared | Held::Exclusive => {}
             }
-            Held::Implicit(n) => self.held.borrow_mut()[t] = Held::Implicit(n + 1),
-            Held::Shared | Held::Exclusive => {}
         }
-        let span = self.dynamic_span(dynamic, t, disp, count);
-        if span.is_err() {
-            let _ = self.end_access_to(t);
+        Ok(t)
+    }
+
+    /// Where `len` bytes from byte `at` of target `t`'s part lie (`at` counts from the
+    /// part's element 0; in a dynamic window it is an address), checked.
+    fn byte_span(&self, t: usize, at: u64, len: u64) -> Result<Span> {
+        match &self.dynamic {
+            Some(dynamic) => self.dynamic_span(dynamic, t, at, len),
+            None => self.static_span(t, at, len),
         }
-        span
     }
 
     /// Ends an access [`Window::span`] began: gives back a lock taken for it alone.
@@ -605,14 +624,12 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         }
     }
 
-    /// Where `count` elements from element `disp` of target `t`'s part lie, once checked to
+    /// Where `len` bytes from byte `offset` of target `t`'s part lie, once checked to
     /// lie in the part.
-    fn static_span(&self, t: usize, disp: usize, count: usize) -> Result<Span> {
+    fn static_span(&self, t: usize, offset: u64, len: u64) -> Result<Span> {
         let part = self.parts[t];
-        let unit = std::mem::size_of::<T>() as u64;
-        let offset = (disp as u64).saturating_mul(unit);
-        let end = offset.saturating_add((count as u64).saturating_mul(unit));
-        if end > part.bytes || (count > 0 && offset >= part.bytes) {
+        let end = offset.saturating_add(len);
+        if end > part.bytes || (len > 0 && offset >= part.bytes) {
             return Err(Error::OutOfWindow {
                 target: t,
                 offset,
