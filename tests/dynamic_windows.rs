@@ -139,6 +139,34 @@ fn dynamic_everywhere(u: &pagewire::Universe) {
         all.iter().sum::<u32>()
     };
     assert_eq!(won, 1, "exactly one compare-and-swap from zero won");
+    // A target datatype on an attached region: every other element of the successor's.
+    {
+        use pagewire::datatype::{UncommittedDatatype, UserDatatype};
+        let every_other = UserDatatype::vector(4, 1, 2, &u64::equivalent_datatype());
+        win.fence();
+        let before = win.with_attached(&small, |m| m.to_vec());
+        world.barrier();
+        let values = [11 + rank as u64, 12, 13, 14];
+        win.put_typed(
+            next,
+            small_at[next as usize],
+            &values[..],
+            every_other.type_map(),
+            1,
+        );
+        win.fence();
+        win.with_attached(&small, |m| {
+            for i in 0..8 {
+                let expect = if i % 2 == 0 {
+                    [11 + prev as u64, 12, 13, 14][i / 2]
+                } else {
+                    before[i]
+                };
+                assert_eq!(m[i], expect, "element {i}");
+            }
+        });
+        win.fence();
+    }
     // Bounds: past the region's end, between regions, and nowhere.
     let e = win
         .try_put(next, big_at[next as usize] + (BIG - 1) * unit, &[1, 2])

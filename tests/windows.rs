@@ -316,6 +316,78 @@ fn errors(u: &pagewire::Universe) {
     wf.fence();
 }
 
+/// Operations with a target datatype: a column of a 6 x 4 matrix of f64 (a vector type) is
+/// put, got and accumulated; every other element stays as it was; mismatched signatures,
+/// a column past the part and a datatype of another element type are refused.
+fn typed(u: &pagewire::Universe) {
+    use pagewire::datatype::{UncommittedDatatype, UserDatatype};
+    let world = u.world();
+    let (rank, size) = (world.rank(), world.size());
+    let next = (rank + 1) % size;
+    let prev = (rank + size - 1) % size;
+    let column = UserDatatype::vector(6, 1, 4, &f64::equivalent_datatype());
+    let column = column.type_map();
+    let win = Window::<f64>::allocate(24, &world);
+    let c = rank as usize % 3;
+    let mine: Vec<f64> = (0..6).map(|i| (rank * 10 + i) as f64).collect();
+    win.fence();
+    win.put_typed(next, c, &mine[..], column, 1);
+    win.fence();
+    let pc = prev as usize % 3;
+    win.with_local(|m| {
+        for (i, v) in m.iter().enumerate() {
+            let expect = if i % 4 == pc {
+                (prev * 10 + (i / 4) as i32) as f64
+            } else {
+                0.0
+            };
+            assert_eq!(*v, expect, "element {i}");
+        }
+    });
+    let mut back = [0f64; 6];
+    win.get_typed(next, c, &mut back[..], column, 1);
+    assert_eq!(&back[..], &mine[..]);
+    win.fence();
+    // Every rank adds 1 to column 3 of rank 0, and the same through a lock.
+    win.accumulate_typed(0, 3, &[1.0f64; 6][..], (column, 1), SystemOperation::sum());
+    win.lock(0);
+    win.accumulate_typed(0, 3, &[1.0f64; 6][..], (column, 1), SystemOperation::sum());
+    win.unlock(0);
+    win.fence();
+    if rank == 0 {
+        win.with_local(|m| {
+            for i in 0..6 {
+                assert_eq!(m[4 * i + 3], 2.0 * size as f64, "row {i}");
+            }
+        });
+    }
+    win.fence();
+    let before = win.with_local(|m| m.to_vec());
+    world.barrier();
+    assert!(matches!(
+        win.try_put_typed(next, 0, &mine[..5], column, 1),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        win.try_put_typed(next, 4, &mine[..], column, 1),
+        Err(Error::OutOfWindow { .. })
+    ));
+    let ints = UserDatatype::vector(6, 2, 8, &i32::equivalent_datatype());
+    assert!(matches!(
+        win.try_accumulate_typed(
+            next,
+            0,
+            &[1i32; 12][..],
+            (ints.type_map(), 1),
+            SystemOperation::sum()
+        ),
+        Err(Error::InvalidArgument(_))
+    ));
+    win.fence();
+    win.with_local(|m| assert_eq!(m, &before[..], "a refused operation changed the part"));
+    win.fence();
+}
+
 #[test]
 fn the_mpi_rs_window_example_runs_unchanged() {
     jobs(
@@ -422,6 +494,26 @@ fn locks_exclude_and_the_target_needs_no_cpu_in_the_odp_mode() {
 }
 
 #[test]
+fn a_column_is_put_got_and_accumulated_with_a_target_datatype() {
+    jobs(
+        "a_column_is_put_got_and_accumulated_with_a_target_datatype",
+        &[2, 3],
+        &[],
+        typed,
+    );
+}
+
+#[test]
+fn a_column_with_a_target_datatype_in_the_odp_mode() {
+    jobs(
+        "a_column_with_a_target_datatype_in_the_odp_mode",
+        &[2],
+        &[("PAGEWIRE_MODE", "odp")],
+        typed,
+    );
+}
+
+#[test]
 fn bad_window_accesses_are_errors_at_the_origin() {
     jobs(
         "bad_window_accesses_are_errors_at_the_origin",
@@ -441,6 +533,10 @@ mod under_mpirun {
         ("accumulates_are_exact", None),
         ("locks_exclude_and_the_target_needs_no_cpu", Some(&[2])),
         ("bad_window_accesses_are_errors_at_the_origin", None),
+        (
+            "a_column_is_put_got_and_accumulated_with_a_target_datatype",
+            None,
+        ),
     ];
 
     #[test]

@@ -61,6 +61,8 @@
 //! Shared-memory windows (`allocate_shared`, `shared_query`, `with_shared`) map every
 //! rank's part into each rank of one host (`shared.rs`).
 //!
+//! Datatypes at origin and target: `put_typed`, `get_typed`, `accumulate_typed` (`typed.rs`).
+//!
 //! Not here yet: element types with gaps, and dynamic windows and request-based operations
 //! under `PAGEWIRE_TRANSPORT=mpi`; each is refused with an error that says so.
 
@@ -71,6 +73,7 @@ mod memory;
 mod requests;
 mod shared;
 mod sync;
+mod typed;
 
 pub use dynamic::Attachment;
 pub use shared::SharedPart;
@@ -710,30 +713,48 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         result: Option<&mut [u8]>,
     ) -> Result<()> {
         let count = origin.len() / std::mem::size_of::<T>().max(1);
+        let unit = self.operation_unit(op)?;
+        self.access(target, disp, count, |s| {
+            self.update_span(s, unit, op, origin, result)
+        })
+    }
+
+    /// The primitive `op` combines, once checked to be defined for the elements (bitwise on
+    /// floats is not): refused before anything moves, on either carrier.
+    fn operation_unit(&self, op: Op) -> Result<Primitive> {
         let unit = self.primitive(op)?;
         if !op.is_one_sided_only() {
-            // An operation not defined for the type (bitwise on floats) is refused before
-            // anything moves, on either carrier.
             combine_bytes(&self.map, Reduction::System(op), &[])?;
         }
-        self.access(target, disp, count, |s| {
-            #[cfg(feature = "mpi")]
-            if let (Carrier::HostMpi(w), None) = (&self.carrier, &self.shared) {
-                let unit_bytes = unit_size(unit);
-                return w.accumulate(
-                    (target, s.at - self.parts[s.target].base),
-                    (unit, unit_bytes),
-                    op,
-                    origin,
-                    result,
-                );
-            }
-            let old = self.update_nic(s, unit, op, origin)?;
-            if let Some(result) = result {
-                result.copy_from_slice(&old);
-            }
-            Ok(())
-        })
+        Ok(unit)
+    }
+
+    /// Combines `origin` into where `s` lies with `op`, each element atomically; the
+    /// elements' bytes before into `result`.
+    fn update_span(
+        &self,
+        s: Span,
+        unit: Primitive,
+        op: Op,
+        origin: &[u8],
+        result: Option<&mut [u8]>,
+    ) -> Result<()> {
+        #[cfg(feature = "mpi")]
+        if let (Carrier::HostMpi(w), None) = (&self.carrier, &self.shared) {
+            let unit_bytes = unit_size(unit);
+            return w.accumulate(
+                (s.target as Rank, s.at - self.parts[s.target].base),
+                (unit, unit_bytes),
+                op,
+                origin,
+                result,
+            );
+        }
+        let old = self.update_nic(s, unit, op, origin)?;
+        if let Some(result) = result {
+            result.copy_from_slice(&old);
+        }
+        Ok(())
     }
 
     /// The one primitive the elements are made of, for `op`.

@@ -157,6 +157,56 @@ impl super::PointToPoint {
         self.rma_transfer(target, remote_addr, rkey, super::RmaBuf::Put(b))
     }
 
+    /// Writes each `(remote_addr, rkey, src)` of `runs` into `target`'s exposed memory, all
+    /// posted before any is waited for (a put whose target layout has gaps), and returns
+    /// once all have completed at the target; the first error.
+    pub fn put_runs(&mut self, target: usize, runs: &[(u64, u32, &[u8])]) -> Result<()> {
+        let mut started = Vec::with_capacity(runs.len());
+        let mut first_err = None;
+        for &(remote_addr, rkey, src) in runs {
+            // SAFETY: every request started here is waited for below, before this returns,
+            // while `runs` (and so `src`) is borrowed.
+            let b = unsafe { UserBuf::new(src.as_ptr(), src.len()) };
+            match self.rma_start(target, remote_addr, rkey, super::RmaBuf::Put(b)) {
+                Ok(r) => started.push(r),
+                Err(e) => {
+                    first_err = Some(e);
+                    break;
+                }
+            }
+        }
+        for r in started {
+            if let Err(e) = self.rma_wait(r) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Reads each `(remote_addr, rkey, dst)` of `runs` from `target`'s exposed memory, all
+    /// posted before any is waited for, and returns once all are in place; the first error.
+    pub fn get_runs(&mut self, target: usize, runs: &mut [(u64, u32, &mut [u8])]) -> Result<()> {
+        let mut started = Vec::with_capacity(runs.len());
+        let mut first_err = None;
+        for (remote_addr, rkey, dst) in runs.iter_mut() {
+            // SAFETY: as in `put_runs`; `dst` is exclusively borrowed until then.
+            let b = unsafe { UserBufMut::new(dst.as_mut_ptr(), dst.len()) };
+            match self.rma_start(target, *remote_addr, *rkey, super::RmaBuf::Get(b)) {
+                Ok(r) => started.push(r),
+                Err(e) => {
+                    first_err = Some(e);
+                    break;
+                }
+            }
+        }
+        for r in started {
+            if let Err(e) = self.rma_wait(r) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
     /// Reads `dst.len()` bytes at `remote_addr` of `target`'s exposed memory under `rkey`
     /// into `dst` (a window's get) and returns once they are there.
     pub fn get(
