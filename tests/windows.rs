@@ -388,6 +388,57 @@ fn typed(u: &pagewire::Universe) {
     win.fence();
 }
 
+/// A particle: 9 bytes of fields and 7 of padding.
+#[derive(pagewire_derive::Equivalence, Clone, Copy, Debug, Default, PartialEq)]
+struct Particle {
+    x: f64,
+    kind: u8,
+}
+
+/// A window of a type with gaps: put, get and accumulate move its fields only; the
+/// operations that need gap-free elements say so.
+fn gapped(u: &pagewire::Universe) {
+    let world = u.world();
+    let (rank, size) = (world.rank(), world.size());
+    let next = (rank + 1) % size;
+    let prev = (rank + size - 1) % size;
+    let win = Window::<Particle>::allocate(100, &world);
+    let mine: Vec<Particle> = (0..50)
+        .map(|i| Particle {
+            x: rank as f64 + i as f64 / 100.0,
+            kind: (rank * 50 + i) as u8,
+        })
+        .collect();
+    win.fence();
+    win.put(next, 25, &mine);
+    win.fence();
+    win.with_local(|m| {
+        for (i, p) in m.iter().enumerate() {
+            let expect = if (25..75).contains(&i) {
+                Particle {
+                    x: prev as f64 + (i - 25) as f64 / 100.0,
+                    kind: (prev * 50 + (i - 25) as i32) as u8,
+                }
+            } else {
+                Particle::default()
+            };
+            assert_eq!(*p, expect, "element {i}");
+        }
+    });
+    let mut back = vec![Particle::default(); 50];
+    win.get(next, 25, &mut back);
+    assert_eq!(back, mine);
+    let e = win
+        .try_fetch_and_op(next, 0, &mine[0], SystemOperation::sum())
+        .unwrap_err();
+    assert!(e.to_string().contains("a type with gaps"), "{e}");
+    assert!(matches!(
+        win.try_accumulate(next, 0, &mine[..1], SystemOperation::sum()),
+        Err(Error::InvalidArgument(_))
+    ));
+    win.fence();
+}
+
 #[test]
 fn the_mpi_rs_window_example_runs_unchanged() {
     jobs(
@@ -510,6 +561,16 @@ fn a_column_with_a_target_datatype_in_the_odp_mode() {
         &[2],
         &[("PAGEWIRE_MODE", "odp")],
         typed,
+    );
+}
+
+#[test]
+fn a_window_of_a_type_with_padding_moves_its_fields() {
+    jobs(
+        "a_window_of_a_type_with_padding_moves_its_fields",
+        &[2, 3],
+        &[],
+        gapped,
     );
 }
 

@@ -222,7 +222,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
     pub(super) fn assemble(
         comm: SimpleCommunicator,
         memory: WindowMemory<T>,
-        (bytes, map): (ElementBytes<T>, TypeMap),
+        (bytes, map): (Option<ElementBytes<T>>, TypeMap),
         (rank, parts): (usize, Vec<Part>),
         carrier: Carrier,
         dynamic: Option<DynamicState<T>>,

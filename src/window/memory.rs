@@ -232,20 +232,22 @@ unsafe impl<T: Sync> Sync for SharedParts<T> {}
 pub(crate) struct ElementBytes<T>(PhantomData<fn() -> T>);
 
 impl<T: Equivalence> ElementBytes<T> {
-    /// The proof for `T`, or why a window cannot hold `T`s.
-    pub(crate) fn check() -> Result<(ElementBytes<T>, TypeMap)> {
+    /// The proof for `T` (`None` if its datatype has gaps: padding, or fields left out),
+    /// and its datatype; or why a window cannot hold `T`s.
+    pub(crate) fn check() -> Result<(Option<ElementBytes<T>>, TypeMap)> {
         let map = T::equivalent_datatype().type_map().clone();
         let size = std::mem::size_of::<T>();
-        if !map.is_contiguous() || map.size() != size || map.extent() != size {
+        if map.extent() != size || map.lower_bound() != 0 {
             return Err(Error::InvalidArgument(format!(
-                "a window of {}: its datatype has gaps or padding ({} of {} bytes move); \
-                 windows hold element types without gaps",
+                "a window of {}: its datatype spans {} bytes from {}, the type {size} from 0; \
+                 a window's elements are laid out as the type is",
                 std::any::type_name::<T>(),
-                map.size(),
-                size
+                map.extent(),
+                map.lower_bound()
             )));
         }
-        Ok((ElementBytes(PhantomData), map))
+        let gapless = map.is_contiguous() && map.size() == size;
+        Ok((gapless.then_some(ElementBytes(PhantomData)), map))
     }
 
     /// The bytes of `data`.

@@ -63,7 +63,8 @@
 //!
 //! Datatypes at origin and target: `put_typed`, `get_typed`, `accumulate_typed` (`typed.rs`).
 //!
-//! Not here yet: element types with gaps, and dynamic windows and request-based operations
+//! Not here yet: the fetching operations on element types with gaps (put, get and accumulate
+//! move their blocks), and dynamic windows and request-based operations
 //! under `PAGEWIRE_TRANSPORT=mpi`; each is refused with an error that says so.
 
 mod attach;
@@ -202,7 +203,9 @@ enum Held {
 pub struct Window<T: Equivalence + Send + Sync> {
     comm: SimpleCommunicator,
     memory: WindowMemory<T>,
-    bytes: ElementBytes<T>,
+    /// The proof that elements are their bytes; `None` for an element type with gaps,
+    /// whose put, get and accumulate move the datatype's blocks only (`typed.rs`).
+    bytes: Option<ElementBytes<T>>,
     map: TypeMap,
     rank: usize,
     parts: Vec<Part>,
@@ -340,7 +343,10 @@ impl<T: Equivalence + Send + Sync> Window<T> {
 
     /// [`Window::put`], returning errors.
     pub fn try_put(&self, target: Rank, target_disp: usize, data: &[T]) -> Result<()> {
-        let src = self.bytes.of(data);
+        let Some(bytes) = &self.bytes else {
+            return self.try_put_typed(target, target_disp, data, &self.map, data.len());
+        };
+        let src = bytes.of(data);
         self.access(target, target_disp, data.len(), |s| match &self.carrier {
             _ if self.shared.is_some() => self.move_out(s, src),
             Carrier::Nic { .. } => self.move_out(s, src),
@@ -358,7 +364,10 @@ impl<T: Equivalence + Send + Sync> Window<T> {
     /// [`Window::get`], returning errors.
     pub fn try_get(&self, target: Rank, target_disp: usize, buf: &mut [T]) -> Result<()> {
         let count = buf.len();
-        let dst = self.bytes.of_mut(buf);
+        let Some(bytes) = &self.bytes else {
+            return self.try_get_typed(target, target_disp, buf, &self.map, count);
+        };
+        let dst = bytes.of_mut(buf);
         self.access(target, target_disp, count, |s| match &self.carrier {
             _ if self.shared.is_some() => self.move_in(s, dst),
             Carrier::Nic { .. } => self.move_in(s, dst),
@@ -381,7 +390,16 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         data: &[T],
         op: SystemOperation,
     ) -> Result<()> {
-        self.update(target, target_disp, op.op(), self.bytes.of(data), None)
+        let Some(bytes) = &self.bytes else {
+            return self.try_accumulate_typed(
+                target,
+                target_disp,
+                data,
+                (&self.map, data.len()),
+                op,
+            );
+        };
+        self.update(target, target_disp, op.op(), bytes.of(data), None)
     }
 
     /// [`Window::accumulate`] that also returns the elements' values before it into
@@ -414,14 +432,9 @@ impl<T: Equivalence + Send + Sync> Window<T> {
                 result.len()
             )));
         }
-        let result = self.bytes.of_mut(result);
-        self.update(
-            target,
-            target_disp,
-            op.op(),
-            self.bytes.of(data),
-            Some(result),
-        )
+        let bytes = self.gapless("get_accumulate")?;
+        let result = bytes.of_mut(result);
+        self.update(target, target_disp, op.op(), bytes.of(data), Some(result))
     }
 
     /// Combines `value` into element `target_disp` of rank `target`'s part with `op`,
@@ -483,8 +496,9 @@ impl<T: Equivalence + Send + Sync> Window<T> {
     where
         T: Copy,
     {
-        let compare = self.bytes.of(std::slice::from_ref(&compare)).to_vec();
-        let swap_bytes = self.bytes.of(std::slice::from_ref(&swap)).to_vec();
+        let bytes = self.gapless("compare_and_swap")?;
+        let compare = bytes.of(std::slice::from_ref(&compare)).to_vec();
+        let swap_bytes = bytes.of(std::slice::from_ref(&swap)).to_vec();
         let mut out = [swap];
         self.access(target, target_disp, 1, |s| {
             #[cfg(feature = "mpi")]
@@ -496,7 +510,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
                     unit,
                     &compare,
                     &swap_bytes,
-                    self.bytes.of_mut(&mut out),
+                    bytes.of_mut(&mut out),
                 );
             }
             let old = if compare.len() == 8 && s.at % 8 == 0 {
@@ -517,7 +531,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
                     })
                 })?
             };
-            self.bytes.of_mut(&mut out).copy_from_slice(&old);
+            bytes.of_mut(&mut out).copy_from_slice(&old);
             Ok(())
         })?;
         Ok(out[0])
@@ -755,6 +769,17 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             result.copy_from_slice(&old);
         }
         Ok(())
+    }
+
+    /// The proof that elements are their bytes, or why `what` needs it.
+    fn gapless(&self, what: &str) -> Result<&ElementBytes<T>> {
+        self.bytes.as_ref().ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{what} on a window of {}, a type with gaps: put, get and accumulate move its \
+                 blocks, the other operations need a type without gaps",
+                std::any::type_name::<T>()
+            ))
+        })
     }
 
     /// The one primitive the elements are made of, for `op`.

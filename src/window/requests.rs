@@ -104,8 +104,8 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         data: &'a [T],
     ) -> Result<Request<'a, [T], S>> {
         self.request_based("rput")?;
+        let bytes = self.gapless("rput")?.of(data);
         let span = self.span(target, target_disp, data.len())?;
-        let bytes = self.bytes.of(data);
         let started = start_one_sided(scope, data, OneSidedBuf::Put(bytes), |buf| {
             self.start_transfer(span, bytes.len(), buf)
         });
@@ -137,9 +137,10 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         buf: &'a mut [T],
     ) -> Result<Request<'a, [T], S>> {
         self.request_based("rget")?;
+        let gapless = self.gapless("rget")?;
         let span = self.span(target, target_disp, buf.len())?;
         let data: *const [T] = buf;
-        let bytes = self.bytes.of_mut(buf);
+        let bytes = gapless.of_mut(buf);
         let len = bytes.len();
         let started = start_one_sided(scope, data, OneSidedBuf::Get(bytes), |b| {
             self.start_transfer(span, len, b)
