@@ -439,6 +439,35 @@ fn gapped(u: &pagewire::Universe) {
     win.fence();
 }
 
+/// In the odp mode a fence maps this rank's part for the NIC (a prefetch), so the puts of
+/// the next epoch into memory never touched before take no network page fault.
+fn odp_prefetch_at_fence(u: &pagewire::Universe) {
+    let world = u.world();
+    let (rank, size) = (world.rank(), world.size());
+    let next = (rank + 1) % size;
+    const LEN: usize = 1 << 18; // 2 MiB of fresh zero pages
+    let win = Window::<u64>::allocate(LEN, &world);
+    let before = u.with_p2p(|p| p.nic_counters());
+    win.fence();
+    let data = vec![rank as u64 + 1; LEN];
+    win.put(next, 0, &data);
+    win.fence();
+    let after = u.with_p2p(|p| p.nic_counters());
+    assert_eq!(
+        after.npf_responder - before.npf_responder,
+        0,
+        "no fault on the prefetched part"
+    );
+    assert!(
+        after.prefetch_pages - before.prefetch_pages >= (LEN * 8 / 4096) as u64,
+        "the part was prefetched: {} pages",
+        after.prefetch_pages - before.prefetch_pages
+    );
+    let prev = (rank + size - 1) % size;
+    win.with_local(|m| assert!(m.iter().all(|&v| v == prev as u64 + 1)));
+    win.fence();
+}
+
 #[test]
 fn the_mpi_rs_window_example_runs_unchanged() {
     jobs(
@@ -571,6 +600,16 @@ fn a_window_of_a_type_with_padding_moves_its_fields() {
         &[2, 3],
         &[],
         gapped,
+    );
+}
+
+#[test]
+fn in_the_odp_mode_a_fence_prefetches_the_part_and_puts_take_no_fault() {
+    jobs(
+        "in_the_odp_mode_a_fence_prefetches_the_part_and_puts_take_no_fault",
+        &[2],
+        &[("PAGEWIRE_MODE", "odp")],
+        odp_prefetch_at_fence,
     );
 }
 

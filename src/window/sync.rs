@@ -21,8 +21,10 @@ impl<T: Equivalence + Send + Sync> Window<T> {
     /// [`Window::fence`], returning errors.
     pub fn try_fence(&self) -> Result<()> {
         // Every other operation completed at its target before it returned: the inline puts
-        // in flight, then the barrier, are the whole fence.
+        // in flight, then the barrier, are the whole fence. The next epoch's accesses to
+        // this rank's memory find its pages mapped for the NIC (odp).
         self.flush_puts(None)?;
+        self.prefetch_exposed()?;
         self.comm.try_barrier()
     }
 
@@ -147,6 +149,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             ));
         }
         let origins = self.ranks_of(group)?;
+        self.prefetch_exposed()?;
         self.notify(&origins, POST_TAG)?;
         *self.exposure.borrow_mut() = Some(origins);
         Ok(())
@@ -255,6 +258,47 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             )));
         }
         unexposed
+    }
+
+    /// Where the buffer mode exposes memory on demand (odp), maps this rank's part (or its
+    /// attached regions) for the NIC now, at an exposure epoch's start, so that peers'
+    /// first accesses in it do not fault (ODP's prefetch; pages already mapped cost a look
+    /// at the NIC's present bits). Nothing in the other modes, which pinned it.
+    // Irrefutable without the `mpi` feature's host-MPI carrier.
+    #[allow(irrefutable_let_patterns)]
+    pub(super) fn prefetch_exposed(&self) -> Result<()> {
+        let Carrier::Nic { own_key, .. } = &self.carrier else {
+            return Ok(());
+        };
+        let mut ranges: Vec<(u32, u64, u64)> = Vec::new();
+        match (&self.dynamic, own_key) {
+            (Some(d), _) => {
+                if let Some((lkey, _)) = d.space {
+                    ranges.extend(
+                        d.attached
+                            .borrow()
+                            .iter()
+                            .map(|a| (lkey, a.region.addr, a.region.len)),
+                    );
+                }
+            }
+            (None, Some(lkey)) => {
+                let part = self.parts[self.rank];
+                ranges.push((*lkey, part.memory.addr, part.memory.len));
+            }
+            (None, None) => {}
+        }
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        with_layer(&self.comm, |p2p| {
+            if !p2p.exposes_on_demand() {
+                return Ok(());
+            }
+            ranges
+                .iter()
+                .try_for_each(|&(lkey, addr, len)| p2p.prefetch_exposed(lkey, addr, len))
+        })
     }
 
     /// Takes this rank's registrations for the window (its part's or the address space's,
