@@ -92,7 +92,7 @@ fn shared(u: &pagewire::Universe) {
     win.put(0, 0, &[7 + (size - 1) as u64]);
     win.fence();
     // Errors: nothing changes.
-    let plain = Window::<u64>::allocate(2, &world);
+    let plain = Window::from_vec(vec![0u64; 2], &world);
     assert!(matches!(
         plain.shared_query(0),
         Err(Error::InvalidArgument(_))

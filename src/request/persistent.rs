@@ -73,7 +73,7 @@ impl<'a, D: ?Sized, S: Scope<'a> + Copy> PersistentRequest<'a, D, S> {
         dir: Direction,
     ) -> Result<()> {
         let prepared = backend.with_message_layer(|p2p| {
-            let through_nic = peer.is_none_or(|p| p2p.through_nic(p));
+            let through_nic = peer.is_none_or(|p| !p2p.is_local(p));
             if through_nic {
                 p2p.prepare_buffer(bytes.0, bytes.1, dir)
             } else {

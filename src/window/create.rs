@@ -29,11 +29,40 @@ impl<T: Equivalence + Send + Sync> Window<T> {
     }
 
     /// [`Window::allocate`], returning errors.
+    ///
+    /// Where every rank of `comm` reaches every other through the local path (ranks of one
+    /// host, `PAGEWIRE_LOCAL=shm`), the window is allocated in shared memory, as MPICH's
+    /// `MPI_Win_allocate` does on one node ([`Window::allocate_shared`]): its puts and
+    /// gets are loads and stores, its atomics the CPU's, not the NIC's. Through the NIC
+    /// (another host, or `PAGEWIRE_LOCAL=nic`) it is registered memory as any window's.
     pub fn try_allocate<C: Communicator + ?Sized>(count: usize, comm: &C) -> Result<Window<T>>
     where
         T: Default + Clone,
     {
+        if Self::all_on_the_local_path(comm)? {
+            return Self::try_allocate_shared(count, comm);
+        }
         Self::try_from_vec(vec![T::default(); count], comm)
+    }
+
+    /// Whether every rank of `comm` reaches every other through the local path, as all of
+    /// them agree (collective); false on the host MPI's transport.
+    fn all_on_the_local_path<C: Communicator + ?Sized>(comm: &C) -> Result<bool> {
+        let backend = comm.as_simple().backend();
+        let world = backend.world_ranks()?;
+        let mine = backend
+            .with_message_layer(|p2p| {
+                let me = world[comm.rank() as usize];
+                world.iter().all(|&w| w == me || p2p.is_local(w))
+            })
+            .unwrap_or(false);
+        let mut all = 0u8;
+        comm.try_all_reduce_into(
+            &u8::from(mine),
+            &mut all,
+            crate::collective::SystemOperation::min(),
+        )?;
+        Ok(all == 1)
     }
 
     /// A window over `data`, which it owns until it is dropped (`MPI_Win_create` over

@@ -104,12 +104,25 @@ impl<T> Drop for WindowMemory<T> {
 
 /// The parts of a shared-memory window (`Window::allocate_shared`) as this rank maps them:
 /// every rank's part lies in one segment of `/dev/shm` that every rank of the window maps,
-/// one after the other.
+/// one after the other, and after them every rank's control words (its lock and its
+/// update mutex), [`CONTROL_SLOT`] bytes each.
 pub(crate) struct SharedParts<T> {
     segment: SharedSegment,
     /// By rank: the first element's byte offset in the segment, and the elements.
     parts: Vec<(usize, usize)>,
+    /// Byte offset of rank 0's control words.
+    controls: usize,
     _elements: PhantomData<fn() -> T>,
+}
+
+/// Bytes of one rank's control words in a shared segment (a cache line).
+pub(crate) const CONTROL_SLOT: usize = 64;
+
+/// Bytes a shared segment needs for parts of `counts` elements of `T` and their ranks'
+/// control words.
+pub(crate) fn shared_segment_bytes<T>(counts: &[usize]) -> usize {
+    let parts: usize = counts.iter().sum::<usize>() * std::mem::size_of::<T>();
+    parts.next_multiple_of(CONTROL_SLOT) + counts.len() * CONTROL_SLOT
 }
 
 impl<T> SharedParts<T> {
@@ -129,7 +142,11 @@ impl<T> SharedParts<T> {
                 part
             })
             .collect();
-        assert!(at <= segment.len(), "the segment holds every part");
+        let controls = at.next_multiple_of(CONTROL_SLOT);
+        assert!(
+            controls + counts.len() * CONTROL_SLOT <= segment.len(),
+            "the segment holds every part and every control slot"
+        );
         let (offset, count) = parts[me];
         let first = segment.addr_of(offset) as *mut T;
         for i in 0..count {
@@ -141,6 +158,7 @@ impl<T> SharedParts<T> {
         SharedParts {
             segment,
             parts,
+            controls,
             _elements: PhantomData,
         }
     }
@@ -176,6 +194,18 @@ impl<T> SharedParts<T> {
         assert!(at as usize % 8 == 0, "an aligned word");
         // SAFETY: in the mapped segment and aligned (checked); AtomicU64 has u64's layout,
         // and every process updates the word with atomic instructions.
+        unsafe { &*(at as *const std::sync::atomic::AtomicU64) }
+    }
+
+    /// Rank `rank`'s control word at byte `word` (0: the lock, 8: the update mutex) of its
+    /// slot, as an atomic: every rank updates it with the CPU's locked instructions.
+    pub(crate) fn control(&self, rank: usize, word: u64) -> &std::sync::atomic::AtomicU64 {
+        assert!(rank < self.parts.len() && word % 8 == 0 && (word as usize) < CONTROL_SLOT);
+        let at = self
+            .segment
+            .addr_of(self.controls + rank * CONTROL_SLOT + word as usize);
+        // SAFETY: in the mapped segment (checked at creation), 8-aligned (the slots are
+        // 64-byte aligned), u64's layout; only ever accessed atomically.
         unsafe { &*(at as *const std::sync::atomic::AtomicU64) }
     }
 

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use pagewire_transport::sys::{HostKey, SharedSegment, HOST_KEY_BYTES};
 
-use super::memory::SharedParts;
+use super::memory::{shared_segment_bytes, SharedParts};
 use super::{Held, Window};
 use crate::backend::CommunicatorBackend;
 use crate::collective::{CommunicatorCollectives, Root};
@@ -75,8 +75,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         let mut counts = vec![0u64; size];
         comm.try_all_gather_into(&(count as u64), &mut counts[..])?;
         let counts: Vec<usize> = counts.iter().map(|&n| n as usize).collect();
-        let bytes = counts.iter().sum::<usize>() * std::mem::size_of::<T>();
-        let segment_bytes = bytes.max(1).next_multiple_of(4096);
+        let segment_bytes = shared_segment_bytes::<T>(&counts).next_multiple_of(4096);
         // Rank 0 makes the segment, the others map it; its name goes once all have.
         let root = comm.process_at_rank(0);
         let mut name = [0u8; NAME_BYTES];

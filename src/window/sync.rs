@@ -1,6 +1,8 @@
 //! A window's synchronisation: fence, locks (words in the target's control page, taken
 //! with the NIC's atomics), post/start/complete/wait, flushes, and the free.
 
+use std::sync::atomic::Ordering;
+
 use pagewire_transport::msg::RemoteAtomic;
 
 use super::dynamic::DETACH_BITS;
@@ -223,6 +225,10 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         // Every rank reaches the free (or a dead one is reported) before anything goes.
         let barrier = self.comm.try_barrier();
         // No rank accesses the window any more: the lock word is read as it is.
+        let shared_word = self
+            .shared
+            .as_ref()
+            .map(|s| s.control(self.rank, LOCK_WORD).load(Ordering::Acquire));
         let keys = self.registrations();
         let (word, unexposed) = match &mut self.carrier {
             Carrier::Nic { control, .. } => {
@@ -240,6 +246,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             #[cfg(feature = "mpi")]
             Carrier::HostMpi(w) => (w.own_control(0), w.free()),
         };
+        let word = shared_word.unwrap_or(word);
         barrier?;
         flushed?;
         if let Some(why) = open {
@@ -408,6 +415,12 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         compare: u64,
         swap: u64,
     ) -> Result<u64> {
+        if let Some(shared) = &self.shared {
+            let w = shared.control(target, word);
+            return Ok(w
+                .compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst)
+                .unwrap_or_else(|old| old));
+        }
         match &self.carrier {
             Carrier::Nic { .. } => {
                 let part = self.parts[target];
@@ -422,6 +435,11 @@ impl<T: Equivalence + Send + Sync> Window<T> {
 
     /// Fetch-and-add of `target`'s control word at byte `word`: its old value.
     pub(super) fn control_add(&self, target: usize, word: u64, add: u64) -> Result<u64> {
+        if let Some(shared) = &self.shared {
+            return Ok(shared
+                .control(target, word)
+                .fetch_add(add, Ordering::SeqCst));
+        }
         match &self.carrier {
             Carrier::Nic { .. } => {
                 let part = self.parts[target];

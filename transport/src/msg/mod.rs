@@ -328,8 +328,9 @@ impl PointToPoint {
         Ok(p2p)
     }
 
-    /// Whether `peer` is reached through the local path rather than the NIC.
-    pub(crate) fn is_local(&self, peer: usize) -> bool {
+    /// Whether `peer` is reached through the local path rather than the NIC (where the
+    /// buffer modes apply).
+    pub fn is_local(&self, peer: usize) -> bool {
         self.local.as_ref().is_some_and(|l| l.is_local(peer))
     }
 

@@ -17,12 +17,6 @@ pub struct PreparedBuffer {
 }
 
 impl PointToPoint {
-    /// Whether messages to `peer` go through the NIC (where the buffer modes apply), not the
-    /// local path.
-    pub fn through_nic(&self, peer: usize) -> bool {
-        !self.local.as_ref().is_some_and(|l| l.is_local(peer))
-    }
-
     /// Prepares the `len`-byte buffer at `addr` for a persistent operation that moves it in
     /// direction `dir` (read by sends, written by receives): the mode's hold on it, taken
     /// now and kept until [`Self::release_buffer`]. `None` for no bytes.
