@@ -7,6 +7,10 @@
 # kept in OUTDIR as CONFIG-rROUND.json and .txt, with summary.md. Needs MPICH's mpirun (the
 # `mpi` feature's build).
 #
+# Configurations: mpich; local (pagewire's local path: windows of Window::allocate in shared
+# memory); copy, pindown, odp (PAGEWIRE_LOCAL=nic: through the soft NIC, where the buffer
+# mode applies).
+#
 # Usage: tools/bench/rma.sh [OUTDIR]   (default: target/bench/rma)
 # Environment: ROUNDS [3], MSGLOG [0:20], TIME [1] (imb-bench -time, seconds per size at
 # most), BENCHMARKS [a selection of IMB-RMA's], BUILD [1], PLOT [1] (rma-BENCH.svg of
@@ -45,23 +49,28 @@ run() {
   timeout 1800 "$@" "${args[@]}" --json "$out/$config-r$r.json" > "$out/$config-r$r.txt"
 }
 for r in $(seq 1 "$rounds"); do
-  configs=(mpich copy pindown odp)
-  [ $((r % 2)) = 0 ] && configs=(odp pindown copy mpich)
+  configs=(mpich local copy pindown odp)
+  [ $((r % 2)) = 0 ] && configs=(odp pindown copy local mpich)
   for c in "${configs[@]}"; do
     case $c in
       mpich) run mpich "$r" "${mpirun[@]}" -bind-to core -np 2 target/mpi/release/imb-bench \
         --transport mpi ;;
-      pindown) PAGEWIRE_MEMLOCK_LIMIT=unlimited run pindown "$r" target/release/pwrun -n 2 \
-        --bind-to core target/release/imb-bench --mode pindown ;;
-      *) run "$c" "$r" target/release/pwrun -n 2 --bind-to core target/release/imb-bench \
-        --mode "$c" ;;
+      # The local path: windows in shared memory (the buffer mode does not apply).
+      local) PAGEWIRE_LOCAL=shm run local "$r" target/release/pwrun -n 2 --bind-to core \
+        target/release/imb-bench ;;
+      # Through the soft NIC, where the buffer mode applies.
+      pindown) PAGEWIRE_LOCAL=nic PAGEWIRE_MEMLOCK_LIMIT=unlimited run pindown "$r" \
+        target/release/pwrun -n 2 --bind-to core target/release/imb-bench --mode pindown ;;
+      *) PAGEWIRE_LOCAL=nic run "$c" "$r" target/release/pwrun -n 2 --bind-to core \
+        target/release/imb-bench --mode "$c" ;;
     esac
   done
 done
 fi
 python3 - "$out" "$rounds" <<'PY' | tee "$out/summary.md"
-import json, statistics, sys
+import json, os, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
+mine_configs = [c for c in ("local", "copy", "pindown", "odp") if os.path.exists(f"{out}/{c}-r1.json")]
 def tables(config, r):
     res = json.load(open(f"{out}/{config}-r{r}.json"))
     t = {}
@@ -71,14 +80,14 @@ def tables(config, r):
         key = (tab["benchmark"], tab.get("aggregation"))
         t[key] = {row["bytes"]: (row["t_max_usec"], row.get("t_ovrl_usec")) for row in tab["rows"]}
     return t
-runs = {c: [tables(c, r) for r in range(1, rounds + 1)] for c in ("mpich", "copy", "pindown", "odp")}
+runs = {c: [tables(c, r) for r in range(1, rounds + 1)] for c in ["mpich"] + mine_configs}
 print(open(f"{out}/machine.txt").read().rstrip())
 print()
 print("Time per operation in µs (median over the rounds; Truly_passive_put: t_ovrl), and "
       "pagewire's over MPICH's, median (min-max over the rounds):")
 print()
-print("| benchmark | mode | bytes | MPICH µs | copy | pindown | odp |")
-print("|---|---|---|---|---|---|---|")
+print("| benchmark | mode | bytes | MPICH µs | " + " | ".join(mine_configs) + " |")
+print("|---|---|---|---|" + "---|" * len(mine_configs))
 sizes = (8, 4096, 65536, 1048576)
 for key in runs["mpich"][0]:
     bench, agg = key
@@ -95,7 +104,7 @@ for key in runs["mpich"][0]:
         if any(b is None or b <= 0 for b in base):
             continue
         cells = []
-        for c in ("copy", "pindown", "odp"):
+        for c in mine_configs:
             mine = [t(x) for x in runs[c]]
             if any(m is None for m in mine):
                 cells.append("-")
@@ -108,12 +117,12 @@ for key in runs["mpich"][0]:
 for bench in ("Unidir_put", "Unidir_get", "Accumulate"):
     key = (bench, "NonAggregate")
     with open(f"{out}/plot-{bench}.txt", "w") as f:
-        f.write("# bytes mpich copy pindown odp (µs, median over the rounds)\n")
+        f.write("# bytes mpich " + " ".join(mine_configs) + " (µs, median over the rounds)\n")
         for size in sorted(runs["mpich"][0].get(key, {})):
             if size == 0:
                 continue
             cols = []
-            for c in ("mpich", "copy", "pindown", "odp"):
+            for c in ["mpich"] + mine_configs:
                 v = [x.get(key, {}).get(size) for x in runs[c]]
                 cols.append(f"{statistics.median(t[0] for t in v):.3f}" if all(v) else "nan")
             f.write(f"{size} " + " ".join(cols) + "\n")
@@ -121,10 +130,14 @@ PY
 if [ "${PLOT:-1}" = 1 ]; then
   [ -x target/release/pw-plot ] || cargo build --release -q -p pagewire-tools --bin pw-plot
   for bench in Unidir_put Unidir_get Accumulate; do
+    # One series per column of the table's header (mpich, local if run, the modes).
+    mapfile -t series < <(head -1 "$out/plot-$bench.txt" | awk -v f="$out/plot-$bench.txt" '{
+      for (i = 3; i <= NF - 5; i++) {
+        name = ($i == "mpich") ? "MPICH 4.0.2" : ($i == "local" ? "local path" : "NIC, " $i)
+        printf "%s=%s:1:%d\n", name, f, i - 1
+      } }')
     target/release/pw-plot --title "IMB-RMA $bench, non-aggregate, 2 ranks of one host" \
-      --y-label "time per operation [usec]" -o "$out/rma-$bench.svg" \
-      "MPICH 4.0.2=$out/plot-$bench.txt:1:2" "copy=$out/plot-$bench.txt:1:3" \
-      "pindown=$out/plot-$bench.txt:1:4" "odp=$out/plot-$bench.txt:1:5"
+      --y-label "time per operation [usec]" -o "$out/rma-$bench.svg" "${series[@]}"
   done
 fi
 [ "${SUMMARY_ONLY:-0}" = 1 ] || run_record_end "$out"
