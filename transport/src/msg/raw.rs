@@ -175,12 +175,7 @@ impl super::PointToPoint {
                 }
             }
         }
-        for r in started {
-            if let Err(e) = self.rma_wait(r) {
-                first_err.get_or_insert(e);
-            }
-        }
-        first_err.map_or(Ok(()), Err)
+        self.rma_wait_all(started, first_err)
     }
 
     /// Reads each `(remote_addr, rkey, dst)` of `runs` from `target`'s exposed memory, all
@@ -199,6 +194,15 @@ impl super::PointToPoint {
                 }
             }
         }
+        self.rma_wait_all(started, first_err)
+    }
+
+    /// Waits for every request of `started`; the first error, `first_err` before any.
+    fn rma_wait_all(
+        &mut self,
+        started: Vec<super::RmaRequest>,
+        mut first_err: Option<crate::error::Error>,
+    ) -> Result<()> {
         for r in started {
             if let Err(e) = self.rma_wait(r) {
                 first_err.get_or_insert(e);
