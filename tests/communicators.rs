@@ -764,6 +764,26 @@ fn split_shared_gives_one_communicator_per_host_on_1_to_4_ranks() {
     );
 }
 
+/// `abort` on one rank ends the whole job with its code, while the others wait in a
+/// barrier for it (rsmpi's `Communicator::abort`, `MPI_Abort`).
+#[test]
+fn abort_on_one_rank_ends_the_job_with_its_code() {
+    let name = "abort_on_one_rank_ends_the_job_with_its_code";
+    if std::env::var(ROLE).as_deref() == Ok(name) {
+        let universe = pagewire::initialize().expect("first initialisation");
+        let world = universe.world();
+        if world.rank() == 1 {
+            world.abort(7);
+        }
+        world.barrier();
+        return;
+    }
+    let t0 = std::time::Instant::now();
+    let o = pagewire_test_support::facade::launch(name, 3, &[]);
+    assert_eq!((o.exit_code, o.failed_rank), (7, Some(1)), "{o:?}");
+    assert!(t0.elapsed().as_secs() < 60, "took {:?}", t0.elapsed());
+}
+
 /// `spawn` and `spawn_multiple` on pagewire's own transport: every rank gets the error that
 /// says the job cannot grow (one line), `parent` is `None`, and the job goes on.
 fn spawn_refused(u: &pagewire::Universe) {

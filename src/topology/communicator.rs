@@ -175,6 +175,23 @@ pub trait Communicator {
     fn split_by_color_with_key(&self, color: Color, key: Key) -> Option<SimpleCommunicator> {
         fatal(self.try_split_by_color_with_key(color, key))
     }
+    /// Ends the whole job with exit status `errorcode` (`MPI_Abort`): every rank of it is
+    /// stopped, not only this communicator's (as MPI implementations do). Under `pwrun` the
+    /// launcher stops the others when this rank exits; under `mpirun` it is `MPI_Abort`.
+    fn abort(&self, errorcode: i32) -> ! {
+        let me = self.as_simple();
+        let boot = me.backend().bootstrap();
+        eprintln!(
+            "pagewire: rank {} called abort({errorcode}); the job is stopped",
+            boot.rank()
+        );
+        #[cfg(feature = "mpi")]
+        if let Some(mpi) = boot.as_mpi() {
+            crate::backend::clean_up_after_panic(boot);
+            mpi.abort(errorcode);
+        }
+        std::process::exit(errorcode)
+    }
     /// Splits the communicator into one per host (`MPI_Comm_split_type` with
     /// `MPI_COMM_TYPE_SHARED`): the ranks that can share memory (the same kernel, `/dev/shm`
     /// and PID namespace) form one, ranked by `key`, then by their rank here; what

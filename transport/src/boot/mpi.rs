@@ -210,6 +210,15 @@ impl Bootstrap for MpiBootstrap {
     }
 }
 
+impl MpiBootstrap {
+    /// Ends the whole MPI job with `code` (`MPI_Abort` on `MPI_COMM_WORLD`), after a short
+    /// pause that lets the launcher forward what this rank wrote last.
+    pub fn abort(&self, code: i32) -> ! {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        SimpleCommunicator::world().abort(code)
+    }
+}
+
 impl Drop for MpiBootstrap {
     fn drop(&mut self) {
         if std::thread::panicking() && self.size > 1 {
