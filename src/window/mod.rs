@@ -348,10 +348,11 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         };
         let src = bytes.of(data);
         self.access(target, target_disp, data.len(), |s| match &self.carrier {
-            _ if self.shared.is_some() => self.move_out(s, src),
-            Carrier::Nic { .. } => self.move_out(s, src),
             #[cfg(feature = "mpi")]
-            Carrier::HostMpi(w) => w.put(target, s.at - self.parts[s.target].base, src),
+            Carrier::HostMpi(w) if self.shared.is_none() => {
+                w.put(target, s.at - self.parts[s.target].base, src)
+            }
+            _ => self.move_out(s, src),
         })
     }
 
@@ -369,10 +370,11 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         };
         let dst = bytes.of_mut(buf);
         self.access(target, target_disp, count, |s| match &self.carrier {
-            _ if self.shared.is_some() => self.move_in(s, dst),
-            Carrier::Nic { .. } => self.move_in(s, dst),
             #[cfg(feature = "mpi")]
-            Carrier::HostMpi(w) => w.get(target, s.at - self.parts[s.target].base, dst),
+            Carrier::HostMpi(w) if self.shared.is_none() => {
+                w.get(target, s.at - self.parts[s.target].base, dst)
+            }
+            _ => self.move_in(s, dst),
         })
     }
 
