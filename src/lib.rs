@@ -35,6 +35,8 @@
 //! - [`request`]: immediate operations' requests, scopes, collections, guards.
 //! - [`collective`]: blocking and immediate collectives, reduction operations.
 //! - [`datatype`]: `Equivalence`, derived datatypes, views and partitions.
+//! - [`window`]: one-sided communication (MPI windows: put, get, accumulate, atomics,
+//!   fences, locks, dynamic and shared-memory windows).
 //! - [`traits`]: the traits a program imports (`use pagewire::traits::*`).
 //! - [`UniverseConfig`]: the settings read from `PAGEWIRE_*` variables (all of them:
 //!   `docs/configuration.md`).
