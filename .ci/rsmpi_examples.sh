@@ -19,10 +19,11 @@
 # The mpirun runs build pagewire with `--features mpi` into a scratch crate of their own.
 #
 # --check: exit 1 unless every example passes in every run, except `spawn` and
-# `spawn_multiple` on pagewire's own transport, which must fail with the one line that says
-# pagewire cannot add processes to a running job (docs/coming-from-rsmpi.md), and under
-# mpirun:mpi where the MPI library itself cannot spawn (a C program tells), which must fail
-# with the MPI library's error. Without it, the script only reports.
+# `spawn_multiple` where no launcher can add processes: under `pwrun --hosts` and under
+# mpirun on pagewire's own transport they must fail with the one line that says the job cannot
+# grow there (docs/coming-from-rsmpi.md), and under mpirun:mpi where the MPI library itself
+# cannot spawn (a C program tells), with the MPI library's error. Under `pwrun -n` they pass.
+# Without --check, the script only reports.
 #
 # Settings: RSMPI_RUN_TIMEOUT (seconds per program run, default 30), RSMPI_BUDGET (seconds
 # per RUN, default 360; later programs are skipped and count as not passed). Logs:
@@ -172,18 +173,20 @@ for run in "${runs[@]}"; do
   for src in "$examples"/*.rs; do
     name=$(basename "$src" .rs)
     bin=$scratch/target/release/examples/$name
-    # spawn and spawn_multiple are refused on pagewire's own transport (one clear line), and
-    # on the mpi transport where the MPI library cannot spawn (its own error).
+    # spawn and spawn_multiple pass under pwrun -n; they are refused (one clear line) under
+    # pwrun --hosts and under mpirun on pagewire's own transport, and on the mpi transport
+    # where the MPI library cannot spawn (its own error).
     refused=0
     refusal=$spawn_refusal
-    case $name:$what in
-      spawn:mpi | spawn_multiple:mpi)
+    case $launcher:$name:$what in
+      pwrun:*) ;;
+      mpirun:spawn:mpi | mpirun:spawn_multiple:mpi)
         if [ "$mpi_spawns" = 0 ]; then
           refused=1
           refusal="Error in spawn call"
         fi
         ;;
-      spawn:* | spawn_multiple:*) refused=1 ;;
+      *:spawn:* | *:spawn_multiple:*) refused=1 ;;
     esac
     if [ ! -x "$bin" ]; then
       printf '%-32s %-8s %-6s %-6s\n' "$name" FAIL - -

@@ -784,42 +784,6 @@ fn abort_on_one_rank_ends_the_job_with_its_code() {
     assert!(t0.elapsed().as_secs() < 60, "took {:?}", t0.elapsed());
 }
 
-/// `spawn` and `spawn_multiple` on pagewire's own transport: every rank gets the error that
-/// says the job cannot grow (one line), `parent` is `None`, and the job goes on.
-fn spawn_refused(u: &pagewire::Universe) {
-    let world = u.world();
-    assert!(world.parent().is_none());
-    let child = std::process::Command::new("/bin/true");
-    let e = world.process_at_rank(0).spawn(&child, 1).unwrap_err();
-    let text = e.to_string();
-    assert!(
-        text.contains("cannot add processes to a running job") && !text.contains('\n'),
-        "{text}"
-    );
-    let e = world
-        .process_at_rank(0)
-        .spawn_multiple(&[child, std::process::Command::new("/bin/false")], &[1, 2])
-        .unwrap_err();
-    assert!(e.to_string().contains("[1, 2] processes"), "{e}");
-    // Bad counts are refused before anything else.
-    let e = world
-        .process_at_rank(0)
-        .spawn_multiple(&[std::process::Command::new("/bin/true")], &[0])
-        .unwrap_err();
-    assert!(e.to_string().contains("one count of at least 1"), "{e}");
-    collectives(&world, &world_ranks_of(&world, world.rank() as usize));
-}
-
-#[test]
-fn spawn_is_refused_with_one_line_on_2_ranks() {
-    jobs(
-        "spawn_is_refused_with_one_line_on_2_ranks",
-        &[2],
-        &[],
-        spawn_refused,
-    );
-}
-
 /// Tests of this file under a real `mpirun` (feature `mpi`; `.ci/mpi.sh` runs the
 /// `under_mpirun::` tests of this binary), on the rank counts of `PAGEWIRE_MPI_NP`: those
 /// whose checks hold on any MPI-like transport on the mpi transport and on pagewire's

@@ -198,8 +198,11 @@ pub trait Root {
 
     /// Starts `maxprocs` processes of `command` connected to this communicator
     /// (`MPI_Comm_spawn`, collective, the command taken from the root) and returns the
-    /// intercommunicator to them. Under mpirun with the mpi transport only: pagewire's own
-    /// transport cannot add processes to a running job and returns that error on every rank.
+    /// intercommunicator to them. Under `pwrun -n` the launcher starts them as a job of their
+    /// own connected to this group (`boot::spawn`); under mpirun with the mpi transport
+    /// `MPI_Comm_spawn` does. Where neither can (`pwrun --hosts`, pagewire's transport under
+    /// mpirun) every rank gets an error of one line that says so. A command's arguments,
+    /// environment changes and working directory are the spawned processes'.
     fn spawn(&self, command: &Command, maxprocs: Rank) -> Result<InterCommunicator>;
     /// [`Root::spawn`] of several commands (`MPI_Comm_spawn_multiple`): `maxprocs[i]`
     /// processes of `commands[i]`, in one group.

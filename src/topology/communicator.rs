@@ -243,7 +243,7 @@ pub trait Communicator {
         cartesian::map(self, dims)
     }
     /// The communicator to the processes that spawned this one (`MPI_Comm_get_parent`), if
-    /// they did: only under mpirun with the mpi transport (see [`InterCommunicator`]).
+    /// they did (see [`InterCommunicator`]).
     fn parent(&self) -> Option<InterCommunicator> {
         fatal(self.as_simple().backend().parent()).map(InterCommunicator::new)
     }

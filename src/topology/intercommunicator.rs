@@ -2,12 +2,14 @@
 //! communicator between two groups of processes. Point-to-point calls on it address the
 //! other group's ranks; [`InterCommunicator::merge`] makes both groups one communicator.
 //!
-//! Only the host-MPI backend (`PAGEWIRE_TRANSPORT=mpi` under mpirun, feature `mpi`) has them:
-//! MPI's `MPI_Comm_spawn` starts the processes. pagewire's own transport cannot add
-//! processes to a running job, so there `spawn` returns an error that says so and
-//! [`crate::topology::Communicator::parent`] is `None`. Collectives on an intercommunicator
+//! On pagewire's own transport under `pwrun -n`, the launcher starts spawned processes as a
+//! job of their own and opens a connection job between them and the spawning group; both
+//! sides bring up a second message layer on it, and the intercommunicator is a communicator
+//! of that layer (`boot::spawn`). On the host-MPI backend (`PAGEWIRE_TRANSPORT=mpi` under
+//! mpirun, feature `mpi`) `MPI_Comm_spawn` starts them. Collectives on an intercommunicator
 //! (MPI's intercommunicator collectives) are not supported: they return or panic with an
-//! error that says to merge first.
+//! error that says to merge first. The connection's message layer progresses in calls on its
+//! communicators (the intercommunicator and what `merge` makes), not in calls on the world.
 
 use crate::backend::{CommBackend, CommunicatorBackend};
 use crate::error::fatal;

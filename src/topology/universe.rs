@@ -56,10 +56,11 @@ impl Universe {
         Some(self.world.bootstrap().size())
     }
 
-    /// The number of the program among those the launcher started (`MPI_APPNUM`): `None`,
+    /// The number of the program among those started together (`MPI_APPNUM`): in a process
+    /// that `spawn_multiple` started under pwrun, the index of its command; `None` otherwise,
     /// as the launchers start one program.
     pub fn appnum(&self) -> Option<i32> {
-        None
+        pagewire_transport::boot::spawn::appnum()
     }
 
     /// Attaches a buffer of `size` bytes for buffered sends (`MPI_Buffer_attach`), detaching

@@ -40,6 +40,7 @@ impl PagewireComm {
     /// Runs `f` on the group of this communicator's ranks (group ranks mapped to world ranks
     /// for a sub-communicator), in its collective context.
     fn on_group<R>(&self, f: impl FnOnce(&mut Group) -> Result<R>) -> Result<R> {
+        self.refuse_on_intercommunicator("a collective")?;
         let tuning = tuning()?;
         let mut p2p = self.universe.p2p.borrow_mut();
         let mut g = Group {

@@ -31,7 +31,8 @@ use std::rc::Rc;
 use pagewire_collectives::Op;
 use pagewire_odp::OdpMode;
 use pagewire_pindown::PindownMode;
-use pagewire_transport::boot::{self, Bootstrap};
+use pagewire_transport::boot::spawn::{ConnectionJob, SpawnCommand, SpawnRequest};
+use pagewire_transport::boot::{self, Bootstrap, PwrunBootstrap};
 use pagewire_transport::buffer_mode::copy::CopyMode;
 use pagewire_transport::buffer_mode::BufferMode;
 use pagewire_transport::msg::{self, PointToPoint};
@@ -61,7 +62,9 @@ const MEMBERS_TAG: i32 = msg::TAG_UB;
 /// no rank's color matches it.
 const NO_COLOR: i64 = -1;
 
-/// A universe on pagewire's stack: its message layer and context ids.
+/// A universe on pagewire's stack: its message layer and context ids. A process has one
+/// for its world and one for each spawn it took part in (the connection job between the
+/// spawning group and the spawned processes, module `spawn`).
 struct PagewireUniverse {
     /// The message layer. Declared before `boot`, so it is freed before the bootstrap.
     p2p: RefCell<PointToPoint>,
@@ -70,6 +73,56 @@ struct PagewireUniverse {
     next_context: Cell<u32>,
     /// By context: the tag of the next nonblocking collective.
     nonblocking_tags: RefCell<std::collections::HashMap<u32, i32>>,
+    /// The settings it was started with (a spawn starts its connection's universe so).
+    cfg: UniverseConfig,
+    /// The intercommunicator to the processes that spawned this one (world universes of
+    /// spawned processes).
+    parent: Option<PagewireComm>,
+    /// A connection job's universe: its drop is collective over the job, as
+    /// `MPI_Comm_disconnect` is (a world's is the `Universe`'s).
+    connection: bool,
+}
+
+impl PagewireUniverse {
+    /// Brings up the NIC, the buffer mode of `cfg` and the message layer over `boot`.
+    fn open(boot: Box<dyn Bootstrap>, cfg: UniverseConfig) -> Result<PagewireUniverse> {
+        let nic = nic::open(&*boot)?;
+        let mode: Box<dyn BufferMode> = match cfg.mode {
+            ModeKind::Copy => Box::new(CopyMode::new(cfg.copy)),
+            ModeKind::Odp => Box::new(OdpMode::new(cfg.odp)),
+            ModeKind::Pindown => Box::new(PindownMode::new()),
+        };
+        let p2p = PointToPoint::new(nic, &*boot, mode, cfg.msg.clone())?;
+        Ok(PagewireUniverse {
+            p2p: RefCell::new(p2p),
+            boot,
+            next_context: Cell::new(1),
+            nonblocking_tags: RefCell::new(std::collections::HashMap::new()),
+            cfg,
+            parent: None,
+            connection: false,
+        })
+    }
+}
+
+impl Drop for PagewireUniverse {
+    fn drop(&mut self) {
+        // As the world's finalisation: no process tears down its NIC while its peers may
+        // still need it; a process unwinding from a panic skips it.
+        if self.connection && !std::thread::panicking() {
+            let _ = self.boot.barrier();
+        }
+    }
+}
+
+/// The groups of an intercommunicator: its `ranks` are the other group's, which its
+/// point-to-point calls address; this group's are here.
+#[derive(Debug)]
+struct InterGroups {
+    /// This group's ranks in the universe, in order.
+    local: Vec<usize>,
+    /// The other group's size.
+    remote_size: usize,
 }
 
 /// A communicator on pagewire's stack: its group and context in the message layer.
@@ -79,8 +132,11 @@ pub(crate) struct PagewireComm {
     context: u32,
     rank: usize,
     size: usize,
-    /// The group's world ranks; `None` for the world's own order.
+    /// The group's world ranks (on an intercommunicator the other group's, which
+    /// point-to-point calls address); `None` for the world's own order.
     ranks: Option<Rc<RankMap>>,
+    /// On an intercommunicator: both groups.
+    inter: Option<Rc<InterGroups>>,
 }
 
 impl std::fmt::Debug for PagewireComm {
@@ -98,14 +154,8 @@ impl PagewireComm {
     /// Starts pagewire's stack as `cfg` says (bootstrap, NIC, buffer mode, message layer) and
     /// returns the world communicator.
     pub(crate) fn start_world(cfg: UniverseConfig) -> Result<PagewireComm> {
-        let boot = boot::from_env()?;
-        let nic = nic::open(&*boot)?;
-        let mode: Box<dyn BufferMode> = match cfg.mode {
-            ModeKind::Copy => Box::new(CopyMode::new(cfg.copy)),
-            ModeKind::Odp => Box::new(OdpMode::new(cfg.odp)),
-            ModeKind::Pindown => Box::new(PindownMode::new()),
-        };
-        let p2p = PointToPoint::new(nic, &*boot, mode, cfg.msg.clone())?;
+        let mut universe = PagewireUniverse::open(boot::from_env()?, cfg.clone())?;
+        let (p2p, boot) = (universe.p2p.get_mut(), &universe.boot);
         if std::env::var("PAGEWIRE_VERBOSE").as_deref() == Ok("1") && boot.rank() == 0 {
             eprintln!(
                 "pagewire: {} ranks, mode {}, eager limit {} B, rendezvous {:?}, copy chunk {} B x depth {} ({} slots)",
@@ -122,18 +172,60 @@ impl PagewireComm {
             crate::config::print_settings_in_force();
         }
         let (rank, size) = (p2p.rank(), p2p.size());
+        if let Some((job, rank)) = ConnectionJob::from_env()? {
+            universe.parent = Some(PagewireComm::connect(&job, rank, cfg)?);
+        }
         Ok(PagewireComm {
-            universe: Rc::new(PagewireUniverse {
-                p2p: RefCell::new(p2p),
-                boot,
-                next_context: Cell::new(1),
-                nonblocking_tags: RefCell::new(std::collections::HashMap::new()),
-            }),
+            universe: Rc::new(universe),
             context: 0,
             rank,
             size,
             ranks: None,
+            inter: None,
         })
+    }
+
+    /// Joins connection job `job` as its rank `rank` and returns the intercommunicator
+    /// between its two groups (the spawning group, ranks `0..job.parents`, and the spawned
+    /// processes): the second half of `MPI_Comm_spawn` on both sides.
+    fn connect(job: &ConnectionJob, rank: usize, cfg: UniverseConfig) -> Result<PagewireComm> {
+        let boot = PwrunBootstrap::connect(&job.socket, &job.job, rank, job.size())?;
+        let mut universe = PagewireUniverse::open(Box::new(boot), cfg)?;
+        universe.connection = true;
+        // Context 0 is the whole connection job's (merge agrees through it), 1 the
+        // intercommunicator's.
+        universe.next_context.set(2);
+        let parents: Vec<usize> = (0..job.parents).collect();
+        let children: Vec<usize> = (job.parents..job.size()).collect();
+        let (local, remote) = if rank < job.parents {
+            (parents, children)
+        } else {
+            (children, parents)
+        };
+        let universe = Rc::new(universe);
+        Ok(PagewireComm {
+            universe,
+            context: 1,
+            rank: local.iter().position(|&r| r == rank).expect("a member"),
+            size: local.len(),
+            ranks: RankMap::new(remote.clone(), job.size()).map(Rc::new),
+            inter: Some(Rc::new(InterGroups {
+                local,
+                remote_size: remote.len(),
+            })),
+        })
+    }
+
+    /// The error of an operation that intercommunicators do not have on this transport.
+    fn refuse_on_intercommunicator(&self, what: &str) -> Result<()> {
+        match self.inter {
+            Some(_) => Err(Error::InvalidArgument(format!(
+                "{what} on an intercommunicator: pagewire's transport has point-to-point \
+                 calls and merge on intercommunicators; merge it (InterCommunicator::merge) \
+                 and call {what} on the result"
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The world rank (the message layer's rank) of rank `rank` of this communicator.
@@ -154,6 +246,7 @@ impl PagewireComm {
             rank,
             size,
             ranks,
+            inter: None,
         }
     }
 
@@ -276,10 +369,14 @@ impl CommunicatorBackend for PagewireComm {
     }
 
     fn world_ranks(&self) -> Result<Vec<usize>> {
+        if let Some(inter) = &self.inter {
+            return Ok(inter.local.clone());
+        }
         Ok((0..self.size).map(|r| self.world_rank(r)).collect())
     }
 
     fn nonblocking_channel(&self) -> Result<(PagewireComm, i32)> {
+        self.refuse_on_intercommunicator("a nonblocking collective")?;
         let mut tags = self.universe.nonblocking_tags.borrow_mut();
         let next = tags.entry(self.context).or_insert(0);
         let tag = *next;
@@ -292,28 +389,91 @@ impl CommunicatorBackend for PagewireComm {
     }
 
     fn target_size(&self) -> usize {
-        self.size
+        self.inter.as_ref().map_or(self.size, |i| i.remote_size)
     }
 
-    fn spawn(&self, _root: usize, commands: &[Command], maxprocs: &[i32]) -> Result<PagewireComm> {
-        let programs: Vec<_> = commands.iter().map(|c| c.get_program()).collect();
-        Err(Error::InvalidArgument(format!(
-            "spawn of {maxprocs:?} processes of {programs:?}: pagewire's own transport cannot \
-             add processes to a running job (neither pwrun nor its MPI bootstrap can); run \
-             under mpirun with PAGEWIRE_TRANSPORT=mpi and --features mpi, or start the children \
-             as ranks of the job"
-        )))
+    fn spawn(&self, root: usize, commands: &[Command], maxprocs: &[i32]) -> Result<PagewireComm> {
+        self.refuse_on_intercommunicator("spawn")?;
+        // The root asks the launcher; every rank learns the answer (the connection job, or
+        // why there is none) from it, so that all fail or all connect.
+        let mut answer = Vec::new();
+        if self.rank == root {
+            let request = SpawnRequest {
+                group: (0..self.size).map(|r| self.world_rank(r)).collect(),
+                commands: commands
+                    .iter()
+                    .zip(maxprocs)
+                    .map(|(c, &n)| SpawnCommand::from_command(c, n.max(1) as usize))
+                    .collect(),
+            };
+            answer = match self.universe.boot.spawn(&request) {
+                Ok(job) => [&[1u8][..], &job.to_bytes()].concat(),
+                Err(Error::Launcher(why)) => [&[0u8][..], why.as_bytes()].concat(),
+                Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
+            };
+        }
+        let mut len = [answer.len() as u64];
+        self.broadcast(root, &mut len[..])?;
+        answer.resize(len[0] as usize, 0);
+        self.broadcast(root, &mut answer[..])?;
+        let job = match answer.split_first() {
+            Some((1, job)) => ConnectionJob::from_bytes(job).ok_or_else(|| {
+                Error::InvalidArgument("spawn: the root's answer is garbled".into())
+            })?,
+            Some((_, why)) => return Err(Error::Launcher(String::from_utf8_lossy(why).into())),
+            None => {
+                return Err(Error::InvalidArgument(
+                    "spawn: no answer from the root".into(),
+                ))
+            }
+        };
+        PagewireComm::connect(&job, self.rank, self.universe.cfg.clone())
     }
 
     fn parent(&self) -> Result<Option<PagewireComm>> {
-        // No process of a pagewire job was spawned by another.
-        Ok(None)
+        Ok(self.universe.parent.clone())
     }
 
-    fn merge(&self, _high: bool) -> Result<PagewireComm> {
-        Err(Error::InvalidArgument(
-            "merge: not an intercommunicator".into(),
-        ))
+    fn merge(&self, high: bool) -> Result<PagewireComm> {
+        let Some(inter) = &self.inter else {
+            return Err(Error::InvalidArgument(
+                "merge: not an intercommunicator".into(),
+            ));
+        };
+        // Every process of the connection job is in one of the two groups: they agree on
+        // the order and a context through the job's own communicator (context 0).
+        let job_size = self.universe.p2p.borrow().size();
+        let me = self.universe.p2p.borrow().rank();
+        let whole = PagewireComm {
+            universe: self.universe.clone(),
+            context: 0,
+            rank: me,
+            size: job_size,
+            ranks: None,
+            inter: None,
+        };
+        let mine = [i64::from(high), i64::from(self.universe.next_context.get())];
+        let mut all = vec![0i64; 2 * job_size];
+        whole.all_gather(&mine[..], &mut all[..])?;
+        let agreed = all.chunks(2).map(|e| e[1]).max().unwrap_or(0);
+        let context = self.take_context(u32::try_from(agreed).unwrap_or(u32::MAX))?;
+        // Low before high; with equal choices, the group holding rank 0 of the job first.
+        let mut order: Vec<(i64, bool, usize)> = all
+            .chunks(2)
+            .enumerate()
+            .map(|(r, e)| {
+                (
+                    e[0],
+                    inter.local.contains(&r) != inter.local.contains(&0),
+                    r,
+                )
+            })
+            .collect();
+        order.sort_unstable();
+        let world: Vec<usize> = order.iter().map(|&(_, _, r)| r).collect();
+        let rank = world.iter().position(|&r| r == me).expect("a member");
+        let ranks = RankMap::new(world, job_size).map(Rc::new);
+        Ok(self.new_comm(context, rank, job_size, ranks))
     }
 
     fn transport(&self) -> TransportKind {

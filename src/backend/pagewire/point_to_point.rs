@@ -9,7 +9,9 @@ use pagewire_transport::msg::raw::{Layout, UserBuf, UserBufMut};
 use pagewire_transport::msg::{MessageHandle, PointToPoint, RequestId, Status};
 
 use super::{blocking, in_group, PagewireComm, PagewireUniverse, RankMap};
-use crate::backend::traits::{MessageBackend, PointToPointBackend, RequestBackend};
+use crate::backend::traits::{
+    CommunicatorBackend, MessageBackend, PointToPointBackend, RequestBackend,
+};
 use crate::error::Result;
 
 impl PointToPointBackend for PagewireComm {
@@ -117,7 +119,9 @@ impl PointToPointBackend for PagewireComm {
     fn check_senders(&self, source: Option<usize>) -> Result<()> {
         let senders: Vec<usize> = match source {
             Some(r) => vec![self.world_rank(r)],
-            None => (0..self.size).map(|r| self.world_rank(r)).collect(),
+            None => (0..self.target_size())
+                .map(|r| self.world_rank(r))
+                .collect(),
         };
         self.universe.p2p.borrow_mut().check_probe_senders(&senders)
     }

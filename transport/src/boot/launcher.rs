@@ -15,6 +15,9 @@
 //! - the socket is private: mode 0600 whatever the umask, and a hello is accepted only from
 //!   a process of the launcher's user that is the rank's process or a descendant of it
 //!   (`SO_PEERCRED`);
+//! - a rank may spawn processes (`boot::spawn`): they run as a job of their own, connected
+//!   to the spawning group by a second job of both; every job is supervised as the first
+//!   (module `family`);
 //! - at the end, what the ranks left running (a shell's child, a daemon: every process of
 //!   this user whose environment has the job's `PAGEWIRE_JOB`) is killed, and the socket
 //!   and every `/dev/shm/pagewire-<job>-*` object are removed (the soft NIC already
@@ -41,8 +44,11 @@ use super::sys;
 use super::{ENV_BOOT, ENV_JOB, ENV_LAUNCHER, ENV_RANK, ENV_SIZE};
 use crate::error::{Error, Result};
 
+mod family;
 pub(crate) mod rounds;
 mod server;
+
+use family::JobFamily;
 
 use server::serve_connection;
 pub(crate) use server::{Relay, Server};
@@ -192,9 +198,9 @@ pub fn launch(cfg: &LaunchConfig) -> Result<JobOutcome> {
     let signals = sys::SignalGuard::install()
         .map_err(|e| Error::os("sigaction(SIGINT/SIGTERM/SIGHUP)", e))?;
     let start = Instant::now();
-    let mut job = Job::start(cfg, Placement::local(cfg.ranks))?;
-    let end = job.supervise(start, cfg.timeout, &signals);
-    let removed = job.finish(true);
+    let mut jobs = JobFamily::new(Job::start(cfg, Placement::local(cfg.ranks))?, cfg);
+    let end = jobs.supervise(start, cfg.timeout, &signals);
+    let removed = jobs.finish(true);
     let removed_note =
         (removed > 0).then(|| format!("removed {removed} shared-memory objects left by the job"));
     let outcome = match end? {
@@ -205,7 +211,7 @@ pub fn launch(cfg: &LaunchConfig) -> Result<JobOutcome> {
         },
         End::RankFailed { rank, exit_code } => JobOutcome {
             exit_code,
-            failed_rank: Some(rank),
+            failed_rank: rank,
             message: removed_note.map(|n| format!("pwrun: {n}")),
         },
         End::TimedOut(after) => JobOutcome {
@@ -283,7 +289,11 @@ fn plan_binding(bind: BindTo, count: usize) -> Result<BindPlan> {
 /// Why supervision stopped.
 enum End {
     Success,
-    RankFailed { rank: usize, exit_code: i32 },
+    /// A process failed: `rank` of the first job, `None` for a spawned process.
+    RankFailed {
+        rank: Option<usize>,
+        exit_code: i32,
+    },
     TimedOut(Duration),
     Interrupted(i32),
 }
@@ -331,6 +341,16 @@ impl Placement {
     }
 }
 
+/// What one rank runs: program, arguments, changes to the launcher's environment (`None`
+/// removes a variable) and working directory (`None`: the launcher's).
+#[derive(Clone, Debug)]
+pub(crate) struct RankCommand {
+    pub(crate) program: OsString,
+    pub(crate) args: Vec<OsString>,
+    pub(crate) env: Vec<(OsString, Option<OsString>)>,
+    pub(crate) dir: Option<PathBuf>,
+}
+
 /// A running job: its socket, its children and the connection threads.
 /// Dropping it kills and reaps the children and cleans up.
 pub(crate) struct Job {
@@ -347,8 +367,40 @@ pub(crate) struct Job {
 }
 
 impl Job {
-    /// Creates the socket and spawns every rank of `placement`.
+    /// Creates the socket and spawns every rank of `placement`, each running `cfg`'s
+    /// program.
     pub(crate) fn start(cfg: &LaunchConfig, placement: Placement) -> Result<Job> {
+        let command = RankCommand {
+            program: cfg.program.clone().into_os_string(),
+            args: cfg.args.clone(),
+            env: cfg
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), Some(v.clone())))
+                .collect(),
+            dir: None,
+        };
+        let commands = vec![command; placement.ranks.len()];
+        Job::start_commands(placement, commands, cfg.bind)
+    }
+
+    /// A job whose processes run elsewhere: the connection job of a spawn, whose ranks are
+    /// processes of other jobs (`pids`, by rank). It has a socket and a server, no children.
+    pub(crate) fn connection(placement: Placement, pids: &[u32]) -> Result<Job> {
+        let job = Job::start_commands(placement, Vec::new(), BindTo::None)?;
+        for (rank, &pid) in pids.iter().enumerate() {
+            job.server.set_pid(rank, pid);
+        }
+        Ok(job)
+    }
+
+    /// Creates the socket and spawns the first `commands.len()` ranks of `placement`, local
+    /// rank `i` running `commands[i]` (bootstrap variables set after its environment).
+    pub(crate) fn start_commands(
+        placement: Placement,
+        commands: Vec<RankCommand>,
+        bind: BindTo,
+    ) -> Result<Job> {
         let Placement {
             job_id,
             size,
@@ -378,18 +430,27 @@ impl Job {
         job.listener
             .set_nonblocking(true)
             .map_err(|e| Error::os("fcntl(O_NONBLOCK) on the bootstrap socket", e))?;
-        let bind_plan = plan_binding(cfg.bind, ranks.len())?;
+        let bind_plan = plan_binding(bind, commands.len())?;
         if let Some(note) = &bind_plan.note {
             report_line(note);
         }
         let size = size.to_string();
-        for (local, &rank) in ranks.iter().enumerate() {
-            let mut cmd = Command::new(&cfg.program);
+        for (local, (&rank, command)) in ranks.iter().zip(commands).enumerate() {
+            let program = PathBuf::from(&command.program);
+            let mut cmd = Command::new(&program);
             if clear_env {
                 cmd.env_clear();
             }
-            cmd.args(&cfg.args)
-                .envs(cfg.env.iter().map(|(k, v)| (k, v)))
+            for (key, value) in &command.env {
+                match value {
+                    Some(value) => cmd.env(key, value),
+                    None => cmd.env_remove(key),
+                };
+            }
+            if let Some(dir) = &command.dir {
+                cmd.current_dir(dir);
+            }
+            cmd.args(&command.args)
                 .env(ENV_JOB, &job.job_id)
                 .env(ENV_RANK, rank.to_string())
                 .env(ENV_SIZE, &size)
@@ -415,52 +476,12 @@ impl Job {
                 } else {
                     format!(" for rank {rank}")
                 };
-                Error::Launcher(format!(
-                    "cannot start {}{which}: {e}",
-                    cfg.program.display()
-                ))
+                Error::Launcher(format!("cannot start {}{which}: {e}", program.display()))
             })?;
             job.server.set_pid(local, child.id());
             job.children.push(Some(child));
         }
         Ok(job)
-    }
-
-    /// Serves connections and watches the children until the job succeeds, a rank
-    /// fails, time runs out or the launcher is told to stop.
-    fn supervise(
-        &mut self,
-        start: Instant,
-        timeout: Option<Duration>,
-        signals: &sys::SignalGuard,
-    ) -> Result<End> {
-        loop {
-            self.serve_for(POLL_INTERVAL)?;
-            let mut running = 0;
-            for rank in 0..self.children.len() {
-                let Some(status) = self.try_reap(rank)? else {
-                    running += usize::from(self.children[rank].is_some());
-                    continue;
-                };
-                if !status.success() {
-                    let pid = self.server.pid(rank);
-                    let (exit_code, how) = describe(status);
-                    report_line(&format!("pwrun: rank {rank} (pid {pid}) {how}"));
-                    return Ok(End::RankFailed { rank, exit_code });
-                }
-            }
-            if running == 0 {
-                return Ok(End::Success);
-            }
-            if let Some(sig) = signals.pending() {
-                return Ok(End::Interrupted(sig));
-            }
-            if let Some(limit) = timeout {
-                if start.elapsed() >= limit {
-                    return Ok(End::TimedOut(limit));
-                }
-            }
-        }
     }
 
     /// Waits up to `timeout` for bootstrap connections and accepts them.

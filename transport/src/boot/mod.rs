@@ -19,6 +19,7 @@ pub mod launcher;
 mod mpi;
 mod pmi;
 pub(crate) mod pwrun_client;
+pub mod spawn;
 #[allow(unsafe_code)]
 mod sys;
 
@@ -55,6 +56,16 @@ pub trait Bootstrap: Send + Sync {
     /// Returns once every rank has called it.
     fn barrier(&self) -> Result<()> {
         self.allgather(&[]).map(|_| ())
+    }
+    /// Asks the launcher to start the processes of `request` and to open a connection job
+    /// between them and the spawning group (`MPI_Comm_spawn`; module [`spawn`]). Only
+    /// `pwrun` can; every other bootstrap says so.
+    fn spawn(&self, request: &spawn::SpawnRequest) -> Result<spawn::ConnectionJob> {
+        let programs: Vec<_> = request.commands.iter().map(|c| &c.program).collect();
+        Err(Error::Launcher(format!(
+            "spawn of {programs:?}: this launcher cannot add processes to a running job; run \
+             under pwrun, or under mpirun with PAGEWIRE_TRANSPORT=mpi (feature mpi)"
+        )))
     }
     /// The MPI bootstrap, when this is one: how a layer above (the host-MPI backend)
     /// borrows MPI's world communicator from the bootstrap that owns MPI.

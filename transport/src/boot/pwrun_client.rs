@@ -11,9 +11,11 @@
 //! rank -> launcher
 //!   HELLO   0x01  rank:u64 size:u64 pid:u64 job:bytes   first frame, exactly once
 //!   GATHER  0x02  data:bytes                             join the next collective
+//!   SPAWN   0x03  request (spawn::wire)                  start processes, open a job
 //! launcher -> rank
 //!   WELCOME 0x81  (empty)                                hello accepted
 //!   RESULT  0x82  n:u32 { len:u64 data:bytes } * n       contributions in rank order
+//!   SPAWNED 0x83  connection job (spawn::wire)           the processes started
 //!   ERROR   0xEE  text:utf-8                             the request failed
 //! ```
 //!
@@ -29,6 +31,10 @@
 //! rank leaves without having joined the incomplete collective, every rank waiting in it,
 //! and every later GATHER, gets an ERROR naming the rank; nobody waits forever. When the
 //! launcher goes away, ranks see end-of-file.
+//!
+//! A SPAWN, sent by a rank that is in no collective, is answered by SPAWNED once the
+//! launcher has started the processes and opened the connection job, or by an ERROR that
+//! says why it could not (module `spawn`).
 
 use std::io;
 use std::os::unix::net::UnixStream;
@@ -37,6 +43,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use super::spawn::{ConnectionJob, SpawnRequest};
 use super::{Bootstrap, ENV_BOOT, ENV_JOB, ENV_RANK, ENV_SIZE};
 use crate::error::{Error, Result};
 
@@ -48,6 +55,10 @@ pub(crate) mod wire {
     pub(crate) const HELLO: u8 = 0x01;
     /// rank -> launcher: the rank's contribution to its next collective.
     pub(crate) const GATHER: u8 = 0x02;
+    /// rank -> launcher: a spawn request (`spawn::wire::encode_request`).
+    pub(crate) const SPAWN: u8 = 0x03;
+    /// launcher -> rank: the spawn's connection job (`spawn::wire::encode_connection`).
+    pub(crate) const SPAWNED: u8 = 0x83;
     /// launcher -> rank: hello accepted.
     pub(crate) const WELCOME: u8 = 0x81;
     /// launcher -> rank: `n:u32 { len:u64 data }*n`.
@@ -292,6 +303,23 @@ impl Bootstrap for PwrunBootstrap {
                 String::from_utf8_lossy(&text).into_owned(),
             )),
             Ok(Some((tag, _))) => Err(unexpected(tag, "allgather")),
+            Ok(None) => Err(went_away()),
+            Err(e) => Err(lost(&self.socket, e)),
+        }
+    }
+
+    fn spawn(&self, request: &SpawnRequest) -> Result<ConnectionJob> {
+        let mut conn = self.conn.lock();
+        let stream = &mut *conn;
+        let payload = super::spawn::wire::encode_request(request);
+        wire::write_frame(stream, wire::SPAWN, &payload).map_err(|e| lost(&self.socket, e))?;
+        match wire::read_frame(stream) {
+            Ok(Some((wire::SPAWNED, payload))) => super::spawn::wire::decode_connection(&payload)
+                .ok_or_else(|| Error::Bootstrap("malformed spawn answer from the launcher".into())),
+            Ok(Some((wire::ERROR, text))) => {
+                Err(Error::Launcher(String::from_utf8_lossy(&text).into_owned()))
+            }
+            Ok(Some((tag, _))) => Err(unexpected(tag, "spawn")),
             Ok(None) => Err(went_away()),
             Err(e) => Err(lost(&self.socket, e)),
         }

@@ -2,8 +2,12 @@
 //! hello (checked with `SO_PEERCRED`), the allgathers and barriers of the `pwrun_client`
 //! protocol, and what the supervisor learns of closed connections.
 
+use std::sync::OnceLock;
+
+use super::family::SpawnQueue;
 use super::rounds::{Answer, Rounds};
 use super::*;
+use crate::boot::spawn::wire as spawn_wire;
 
 /// Bootstrap state shared by the connection threads and the supervisor.
 pub(crate) struct Server {
@@ -16,6 +20,9 @@ pub(crate) struct Server {
     pub(super) state: Mutex<State>,
     /// Signalled when a rank's connection closes (a reconnecting rank waits for it).
     pub(super) conn_closed: Condvar,
+    /// Where the ranks' spawn requests go (the launcher's main thread); unset where the
+    /// launcher cannot spawn (an agent of `pwrun --hosts`).
+    pub(super) spawns: OnceLock<Arc<SpawnQueue>>,
 }
 
 pub(super) struct State {
@@ -95,6 +102,7 @@ impl Server {
             job,
             size,
             conn_closed: Condvar::new(),
+            spawns: OnceLock::new(),
             state: Mutex::new(State {
                 slots,
                 unidentified: 0,
@@ -113,6 +121,44 @@ impl Server {
 
     pub(super) fn pid(&self, local: usize) -> u32 {
         self.state.lock().slots[local].pid
+    }
+
+    /// The pid of the job's rank `rank`, if it runs here and has started.
+    pub(super) fn pid_of_rank(&self, rank: usize) -> Option<u32> {
+        let st = self.state.lock();
+        let local = (*st.local.get(rank)?)?;
+        Some(st.slots[local].pid).filter(|&pid| pid != 0)
+    }
+
+    /// Process `pid`, a rank of this job started as a rank of another (a connection job's),
+    /// was reaped.
+    pub(super) fn process_exited(&self, pid: u32) {
+        let mut st = self.state.lock();
+        let mut any = false;
+        for slot in st.slots.iter_mut().filter(|s| s.pid == pid && !s.exited) {
+            slot.exited = true;
+            any = true;
+        }
+        if any {
+            st.reevaluate();
+        }
+    }
+
+    /// Handles a SPAWN from the rank of local index `local`: the launcher's main thread
+    /// starts the processes; the rank gets SPAWNED or an ERROR saying why not.
+    pub(super) fn spawn(&self, local: usize, payload: &[u8]) {
+        let answer = match (spawn_wire::decode_request(payload), self.spawns.get()) {
+            (None, _) => Err("protocol error: malformed spawn request".to_string()),
+            (Some(_), None) => Err("pwrun --hosts cannot add processes to a running job; \
+                                    spawn works under pwrun -n on one host"
+                .to_string()),
+            (Some(request), Some(queue)) => queue.submit(&self.job, request),
+        };
+        let mut st = self.state.lock();
+        match answer {
+            Ok(conn) => st.send(local, wire::SPAWNED, &spawn_wire::encode_connection(&conn)),
+            Err(text) => st.send(local, wire::ERROR, text.as_bytes()),
+        }
     }
 
     /// Registers a new, not yet identified connection; returns its id.
@@ -421,11 +467,12 @@ pub(super) fn serve_connection(server: &Server, mut stream: UnixStream, id: u64)
                 None => break,
             },
             (Some(r), wire::GATHER) => server.gather(r, payload),
+            (Some(r), wire::SPAWN) => server.spawn(r, &payload),
             (_, tag) => {
                 let expected = if rank.is_none() {
                     "a hello"
                 } else {
-                    "a gather"
+                    "a gather or a spawn"
                 };
                 server.protocol_error(
                     &stream,
