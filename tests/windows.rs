@@ -468,6 +468,63 @@ fn odp_prefetch_at_fence(u: &pagewire::Universe) {
     win.fence();
 }
 
+/// A window over a caller's vector, puts and gets under fences and locks, every element
+/// checked; on the local path they are one kernel copy into and out of the peer's memory,
+/// so the NIC moves next to none of the bytes (its atomics take the locks), while through
+/// the NIC it moves them all.
+fn vector_windows_move_by_the_path_in_force(u: &pagewire::Universe) {
+    let world = u.world();
+    let (rank, size) = (world.rank(), world.size());
+    let (next, prev) = ((rank + 1) % size, (rank + size - 1) % size);
+    const LEN: usize = 70_000;
+    let win = Window::from_vec(vec![0u64; LEN], &world);
+    let moved = || {
+        u.with_p2p(|p| {
+            let c = p.nic_counters();
+            c.bytes_cma + c.bytes_staged + c.bytes_inline
+        })
+    };
+    let before = moved();
+    let mut bytes = 0;
+    for (round, &(disp, n)) in [(0, 1), (5, 1000), (0, LEN)].iter().enumerate() {
+        let data: Vec<u64> = (0..n).map(|i| value(rank, i + round)).collect();
+        let expect: Vec<u64> = (0..n).map(|i| value(prev, i + round)).collect();
+        win.fence();
+        win.put(next, disp, &data);
+        win.fence();
+        win.with_local(|m| assert_eq!(&m[disp..disp + n], &expect[..], "put {n}"));
+        let mut back = vec![0u64; n];
+        win.lock(next);
+        win.get(next, disp, &mut back);
+        win.unlock(next);
+        assert_eq!(back, data, "get {n}");
+        bytes += 2 * 8 * n as u64;
+    }
+    win.fence();
+    let nic_bytes = moved() - before;
+    if u.local_path() == "shm" {
+        assert!(
+            nic_bytes < bytes / 16,
+            "the NIC moved {nic_bytes} of {bytes} bytes"
+        );
+    } else {
+        assert!(
+            nic_bytes >= bytes / 2,
+            "the NIC moved {nic_bytes} of {bytes} bytes"
+        );
+    }
+}
+
+#[test]
+fn a_window_over_a_vector_moves_by_the_path_in_force() {
+    jobs(
+        "a_window_over_a_vector_moves_by_the_path_in_force",
+        &[2, 3],
+        &[],
+        vector_windows_move_by_the_path_in_force,
+    );
+}
+
 #[test]
 fn the_mpi_rs_window_example_runs_unchanged() {
     jobs(

@@ -11,7 +11,7 @@ use imb_bench::bench::Benchmark;
 use imb_bench::output::{HeaderInfo, FINALIZE};
 use imb_bench::report;
 use imb_bench::run::{self, Options, RunResult};
-use imb_bench::settings::{self, IterPolicy, Iterations, OffCache};
+use imb_bench::settings::{self, IterPolicy, Iterations, OffCache, WindowKind};
 use pagewire::boot::Launcher;
 use pagewire::traits::*;
 use pagewire_tools::mode_all::{
@@ -83,6 +83,10 @@ struct Args {
         allow_hyphen_values = true
     )]
     off_cache: Option<String>,
+    /// IMB-RMA's windows: `create` over the benchmark's own memory, as IMB-RMA's
+    /// `MPI_Win_create`, or `allocate`d by the window (`MPI_Win_allocate`).
+    #[arg(long, value_enum, default_value_t = WindowKind::Create)]
+    window: WindowKind,
     #[command(flatten)]
     bench: BenchArgs,
     /// No progress bar on stderr (it appears only when stderr is a terminal).
@@ -154,6 +158,7 @@ fn options(args: &Args) -> anyhow::Result<Options> {
         iterations,
         off_cache,
         npmin: args.npmin,
+        window: args.window,
         progress: !args.no_progress,
     })
 }

@@ -16,7 +16,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::bench::{Aggregation, Benchmark, Kind};
 use crate::output::{self, Layout, RowValues};
-use crate::settings::{process_counts, warmup_repetitions, IterPolicy, Iterations, OffCache};
+use crate::settings::{
+    process_counts, warmup_repetitions, IterPolicy, Iterations, OffCache, WindowKind,
+};
 
 pub use buffers::Buffers;
 use kernels::kernel;
@@ -38,6 +40,8 @@ pub struct Options {
     pub off_cache: Option<OffCache>,
     /// `-npmin`.
     pub npmin: usize,
+    /// The memory of IMB-RMA's windows.
+    pub window: WindowKind,
     /// Show a progress bar on stderr (rank 0, when stderr is a terminal).
     pub progress: bool,
 }
@@ -412,7 +416,10 @@ fn measure(
     }
     let mut bufs = Buffers::new(b, size, np, selected, opts.off_cache);
     // IMB-RMA creates the window of each size on the benchmark's processes.
-    let window = b.kind().is_rma().then(|| RmaWindow::new(b, comm, size));
+    let window = b
+        .kind()
+        .is_rma()
+        .then(|| RmaWindow::new(b, comm, size, opts.window));
     let kernel = |bufs: &mut Buffers, n: usize, mode: Option<Aggregation>| match &window {
         Some(w) => rma_kernel(b, comm, w, bufs, size, n, mode),
         None => [kernel(b, comm, bufs, size, n), -1.0],

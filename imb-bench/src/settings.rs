@@ -20,6 +20,19 @@ pub const SECS_PER_SAMPLE: f64 = 10.0;
 /// `sizeof(assign_type)` (a float): IMB's buffers are never smaller.
 pub const ASSIGN_SIZE: usize = 4;
 
+/// The memory of IMB-RMA's windows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum WindowKind {
+    /// Over memory the benchmark allocated, as IMB-RMA's `MPI_Win_create` (`Window::from_vec`;
+    /// between ranks of one host puts and gets are then kernel copies into the peer's memory).
+    #[default]
+    Create,
+    /// Memory the window allocates (`MPI_Win_allocate`, `Window::allocate`; between ranks of
+    /// one host a shared-memory segment, moved by loads and stores).
+    Allocate,
+}
+
 /// How the repetition count is chosen (IMB's `-iter_policy`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]

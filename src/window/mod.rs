@@ -59,7 +59,9 @@
 //! application computes (`requests.rs`).
 //!
 //! Shared-memory windows (`allocate_shared`, `shared_query`, `with_shared`) map every
-//! rank's part into each rank of one host (`shared.rs`).
+//! rank's part into each rank of one host (`shared.rs`); `allocate` makes one where every
+//! rank is on the local path. Other windows' puts and gets to a rank on the local path are
+//! one kernel copy into or out of its memory (the message layer's `rma_local_copy`).
 //!
 //! Datatypes at origin and target: `put_typed`, `get_typed`, `accumulate_typed` (`typed.rs`).
 //!

@@ -9,7 +9,7 @@ use pagewire::{SimpleCommunicator, SystemOperation};
 
 use super::Buffers;
 use crate::bench::{Aggregation, Benchmark};
-use crate::settings::N_BARRIERS;
+use crate::settings::{WindowKind, N_BARRIERS};
 
 /// The window of one size's measurement, of the element type the benchmark moves (IMB
 /// creates one per size with `MPI_Win_create`).
@@ -20,17 +20,32 @@ pub(crate) enum RmaWindow {
 }
 
 impl RmaWindow {
-    /// A window for `b` with messages of `size` on `comm` (collective over it).
-    pub(crate) fn new(b: Benchmark, comm: &SimpleCommunicator, size: usize) -> RmaWindow {
+    /// A window of `kind` for `b` with messages of `size` on `comm` (collective over it).
+    pub(crate) fn new(
+        b: Benchmark,
+        comm: &SimpleCommunicator,
+        size: usize,
+        kind: WindowKind,
+    ) -> RmaWindow {
+        fn window<T: pagewire::datatype::Equivalence + Default + Clone + Send + Sync>(
+            len: usize,
+            comm: &SimpleCommunicator,
+            kind: WindowKind,
+        ) -> Window<T> {
+            match kind {
+                WindowKind::Create => Window::from_vec(vec![T::default(); len], comm),
+                WindowKind::Allocate => Window::allocate(len, comm),
+            }
+        }
         let np = comm.size() as usize;
         let (s_len, r_len) = b.buffer_lengths(size, np);
         let bytes = s_len.max(r_len);
         match b {
             Benchmark::Accumulate | Benchmark::GetAccumulate | Benchmark::FetchAndOp => {
-                RmaWindow::Floats(Window::allocate(bytes.div_ceil(4), comm))
+                RmaWindow::Floats(window(bytes.div_ceil(4), comm, kind))
             }
-            Benchmark::CompareAndSwap => RmaWindow::Ints(Window::allocate(3, comm)),
-            _ => RmaWindow::Bytes(Window::allocate(bytes, comm)),
+            Benchmark::CompareAndSwap => RmaWindow::Ints(window(3, comm, kind)),
+            _ => RmaWindow::Bytes(window(bytes, comm, kind)),
         }
     }
 

@@ -147,9 +147,10 @@ impl super::PointToPoint {
     /// Writes `src` at `remote_addr` of `target`'s exposed memory under `rkey` (a window's
     /// put). Returns once `src` may be reused: at once for a put that fits the NIC's inline
     /// data (copied when posted; complete at the target after [`Self::rma_flush`]), else
-    /// once it is at the target.
+    /// once it is at the target. To a peer on the local path it is one kernel copy (CMA)
+    /// into the peer's memory, complete when this returns.
     pub fn put(&mut self, target: usize, remote_addr: u64, rkey: u32, src: &[u8]) -> Result<()> {
-        if self.put_inline(target, remote_addr, rkey, src)? {
+        if !self.is_local(target) && self.put_inline(target, remote_addr, rkey, src)? {
             return Ok(());
         }
         // SAFETY: the transfer completes before this returns, while `src` is borrowed.

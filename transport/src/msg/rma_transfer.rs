@@ -12,6 +12,7 @@
 
 use super::*;
 use crate::buffer_mode::{Direction, Transfer};
+use crate::sys::{self, CmaDirection, Extent};
 
 /// The most bytes one RDMA WRITE or READ of a put or get moves (the NICs carry up to
 /// 2 GiB per work request).
@@ -216,6 +217,9 @@ impl PointToPoint {
             return Ok(None);
         }
         self.check_alive(target)?;
+        if self.rma_local_copy(target, remote_addr, &buf)? {
+            return Ok(None);
+        }
         let nic = self.nic.clone();
         let t = self.mode.begin(&*nic, addr, len, dir)?;
         Ok(Some(Box::new(RmaOp {
@@ -231,6 +235,59 @@ impl PointToPoint {
             out: VecDeque::new(),
             first_err: None,
         })))
+    }
+
+    /// A put or a get with a peer on the local path: one kernel copy (CMA) straight into or
+    /// out of its exposed memory, as MPICH and Open MPI move one-sided data between the
+    /// processes of a node; neither the NIC nor the buffer mode takes part, and the target's
+    /// CPU does nothing. `Ok(false)`: `target` is reached through the NIC. The window above
+    /// has checked the range against the target's exposed memory; a range the target does
+    /// not map fails with `EFAULT` and nothing past the fault is written.
+    fn rma_local_copy(&mut self, target: usize, remote_addr: u64, buf: &RmaBuf) -> Result<bool> {
+        let Some(pid) = self
+            .local
+            .as_ref()
+            .filter(|l| l.is_local(target))
+            .and_then(|l| l.pid_of(target))
+        else {
+            return Ok(false);
+        };
+        let (addr, len, dir) = match buf {
+            RmaBuf::Put(b) => (b.addr(), b.len(), CmaDirection::Write),
+            RmaBuf::Get(b) => (b.addr(), b.len(), CmaDirection::Read),
+        };
+        let local = [Extent {
+            addr,
+            len: len as u64,
+        }];
+        let remote = [Extent {
+            addr: remote_addr,
+            len: len as u64,
+        }];
+        match sys::cma_copy(pid, dir, &local, &remote) {
+            Ok(_) => Ok(true),
+            Err(e) if super::rndv_local::process_gone(&e) => {
+                let what = "a one-sided operation";
+                self.fail_peer(target, WcStatus::RetryExceeded, what);
+                Err(Error::Communication {
+                    peer: target,
+                    status: WcStatus::RetryExceeded,
+                    what,
+                })
+            }
+            Err(e) => Err(Error::os(
+                format!(
+                    "process_vm_{}v of {len} bytes at {remote_addr:#x} of rank {target} \
+                     (pid {pid})",
+                    if dir == CmaDirection::Write {
+                        "write"
+                    } else {
+                        "read"
+                    }
+                ),
+                e,
+            )),
+        }
     }
 
     /// Posts chunks of `op` up to the mode's depth, then reaps its completed chunks in

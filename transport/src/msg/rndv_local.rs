@@ -102,7 +102,7 @@ pub(crate) struct LocalSplitRecv {
 
 /// Whether a CMA copy failed because the peer's process is gone (what a NIC's retries
 /// would find).
-fn process_gone(e: &std::io::Error) -> bool {
+pub(crate) fn process_gone(e: &std::io::Error) -> bool {
     e.raw_os_error() == Some(libc::ESRCH)
 }
 
