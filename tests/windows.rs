@@ -515,6 +515,70 @@ fn vector_windows_move_by_the_path_in_force(u: &pagewire::Universe) {
     }
 }
 
+/// Every rank adds to rank 0's element 100 times with an accumulate the NIC's atomics
+/// cannot make (a sum of doubles): exact; with `PAGEWIRE_RMA_ACCUMULATE=am` (the default)
+/// each is one message to the target, whose progress engine applies it, and with `mutex`
+/// none is (the origin combines under the target's update mutex).
+fn accumulates_by_the_method_in_force(u: &pagewire::Universe) {
+    let world = u.world();
+    let (rank, size) = (world.rank(), world.size());
+    let win = Window::from_vec(vec![0f64; 4], &world);
+    win.fence();
+    let sent = || u.with_p2p(|p| p.counters().eager_sent);
+    let before = sent();
+    for i in 0..100 {
+        win.accumulate(0, 1, &[1.0], SystemOperation::sum());
+        if i % 10 == 0 {
+            let mut old = [0f64];
+            win.get_accumulate(0, 2, &[2.0], &mut old, SystemOperation::max());
+        }
+    }
+    let messages = sent() - before;
+    win.fence();
+    if rank == 0 {
+        win.with_local(|m| assert_eq!(m[..3], [0.0, 100.0 * size as f64, 2.0]));
+    }
+    if std::env::var("PAGEWIRE_RMA_ACCUMULATE").as_deref() == Ok("mutex") {
+        assert!(messages < 100, "{messages} messages under the mutex");
+    } else {
+        assert!(messages >= 110, "{messages} messages for 110 accumulates");
+    }
+    win.fence();
+}
+
+#[test]
+fn accumulates_are_applied_by_the_target() {
+    jobs(
+        "accumulates_are_applied_by_the_target",
+        &[2, 3],
+        &[],
+        accumulates_by_the_method_in_force,
+    );
+}
+
+#[test]
+fn accumulates_under_the_update_mutex() {
+    jobs(
+        "accumulates_under_the_update_mutex",
+        &[2, 3],
+        &[("PAGEWIRE_RMA_ACCUMULATE", "mutex")],
+        accumulates_by_the_method_in_force,
+    );
+}
+
+#[test]
+fn accumulates_are_exact_under_the_update_mutex() {
+    jobs(
+        "accumulates_are_exact_under_the_update_mutex",
+        &[2, 3],
+        &[
+            ("PAGEWIRE_RMA_ACCUMULATE", "mutex"),
+            ("PAGEWIRE_MODE", "copy"),
+        ],
+        accumulates,
+    );
+}
+
 #[test]
 fn a_window_over_a_vector_moves_by_the_path_in_force() {
     jobs(

@@ -223,6 +223,9 @@ impl CommunicatorBackend for CommBackend {
     fn with_message_layer<R>(&self, f: impl FnOnce(&mut PointToPoint) -> R) -> Result<R> {
         dispatch!(self, b => b.with_message_layer(f))
     }
+    fn message_context(&self) -> Option<u32> {
+        dispatch!(self, b => b.message_context())
+    }
     fn bootstrap(&self) -> &dyn Bootstrap {
         dispatch!(self, b => b.bootstrap())
     }

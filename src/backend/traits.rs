@@ -64,6 +64,9 @@ pub(crate) trait CommunicatorBackend: Sized {
     fn mode_name(&self) -> &'static str;
     /// Runs `f` on pagewire's message layer, or says why this backend has none.
     fn with_message_layer<R>(&self, f: impl FnOnce(&mut PointToPoint) -> R) -> Result<R>;
+    /// The message layer's context of this communicator's point-to-point messages (a
+    /// window's target answers its own in it); `None` without a message layer.
+    fn message_context(&self) -> Option<u32>;
     /// The bootstrap the universe started with, which finalises it.
     fn bootstrap(&self) -> &dyn Bootstrap;
 }

@@ -3,10 +3,12 @@
 //! registered, and the parts' addresses and keys exchanged.
 
 use std::cell::{Cell, RefCell};
+use std::sync::Arc;
 
 use pagewire_transport::msg::RemoteMemory;
 use pagewire_transport::sys::AnonMapping;
 
+use super::active::{AccumulateMethod, ActiveUpdates};
 use super::dynamic::DYNAMIC_CONTROL_BYTES;
 use super::memory::{ElementBytes, WindowMemory};
 use super::{
@@ -195,6 +197,18 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             counters.registered(control_bytes as u64, pins(control_bytes as u64));
             Ok((own, ctrl))
         })?;
+        let control = Arc::new(control);
+        // Targets apply accumulates once every rank hands its handler over, before the
+        // allgather that lets any origin start.
+        let active = match (dynamic, AccumulateMethod::from_env()?) {
+            (false, AccumulateMethod::ActiveMessage) => Some(ActiveUpdates::start(
+                &comm,
+                memory.part_writer(),
+                map.clone(),
+                Arc::clone(&control),
+            )?),
+            _ => None,
+        };
         let mine = [
             memory.addr(),
             part_bytes,
@@ -205,7 +219,12 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             ctrl.rkey as u64,
         ];
         let mut all = vec![0u64; mine.len() * world.len()];
-        comm.try_all_gather_into(&mine[..], &mut all[..])?;
+        if let Err(e) = comm.try_all_gather_into(&mine[..], &mut all[..]) {
+            if let Some(a) = &active {
+                a.stop(&comm);
+            }
+            return Err(e);
+        }
         let parts = all
             .chunks_exact(mine.len())
             .zip(&world)
@@ -237,7 +256,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             control,
             control_key: ctrl.lkey,
         };
-        Ok(Self::assemble(
+        let mut window = Self::assemble(
             comm,
             memory,
             (bytes, map),
@@ -245,7 +264,9 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             carrier,
             dynamic,
             counters,
-        ))
+        );
+        window.active = active;
+        Ok(window)
     }
 
     pub(super) fn assemble(
@@ -271,6 +292,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             access: RefCell::new(None),
             dynamic,
             shared: None,
+            active: None,
             counters: Cell::new(counters),
             freed: false,
         }

@@ -93,6 +93,55 @@ impl<T> WindowMemory<T> {
     }
 }
 
+impl<T> WindowMemory<T> {
+    /// The bytes of the elements as the target's progress engine updates them
+    /// (`active.rs`). The window stops that engine's handler before this memory goes (its
+    /// free), so the writer never outlives it.
+    pub(crate) fn part_writer(&self) -> PartWriter {
+        PartWriter {
+            ptr: self.ptr.cast(),
+            len: self.len * std::mem::size_of::<T>(),
+        }
+    }
+}
+
+/// This rank's part of a window as bytes, for the progress engine that applies origins'
+/// accumulates to it (`active.rs`): valid while the window lives, which stops that engine
+/// before its memory goes.
+pub(crate) struct PartWriter {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the pointer names memory the window owns (or borrows) for its whole life; the
+// writer moves with the message layer's handler, which runs on the thread that drives the
+// window (the message layer belongs to one thread at a time).
+unsafe impl Send for PartWriter {}
+
+impl PartWriter {
+    /// Runs `f` on bytes `[offset, offset + len)` of the part; `None` if they lie outside
+    /// it. The caller has checked that no local access holds references to the part (its
+    /// flag) and holds the part's update mutex, so nothing else in this process reads or
+    /// writes those bytes meanwhile; peers' NICs write them only in epochs that MPI keeps
+    /// apart from accumulates to the same bytes.
+    pub(crate) fn update<R>(
+        &self,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Option<R> {
+        if offset.checked_add(len)? > self.len {
+            return None;
+        }
+        // SAFETY: in bounds (checked above) of memory that lives as long as the writer
+        // (see the type); no reference to it exists meanwhile (see above), and the slice
+        // does not outlive the call.
+        Some(f(unsafe {
+            std::slice::from_raw_parts_mut(self.ptr.add(offset), len)
+        }))
+    }
+}
+
 impl<T> Drop for WindowMemory<T> {
     fn drop(&mut self) {
         if let Some(capacity) = self.capacity {

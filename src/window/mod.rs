@@ -22,12 +22,14 @@
 //!   application computes.
 //! - Sums (and no-op reads) of 64-bit integers are the NIC's `FETCH_ADD`, element by
 //!   element, and a compare-and-swap of an aligned 8-byte element is its `CMP_SWAP`. Every
-//!   other accumulate, fetching accumulate and compare-and-swap runs under the target's
-//!   update mutex, a word of its control page taken with `CMP_SWAP`: a get, the combination
-//!   at the origin, a put, the mutex given back (four round trips whatever the count, as
-//!   foMPI-style RDMA implementations emulate accumulates). With MPI's default
-//!   `accumulate_ops = same_op_no_op`, concurrent updates of one location use one operation,
-//!   so they take one of the two ways and each element update is atomic.
+//!   other accumulate, fetching accumulate and compare-and-swap is one message to the
+//!   target, whose progress engine applies it (`active.rs`, as MPICH does), or, with
+//!   `PAGEWIRE_RMA_ACCUMULATE=mutex`, past the eager limit and on dynamic windows, runs
+//!   under the target's update mutex, a word of its control page taken with `CMP_SWAP`: a
+//!   get, the combination at the origin, a put, the mutex given back (four round trips
+//!   whatever the count, as foMPI-style RDMA implementations emulate accumulates). With
+//!   MPI's default `accumulate_ops = same_op_no_op`, concurrent updates of one location use
+//!   one operation, so they take one way and each element update is atomic.
 //! - Locks are words in the target's control page: exclusive is a compare-and-swap from
 //!   free, shared a fetch-and-add of one that backs off while the exclusive bit is set.
 //!
@@ -69,6 +71,7 @@
 //! move their blocks), and dynamic windows and request-based operations
 //! under `PAGEWIRE_TRANSPORT=mpi`; each is refused with an error that says so.
 
+mod active;
 mod attach;
 mod create;
 mod dynamic;
@@ -129,7 +132,7 @@ enum Carrier {
     /// its control page's.
     Nic {
         own_key: Option<u32>,
-        control: AnonMapping,
+        control: std::sync::Arc<AnonMapping>,
         control_key: u32,
     },
     /// The host MPI library's windows (`PAGEWIRE_TRANSPORT=mpi`).
@@ -226,6 +229,8 @@ pub struct Window<T: Equivalence + Send + Sync> {
     dynamic: Option<DynamicState<T>>,
     /// A shared-memory window's parts, every rank's mapped here (`None` for the others).
     shared: Option<memory::SharedParts<T>>,
+    /// Where targets apply accumulates themselves (`active.rs`; `None`: under the mutex).
+    active: Option<active::ActiveUpdates>,
     counters: Cell<WindowCounters>,
     freed: bool,
 }
@@ -329,7 +334,14 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             self.acquire(me, lock)?;
         }
         self.local_open.set(Some(t));
+        let own = self.active.as_ref().filter(|_| t == self.rank);
+        if let Some(a) = own {
+            a.local_open.store(true, Ordering::Release);
+        }
         let r = f();
+        if let Some(a) = own {
+            a.local_open.store(false, Ordering::Release);
+        }
         self.local_open.set(None);
         if take {
             self.release(me)?;
@@ -526,6 +538,10 @@ impl<T: Equivalence + Send + Sync> Window<T> {
                 };
                 let old = self.data_atomics(s, &[(s.at, op)])?[0];
                 old.to_ne_bytes().to_vec()
+            } else if let Some(before) =
+                self.compare_and_swap_by_target(s, &compare, &swap_bytes)?
+            {
+                before
             } else {
                 self.update_under_mutex(s, compare.len(), &mut |current| {
                     Ok(if current == compare {
@@ -818,6 +834,9 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             let old = self.data_atomics(s, &ops)?;
             return Ok(old.iter().flat_map(|w| w.to_ne_bytes()).collect());
         }
+        if let Some(before) = self.update_by_target(s, op, origin)? {
+            return Ok(before);
+        }
         let map = &self.map;
         let mut combine = |current: &[u8]| -> Result<Vec<u8>> {
             match op {
@@ -839,6 +858,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         combine: &mut dyn FnMut(&[u8]) -> Result<Vec<u8>>,
     ) -> Result<Vec<u8>> {
         while self.control_cas(s.target, UPDATE_MUTEX, 0, 1)? != 0 {
+            self.progress_while_waiting()?;
             std::thread::yield_now();
         }
         let result = (|| {

@@ -113,6 +113,11 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         segment.unlink_name();
         let parts = SharedParts::new(segment, &counts, me, T::default());
         let mut window = Self::build(comm, parts.own_memory(me), false)?;
+        // Every rank updates the parts in place with the CPU's atomics under the mutex of
+        // the segment: no target applies requests.
+        if let Some(active) = window.active.take() {
+            active.stop(&window.comm);
+        }
         window.shared = Some(parts);
         Ok(window)
     }

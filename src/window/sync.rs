@@ -247,6 +247,11 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             Carrier::HostMpi(w) => (w.own_control(0), w.free()),
         };
         let word = shared_word.unwrap_or(word);
+        // Every origin has had its accumulates answered: this rank's handler can go before
+        // its memory does.
+        if let Some(a) = &self.active {
+            a.stop(&self.comm);
+        }
         barrier?;
         flushed?;
         if let Some(why) = open {
@@ -504,9 +509,24 @@ impl<T: Equivalence + Send + Sync> Window<T> {
                 return Ok(());
             }
             spins += 1;
+            // The holder may wait for this rank meanwhile (its accumulates, applied by this
+            // rank's progress engine): keep it moving.
+            self.progress_while_waiting()?;
             if spins > 16 {
                 std::thread::yield_now();
             }
+        }
+    }
+
+    /// One pass of the message layer's progress, for a rank that waits for a word another
+    /// rank changes (a lock, the update mutex) where the wait itself may not pass through
+    /// it (an atomic on this rank's own word).
+    pub(super) fn progress_while_waiting(&self) -> Result<()> {
+        match &self.carrier {
+            Carrier::Nic { .. } if self.shared.is_none() => {
+                with_layer(&self.comm, |p2p| p2p.progress().map(|_| ()))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -539,6 +559,9 @@ impl<T: Equivalence + Send + Sync> Drop for Window<T> {
         if std::thread::panicking() {
             // The other ranks may never reach the free: give back the registrations only.
             self.freed = true;
+            if let Some(a) = &self.active {
+                a.stop(&self.comm);
+            }
             let keys = self.registrations();
             match &mut self.carrier {
                 Carrier::Nic { .. } => {

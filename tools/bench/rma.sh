@@ -7,12 +7,14 @@
 # kept in OUTDIR as CONFIG-rROUND.json and .txt, with summary.md. Needs MPICH's mpirun (the
 # `mpi` feature's build).
 #
-# Configurations: mpich; local (pagewire's local path: windows of Window::allocate in shared
-# memory); copy, pindown, odp (PAGEWIRE_LOCAL=nic: through the soft NIC, where the buffer
-# mode applies).
+# Configurations: mpich; local (pagewire's local path: shared memory for windows that
+# Window::allocate makes, kernel copies into the peer's memory for windows over the
+# benchmark's own); copy, pindown, odp (PAGEWIRE_LOCAL=nic: through the soft NIC, where the
+# buffer mode applies). WINDOW picks the windows for all of them: create (the default, as
+# IMB-RMA's MPI_Win_create over its own buffer) or allocate (MPI_Win_allocate).
 #
 # Usage: tools/bench/rma.sh [OUTDIR]   (default: target/bench/rma)
-# Environment: ROUNDS [3], MSGLOG [0:20], TIME [1] (imb-bench -time, seconds per size at
+# Environment: ROUNDS [3], WINDOW [create], MSGLOG [0:20], TIME [1] (imb-bench -time, seconds per size at
 # most), BENCHMARKS [a selection of IMB-RMA's], BUILD [1], PLOT [1] (rma-BENCH.svg of
 # Unidir_put, Unidir_get and Accumulate over every size), SUMMARY_ONLY [0] (1: no runs, the
 # summary and plots again from the raw outputs in OUTDIR).
@@ -37,7 +39,7 @@ if [ "${BUILD:-1}" = 1 ]; then
 fi
 mpirun=(mpirun)
 command -v ssh >/dev/null 2>&1 || mpirun+=(-launcher fork)
-args=("${benchmarks[@]}" -msglog "$msglog" -time "$secs" --no-progress)
+args=("${benchmarks[@]}" -msglog "$msglog" -time "$secs" --window "${WINDOW:-create}" --no-progress)
 {
   echo "# $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "# $(nproc) cpus, $(uname -sr); $("${mpirun[@]}" --version | sed -n 2p | xargs)"
@@ -55,7 +57,7 @@ for r in $(seq 1 "$rounds"); do
     case $c in
       mpich) run mpich "$r" "${mpirun[@]}" -bind-to core -np 2 target/mpi/release/imb-bench \
         --transport mpi ;;
-      # The local path: windows in shared memory (the buffer mode does not apply).
+      # The local path (the buffer mode does not apply).
       local) PAGEWIRE_LOCAL=shm run local "$r" target/release/pwrun -n 2 --bind-to core \
         target/release/imb-bench ;;
       # Through the soft NIC, where the buffer mode applies.

@@ -159,6 +159,10 @@ impl CommunicatorBackend for HostMpiComm {
         "mpi"
     }
 
+    fn message_context(&self) -> Option<u32> {
+        None
+    }
+
     fn with_message_layer<R>(&self, _f: impl FnOnce(&mut PointToPoint) -> R) -> Result<R> {
         Err(Error::InvalidArgument(
             "PAGEWIRE_TRANSPORT=mpi: the host MPI library moves the data, so pagewire's \

@@ -484,6 +484,10 @@ impl CommunicatorBackend for PagewireComm {
         self.universe.p2p.borrow().mode_name()
     }
 
+    fn message_context(&self) -> Option<u32> {
+        Some(self.context)
+    }
+
     fn with_message_layer<R>(&self, f: impl FnOnce(&mut PointToPoint) -> R) -> Result<R> {
         Ok(f(&mut self.universe.p2p.borrow_mut()))
     }

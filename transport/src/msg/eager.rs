@@ -147,6 +147,17 @@ impl PointToPoint {
             context: h.context,
         };
         match kind {
+            MsgKind::Eager if self.active_messages.handles(h.context) => {
+                // The decoder checked that the payload is `size` bytes.
+                let size = h.size as usize;
+                let payload = self.arrived_bytes(peer, at)[body..body + size].to_vec();
+                self.put_back_data(peer, at)?;
+                if h.flags & wire::SYNC != 0 {
+                    self.sync_ack(peer, h.sreq)?;
+                }
+                self.active_message_arrived(env, payload);
+                Ok(())
+            }
             MsgKind::Eager => {
                 // The decoder checked that the payload is `size` bytes.
                 let size = h.size as usize;

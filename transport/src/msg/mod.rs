@@ -22,6 +22,7 @@
 //! goes to the NIC, `liveness` the probes of silent peers, `failure` how a request fails;
 //! then one file per protocol.
 
+mod active_message;
 mod api;
 mod config;
 mod eager;
@@ -43,6 +44,7 @@ mod rndv_split;
 mod state;
 pub mod wire;
 
+pub use active_message::{ActiveMessageHandler, Handled};
 pub use config::{MsgConfig, RndvProtocol, WaitPolicy, DEFAULT_EAGER_LIMIT, DEFAULT_SPLIT_MIN};
 pub use matching::{Envelope, MessageHandle, Selector, ANY_SOURCE, ANY_TAG};
 pub use persistent::PreparedBuffer;
@@ -166,6 +168,8 @@ pub struct PointToPoint {
     idle_passes: u32,
     /// Windows' one-sided operations in flight (`rma.rs`).
     pub(crate) rma: rma::RmaState,
+    /// Contexts this rank answers itself, and their messages (`active_message.rs`).
+    pub(crate) active_messages: active_message::ActiveMessages,
 }
 
 impl std::fmt::Debug for PointToPoint {
@@ -305,6 +309,7 @@ impl PointToPoint {
             passes: 0,
             idle_passes: 0,
             rma: rma::RmaState::default(),
+            active_messages: active_message::ActiveMessages::default(),
         };
         p2p.yield_when_idle = match p2p.cfg.wait {
             WaitPolicy::Spin => false,
@@ -469,6 +474,9 @@ impl PointToPoint {
         }
         if !self.rma.active.is_empty() {
             events += self.advance_rma();
+        }
+        if self.active_messages.busy() {
+            events += self.advance_active_messages();
         }
         if !self.failing.is_empty() {
             self.settle_all_failing();

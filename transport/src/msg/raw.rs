@@ -44,6 +44,43 @@ impl super::PointToPoint {
         self.wait(id)
     }
 
+    /// Starts sending `bytes` to `dest` and keeps them until the send is complete (an active
+    /// message's reply, which nobody waits for here): [`Self::reap_owned_sends`] lets them
+    /// go.
+    pub(crate) fn send_owned(
+        &mut self,
+        dest: usize,
+        tag: i32,
+        context: u32,
+        bytes: Vec<u8>,
+    ) -> Result<()> {
+        // SAFETY: `bytes` moves into the list of sends in flight below, which keeps it (its
+        // heap buffer does not move with the `Vec`) until `reap_owned_sends` sees the send
+        // complete.
+        let buf = unsafe { UserBuf::new(bytes.as_ptr(), bytes.len()) };
+        let id = self.isend(dest, tag, context, buf, false)?;
+        self.active_messages.sending.push((id, bytes));
+        Ok(())
+    }
+
+    /// Forgets the sends of [`Self::send_owned`] that are complete, and their bytes; returns
+    /// how many.
+    pub(crate) fn reap_owned_sends(&mut self) -> usize {
+        let mut reaped = 0;
+        let mut i = 0;
+        while i < self.active_messages.sending.len() {
+            let id = self.active_messages.sending[i].0;
+            if self.is_done(id) {
+                self.reqs.remove(id);
+                self.active_messages.sending.swap_remove(i);
+                reaped += 1;
+            } else {
+                i += 1;
+            }
+        }
+        reaped
+    }
+
     /// The status of a completed send of `len` bytes.
     pub(crate) fn sent_status(&self, tag: i32, len: usize) -> super::Status {
         super::Status {
