@@ -56,21 +56,26 @@ impl AccumulateMethod {
     }
 }
 
-/// The operations, in the order of their codes on the wire.
-const OPS: [Op; 12] = [
-    Op::Sum,
-    Op::Product,
-    Op::Min,
-    Op::Max,
-    Op::LogicalAnd,
-    Op::LogicalOr,
-    Op::LogicalXor,
-    Op::BitAnd,
-    Op::BitOr,
-    Op::BitXor,
-    Op::Replace,
-    Op::NoOp,
-];
+/// The wire code of `op`: its place among the reductions (`Op::ALL`), then `Replace` and
+/// `NoOp`.
+fn op_code(op: Op) -> u8 {
+    let reductions = Op::ALL.len() as u8;
+    match op {
+        Op::Replace => reductions,
+        Op::NoOp => reductions + 1,
+        _ => Op::ALL.iter().position(|&o| o == op).expect("a reduction") as u8,
+    }
+}
+
+/// The operation of wire code `code` ([`op_code`]).
+fn op_of(code: u8) -> Option<Op> {
+    let reductions = Op::ALL.len() as u8;
+    match code {
+        c if c == reductions => Some(Op::Replace),
+        c if c == reductions + 1 => Some(Op::NoOp),
+        c => Op::ALL.get(c as usize).copied(),
+    }
+}
 
 /// A request's kinds: an accumulate (its data the origin's elements) and a
 /// compare-and-swap (its data the comparand, then the swap value).
@@ -196,7 +201,7 @@ impl UpdateHandler {
         };
         match p[0] {
             ACCUMULATE => {
-                let op = *OPS.get(p[1] as usize).ok_or("an unknown operation")?;
+                let op = op_of(p[1]).ok_or("an unknown operation")?;
                 self.part
                     .update(offset, data.len(), |current| {
                         let before = current.to_vec();
@@ -238,8 +243,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         op: Op,
         origin: &[u8],
     ) -> Result<Option<Vec<u8>>> {
-        let code = OPS.iter().position(|&o| o == op).expect("every operation") as u8;
-        self.request_update(s, [ACCUMULATE, code], &[origin], origin.len())
+        self.request_update(s, [ACCUMULATE, op_code(op)], &[origin], origin.len())
     }
 
     /// Compares and swaps where `s` lies by the target's progress engine; the bytes before
@@ -299,8 +303,10 @@ mod tests {
 
     #[test]
     fn every_operation_has_one_code() {
-        for (i, op) in OPS.iter().enumerate() {
-            assert_eq!(OPS.iter().position(|o| o == op), Some(i));
+        let all = Op::ALL.into_iter().chain([Op::Replace, Op::NoOp]);
+        for (i, op) in all.enumerate() {
+            assert_eq!((op_code(op), op_of(i as u8)), (i as u8, Some(op)));
         }
+        assert_eq!(op_of(12), None);
     }
 }
