@@ -191,6 +191,13 @@ pub(crate) mod wire {
             self.number(b.len());
             self.0.extend_from_slice(b);
         }
+        /// 0 for none, else 1 and the bytes.
+        fn optional(&mut self, b: Option<&[u8]>) {
+            self.number(usize::from(b.is_some()));
+            if let Some(b) = b {
+                self.bytes(b);
+            }
+        }
     }
 
     struct Reader<'a>(&'a [u8]);
@@ -209,6 +216,14 @@ pub(crate) mod wire {
         }
         fn os(&mut self) -> Option<OsString> {
             self.bytes().map(OsString::from_vec)
+        }
+        /// What [`Writer::optional`] wrote: `Some(None)` for none, `None` if garbled.
+        fn optional_os(&mut self) -> Option<Option<OsString>> {
+            match self.number()? {
+                0 => Some(None),
+                1 => self.os().map(Some),
+                _ => None,
+            }
         }
         /// A count of items each taking at least `min_bytes`, bounded by what is left.
         fn count(&mut self, min_bytes: usize) -> Option<usize> {
@@ -230,21 +245,9 @@ pub(crate) mod wire {
             w.number(c.env.len());
             for (k, v) in &c.env {
                 w.bytes(k.as_bytes());
-                match v {
-                    Some(v) => {
-                        w.number(1);
-                        w.bytes(v.as_bytes());
-                    }
-                    None => w.number(0),
-                }
+                w.optional(v.as_deref().map(OsStrExt::as_bytes));
             }
-            match &c.dir {
-                Some(d) => {
-                    w.number(1);
-                    w.bytes(d.as_os_str().as_bytes());
-                }
-                None => w.number(0),
-            }
+            w.optional(c.dir.as_deref().map(|d| d.as_os_str().as_bytes()));
         }
         w.0
     }
@@ -265,18 +268,9 @@ pub(crate) mod wire {
             let mut env = Vec::with_capacity(n_env);
             for _ in 0..n_env {
                 let k = r.os()?;
-                let v = match r.number()? {
-                    0 => None,
-                    1 => Some(r.os()?),
-                    _ => return None,
-                };
-                env.push((k, v));
+                env.push((k, r.optional_os()?));
             }
-            let dir = match r.number()? {
-                0 => None,
-                1 => Some(PathBuf::from(r.os()?)),
-                _ => return None,
-            };
+            let dir = r.optional_os()?.map(PathBuf::from);
             commands.push(SpawnCommand {
                 program,
                 args,
