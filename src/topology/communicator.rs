@@ -177,7 +177,8 @@ pub trait Communicator {
     }
     /// Ends the whole job with exit status `errorcode` (`MPI_Abort`): every rank of it is
     /// stopped, not only this communicator's (as MPI implementations do). Under `pwrun` the
-    /// launcher stops the others when this rank exits; under `mpirun` it is `MPI_Abort`.
+    /// launcher stops the others when this rank exits; under `srun` and `mpirun` the rank
+    /// asks the process manager to (PMI's or PMIx's abort, or `MPI_Abort`).
     fn abort(&self, errorcode: i32) -> ! {
         let me = self.as_simple();
         let boot = me.backend().bootstrap();
@@ -185,11 +186,13 @@ pub trait Communicator {
             "pagewire: rank {} called abort({errorcode}); the job is stopped",
             boot.rank()
         );
-        #[cfg(feature = "mpi")]
-        if let Some(mpi) = boot.as_mpi() {
-            crate::backend::clean_up_after_panic(boot);
-            mpi.abort(errorcode);
-        }
+        crate::backend::clean_up_after_panic(boot);
+        // The process manager ends the others (PMI's and PMIx's abort, MPI_Abort); pwrun
+        // does when this rank exits with the code.
+        boot.abort(
+            errorcode,
+            &format!("rank {} called abort({errorcode})", boot.rank()),
+        );
         std::process::exit(errorcode)
     }
     /// Splits the communicator into one per host (`MPI_Comm_split_type` with

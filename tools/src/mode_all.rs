@@ -328,12 +328,16 @@ pub fn all_modes_plan(np: usize, program: &str) -> Result<AllModesPlan> {
                 ))),
             }
         }
-        Launcher::Mpi(var) => Err(Error::ModeAllUnsupported(format!(
+        launcher @ (Launcher::Mpi(_) | Launcher::Slurm) => Err(Error::ModeAllUnsupported(format!(
             "{program} --mode all needs one job per buffer mode (a pagewire universe, like \
-             MPI_Init, happens once per process), and a job started by mpirun ({var} is set) \
-             cannot start new ones. Run it once per mode instead, e.g.\n  for m in copy \
+             MPI_Init, happens once per process), and a job started by mpirun or srun ({} is \
+             set) cannot start new ones. Run it once per mode instead, e.g.\n  for m in copy \
              pindown odp; do mpirun -np 2 {program} --mode $m --json {program}-$m.json ...; \
-             done\nor start {program} without mpirun (it then launches itself once per mode)."
+             done\nor start {program} without mpirun (it then launches itself once per mode).",
+            match launcher {
+                Launcher::Mpi(var) => var,
+                _ => "SLURM_STEP_NUM_TASKS",
+            }
         ))),
     }
 }

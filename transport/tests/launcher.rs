@@ -374,16 +374,16 @@ fn bad_environment_is_reported() {
             ("PAGEWIRE_JOB", "abc"),
             ("PAGEWIRE_SIZE", "2"),
             ("PAGEWIRE_RANK", "two"),
-            ("PAGEWIRE_BOOT", sock),
+            ("PAGEWIRE_BOOT_SOCKET", sock),
         ],
         &[
             (EXPECT, "PAGEWIRE_SIZE"),
             ("PAGEWIRE_JOB", "abc"),
             ("PAGEWIRE_RANK", "0"),
-            ("PAGEWIRE_BOOT", sock),
+            ("PAGEWIRE_BOOT_SOCKET", sock),
         ],
         &[
-            (EXPECT, "PAGEWIRE_BOOT"),
+            (EXPECT, "PAGEWIRE_BOOT_SOCKET"),
             ("PAGEWIRE_JOB", "abc"),
             ("PAGEWIRE_SIZE", "2"),
             ("PAGEWIRE_RANK", "0"),
@@ -393,14 +393,14 @@ fn bad_environment_is_reported() {
             ("PAGEWIRE_JOB", "Not/AnId"),
             ("PAGEWIRE_SIZE", "2"),
             ("PAGEWIRE_RANK", "0"),
-            ("PAGEWIRE_BOOT", sock),
+            ("PAGEWIRE_BOOT_SOCKET", sock),
         ],
         &[
             (EXPECT, "PAGEWIRE_RANK=5"),
             ("PAGEWIRE_JOB", "abc"),
             ("PAGEWIRE_SIZE", "2"),
             ("PAGEWIRE_RANK", "5"),
-            ("PAGEWIRE_BOOT", sock),
+            ("PAGEWIRE_BOOT_SOCKET", sock),
         ],
         &[
             (
@@ -410,7 +410,7 @@ fn bad_environment_is_reported() {
             ("PAGEWIRE_JOB", "abc"),
             ("PAGEWIRE_SIZE", "2"),
             ("PAGEWIRE_RANK", "0"),
-            ("PAGEWIRE_BOOT", sock),
+            ("PAGEWIRE_BOOT_SOCKET", sock),
         ],
     ];
     for vars in cases {
@@ -452,7 +452,7 @@ fn launcher_going_away_is_an_error_not_a_hang() {
             ("PAGEWIRE_JOB", "fakejob"),
             ("PAGEWIRE_SIZE", "1"),
             ("PAGEWIRE_RANK", "0"),
-            ("PAGEWIRE_BOOT", path.to_str().unwrap()),
+            ("PAGEWIRE_BOOT_SOCKET", path.to_str().unwrap()),
         ],
     );
     server.join().unwrap();
@@ -475,7 +475,7 @@ fn bootstrap_socket_is_private_whatever_the_umask() {
     const NAME: &str = "bootstrap_socket_is_private_whatever_the_umask";
     if as_rank(NAME) {
         use std::os::unix::fs::PermissionsExt;
-        let sock = std::env::var_os("PAGEWIRE_BOOT").expect("PAGEWIRE_BOOT");
+        let sock = std::env::var_os("PAGEWIRE_BOOT_SOCKET").expect("PAGEWIRE_BOOT_SOCKET");
         let mode = std::fs::metadata(&sock)
             .expect("stat the socket")
             .permissions()
@@ -513,7 +513,7 @@ fn hello_from_a_process_outside_the_job_is_refused() {
         let rank = std::env::var("PAGEWIRE_RANK").expect("PAGEWIRE_RANK");
         let text = format!(
             "{}\n{}",
-            std::env::var("PAGEWIRE_BOOT").expect("PAGEWIRE_BOOT"),
+            std::env::var("PAGEWIRE_BOOT_SOCKET").expect("PAGEWIRE_BOOT_SOCKET"),
             std::env::var("PAGEWIRE_JOB").expect("PAGEWIRE_JOB")
         );
         // A temporary file per rank: with one shared name, the other rank's rename could

@@ -53,6 +53,7 @@ impl HostMpiComm {
         let how = match launcher {
             boot::Launcher::Mpi(_) => None,
             boot::Launcher::Pwrun => Some("was started by pwrun"),
+            boot::Launcher::Slurm => Some("was started by srun without --mpi"),
             boot::Launcher::None => Some("was started without a launcher"),
         };
         if let Some(how) = how {
@@ -62,10 +63,9 @@ impl HostMpiComm {
                  it with mpirun, or unset PAGEWIRE_TRANSPORT to use pagewire's own transport"
             )));
         }
-        let boot = boot::from_env()?;
-        let mpi = boot.as_mpi().ok_or_else(|| {
-            Error::Bootstrap("PAGEWIRE_TRANSPORT=mpi: the bootstrap is not MPI's".into())
-        })?;
+        // The MPI library starts this rank, whatever PAGEWIRE_BOOT says.
+        let boot: Box<dyn boot::Bootstrap> = Box::new(boot::MpiBootstrap::init()?);
+        let mpi = boot.as_mpi().expect("the MPI bootstrap");
         let world = HostMpi::new(mpi)?;
         if std::env::var("PAGEWIRE_VERBOSE").as_deref() == Ok("1") && boot.rank() == 0 {
             eprintln!(

@@ -157,6 +157,7 @@ impl PagewireComm {
         let mut universe = PagewireUniverse::open(boot::from_env()?, cfg.clone())?;
         let (p2p, boot) = (universe.p2p.get_mut(), &universe.boot);
         if std::env::var("PAGEWIRE_VERBOSE").as_deref() == Ok("1") && boot.rank() == 0 {
+            eprintln!("pagewire: started by {}", boot.starter());
             eprintln!(
                 "pagewire: {} ranks, mode {}, eager limit {} B, rendezvous {:?}, copy chunk {} B x depth {} ({} slots)",
                 boot.size(),

@@ -258,7 +258,7 @@ fn run_jobs(
             .arg("job")
             .args(args.to_args())
             .env("PAGEWIRE_MODE", mode.name())
-            .env_remove("PAGEWIRE_BOOT")
+            .env_remove("PAGEWIRE_BOOT_SOCKET")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

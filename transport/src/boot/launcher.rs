@@ -3,7 +3,7 @@
 //! [`launch`] starts N local ranks of a program, serves their bootstrap over a Unix socket
 //! (protocol in the `pwrun_client` module), supervises them, and cleans up after the job:
 //!
-//! - every rank gets `PAGEWIRE_JOB`, `PAGEWIRE_RANK`, `PAGEWIRE_SIZE`, `PAGEWIRE_BOOT`
+//! - every rank gets `PAGEWIRE_JOB`, `PAGEWIRE_RANK`, `PAGEWIRE_SIZE`, `PAGEWIRE_BOOT_SOCKET`
 //!   (the socket) and `PAGEWIRE_LAUNCHER=pwrun`; stdout and stderr are inherited, stdin
 //!   goes to rank 0 only (the others read `/dev/null`);
 //! - every rank dies with `SIGKILL` if the launcher dies (`PR_SET_PDEATHSIG`);
@@ -41,7 +41,7 @@ use parking_lot::{Condvar, Mutex};
 use super::binding::{self, BindPlan, BindTo, Topology};
 use super::pwrun_client::wire;
 use super::sys;
-use super::{ENV_BOOT, ENV_JOB, ENV_LAUNCHER, ENV_RANK, ENV_SIZE};
+use super::{ENV_BOOT_SOCKET, ENV_JOB, ENV_LAUNCHER, ENV_RANK, ENV_SIZE};
 use crate::error::{Error, Result};
 
 mod family;
@@ -235,7 +235,7 @@ pub fn launch(cfg: &LaunchConfig) -> Result<JobOutcome> {
 }
 
 /// For benchmark binaries: when this process is not under a launcher (no
-/// `PAGEWIRE_BOOT`), runs `np` copies of the current executable, with this process's
+/// `PAGEWIRE_BOOT_SOCKET`), runs `np` copies of the current executable, with this process's
 /// arguments, under [`launch`], prints the outcome's message if any, and returns
 /// `Ok(Some(exit_code))` (the caller should exit with it). When this process already is
 /// a rank, returns `Ok(None)`.
@@ -454,7 +454,7 @@ impl Job {
                 .env(ENV_JOB, &job.job_id)
                 .env(ENV_RANK, rank.to_string())
                 .env(ENV_SIZE, &size)
-                .env(ENV_BOOT, &job.socket_path)
+                .env(ENV_BOOT_SOCKET, &job.socket_path)
                 .env(ENV_LAUNCHER, "pwrun")
                 .envs(binding::rank_env(&bind_plan, local))
                 .stdin(match (rank, piped) {

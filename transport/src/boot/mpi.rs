@@ -175,6 +175,17 @@ impl Bootstrap for MpiBootstrap {
         &self.job
     }
 
+    fn starter(&self) -> String {
+        format!(
+            "an MPI launcher, through the MPI library ({})",
+            self.library_version()
+        )
+    }
+
+    fn abort(&self, code: i32, _message: &str) {
+        MpiBootstrap::abort(self, code)
+    }
+
     /// `MPI_Allgather` of the lengths, then `MPI_Allgatherv` of the bytes.
     fn allgather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         self.check_thread("allgather")?;

@@ -3,7 +3,7 @@
 //! # Wire protocol
 //!
 //! Each rank holds one connection to the launcher's Unix socket (path in
-//! `PAGEWIRE_BOOT`). Both directions carry frames; integers are little endian:
+//! `PAGEWIRE_BOOT_SOCKET`). Both directions carry frames; integers are little endian:
 //!
 //! ```text
 //! frame    = len:u32 tag:u8 payload        len = 1 + payload length, at most 256 MiB
@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::spawn::{ConnectionJob, SpawnRequest};
-use super::{Bootstrap, ENV_BOOT, ENV_JOB, ENV_RANK, ENV_SIZE};
+use super::{Bootstrap, ENV_BOOT_SOCKET, ENV_JOB, ENV_RANK, ENV_SIZE};
 use crate::error::{Error, Result};
 
 /// Frame encoding shared with the launcher (see the module documentation).
@@ -198,7 +198,7 @@ pub struct PwrunBootstrap {
 }
 
 impl PwrunBootstrap {
-    /// Connects to the launcher named by `PAGEWIRE_BOOT`, as the rank given by
+    /// Connects to the launcher named by `PAGEWIRE_BOOT_SOCKET`, as the rank given by
     /// `PAGEWIRE_RANK` of `PAGEWIRE_SIZE` in job `PAGEWIRE_JOB`.
     ///
     /// Fails with [`Error::Bootstrap`] naming the variable when one is missing or garbled,
@@ -226,13 +226,13 @@ impl PwrunBootstrap {
                 "{ENV_RANK}={rank} is out of range for {ENV_SIZE}={size}"
             )));
         }
-        let path = std::env::var_os(ENV_BOOT).ok_or_else(|| {
+        let path = std::env::var_os(ENV_BOOT_SOCKET).ok_or_else(|| {
             Error::Bootstrap(format!(
-                "{ENV_BOOT} is not set; is this process running under pwrun?"
+                "{ENV_BOOT_SOCKET} is not set; is this process running under pwrun?"
             ))
         })?;
         if path.is_empty() {
-            return Err(Error::Bootstrap(format!("{ENV_BOOT} is empty")));
+            return Err(Error::Bootstrap(format!("{ENV_BOOT_SOCKET} is empty")));
         }
         Self::connect(Path::new(&path), &job, rank, size)
     }
@@ -274,6 +274,10 @@ impl Bootstrap for PwrunBootstrap {
 
     fn job_id(&self) -> &str {
         &self.job
+    }
+
+    fn starter(&self) -> String {
+        format!("pwrun, job {}", self.job)
     }
 
     fn allgather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {

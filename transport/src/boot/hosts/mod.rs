@@ -152,7 +152,7 @@ fn host_specific(key: &OsStr) -> bool {
             super::ENV_JOB,
             super::ENV_RANK,
             super::ENV_SIZE,
-            super::ENV_BOOT,
+            super::ENV_BOOT_SOCKET,
             super::ENV_LAUNCHER,
         ]
         .iter()
