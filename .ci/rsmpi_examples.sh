@@ -13,14 +13,18 @@
 #                  `local`: the default path (shared memory between ranks of one host)
 #   hosts:MODE     under `pwrun --hosts $RSMPI_HOSTS` (through PAGEWIRE_RSH), mode MODE: ranks
 #                  on several hosts, e.g. the two namespaced hosts of tools/hosts/ns-hosts
+#   srun:PMI       under Slurm's `srun -N 2 --mpi=PMI` (pmi2 or pmix), started through the
+#                  command prefix $RSMPI_SRUN (e.g. tools/hosts/slurm's `run`), default path
+#   ompi:local     under Open MPI's mpirun, the command $RSMPI_OMPIRUN (which takes -np N),
+#                  default path; pagewire bootstraps through its PMIx client
 #   mpirun:mpi     under mpirun, PAGEWIRE_TRANSPORT=mpi (every call to MPICH); needs MPICH
 #   mpirun:MODE    under mpirun, pagewire's own transport bootstrapped by MPI, mode MODE (or
 #                  `local`, as for pwrun)
 # The mpirun runs build pagewire with `--features mpi` into a scratch crate of their own.
 #
 # --check: exit 1 unless every example passes in every run, except `spawn` and
-# `spawn_multiple` where no launcher can add processes: under `pwrun --hosts` and under
-# mpirun on pagewire's own transport they must fail with the one line that says the job cannot
+# `spawn_multiple` where no launcher can add processes: under `pwrun --hosts`, srun, Open
+# MPI's mpirun and under mpirun on pagewire's own transport they must fail with the one line that says the job cannot
 # grow there (docs/coming-from-rsmpi.md), and under mpirun:mpi where the MPI library itself
 # cannot spawn (a C program tells), with the MPI library's error. Under `pwrun -n` they pass.
 # Without --check, the script only reports.
@@ -103,8 +107,18 @@ for run in "${runs[@]}"; do
       [ -n "${RSMPI_HOSTS:-}" ] ||
         { echo "rsmpi_examples: $run needs RSMPI_HOSTS (a pwrun --hosts list)" >&2; exit 2; }
       ;;
+    srun:pmi2 | srun:pmix)
+      need_pwrun=1
+      [ -n "${RSMPI_SRUN:-}" ] ||
+        { echo "rsmpi_examples: $run needs RSMPI_SRUN (the command that runs srun)" >&2; exit 2; }
+      ;;
+    ompi:local)
+      need_pwrun=1
+      [ -n "${RSMPI_OMPIRUN:-}" ] ||
+        { echo "rsmpi_examples: $run needs RSMPI_OMPIRUN (Open MPI's mpirun command)" >&2; exit 2; }
+      ;;
     mpirun:mpi | mpirun:copy | mpirun:pindown | mpirun:odp | mpirun:local) need_mpi=1 ;;
-    *) echo "rsmpi_examples: unknown run '$run' (pwrun:MODE, hosts:MODE, mpirun:mpi or mpirun:MODE)" >&2; exit 2 ;;
+    *) echo "rsmpi_examples: unknown run '$run' (pwrun:MODE, hosts:MODE, srun:PMI, ompi:local, mpirun:mpi or mpirun:MODE)" >&2; exit 2 ;;
   esac
 done
 if [ "$need_pwrun" = 1 ]; then
@@ -149,7 +163,7 @@ summary=()
 for run in "${runs[@]}"; do
   launcher=${run%%:*}
   what=${run#*:}
-  if [ "$launcher" = pwrun ] || [ "$launcher" = hosts ]; then
+  if [ "$launcher" != mpirun ]; then
     scratch=$target/rsmpi-examples
   else
     scratch=$target/rsmpi-examples-mpi
@@ -160,6 +174,8 @@ for run in "${runs[@]}"; do
   # What the ranks see: the mode, or the mpi transport.
   if [ "$what" = mpi ]; then
     envs=(PAGEWIRE_TRANSPORT=mpi)
+  elif [ "$launcher" = srun ] || [ "$launcher" = ompi ]; then
+    envs=(PAGEWIRE_LOCAL=shm)
   else
     envs=(PAGEWIRE_MODE="$what" PAGEWIRE_LOCAL=nic)
     [ "$what" = local ] && envs=(PAGEWIRE_LOCAL=shm)
@@ -205,6 +221,12 @@ for run in "${runs[@]}"; do
         cmd=("$target/release/pwrun" -n "$n" --timeout "$run_timeout" -- "$bin")
       elif [ "$launcher" = hosts ]; then
         cmd=("$target/release/pwrun" --hosts "$RSMPI_HOSTS" -n "$n" --timeout "$run_timeout" -- "$bin")
+      elif [ "$launcher" = srun ]; then
+        read -r -a prefix <<<"$RSMPI_SRUN"
+        cmd=("${prefix[@]}" srun -N 2 -n "$n" --mpi="$what" "$bin")
+      elif [ "$launcher" = ompi ]; then
+        read -r -a prefix <<<"$RSMPI_OMPIRUN"
+        cmd=("${prefix[@]}" -np "$n" "$bin")
       else
         cmd=("${mpirun[@]}" -np "$n" "$bin")
       fi

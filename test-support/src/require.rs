@@ -32,11 +32,17 @@ pub enum Prerequisite {
     /// Two hosts made of namespaces on this machine (`tools/hosts/ns-hosts`): network,
     /// PID, mount, UTS and IPC namespaces with a private `/dev/shm`.
     NamespacedHosts,
+    /// A Slurm (slurm-wlm, munge) that `tools/hosts/slurm` can start on the namespaced hosts:
+    /// `.ci/slurm.sh`.
+    Slurm,
+    /// Open MPI's `mpirun` (`mpirun.openmpi`), for jobs started through its PMIx server:
+    /// `.ci/slurm.sh`.
+    OpenMpi,
 }
 
 impl Prerequisite {
     /// Every prerequisite, what `all` names.
-    pub const ALL: [Prerequisite; 8] = [
+    pub const ALL: [Prerequisite; 10] = [
         Prerequisite::Mpirun,
         Prerequisite::HugePages,
         Prerequisite::LongtermPin,
@@ -45,6 +51,8 @@ impl Prerequisite {
         Prerequisite::RdmaOdp,
         Prerequisite::MemoryCgroup,
         Prerequisite::NamespacedHosts,
+        Prerequisite::Slurm,
+        Prerequisite::OpenMpi,
     ];
 
     /// Its name in [`REQUIRE`].
@@ -58,6 +66,8 @@ impl Prerequisite {
             Prerequisite::RdmaOdp => "rdma-odp",
             Prerequisite::MemoryCgroup => "memory-cgroup",
             Prerequisite::NamespacedHosts => "namespaced-hosts",
+            Prerequisite::Slurm => "slurm",
+            Prerequisite::OpenMpi => "openmpi",
         }
     }
 
@@ -94,6 +104,11 @@ impl Prerequisite {
                 "run as root with iproute2, util-linux and python3 (`tools/hosts/ns-hosts \
                  check` says what is missing)"
             }
+            Prerequisite::Slurm => {
+                "install Debian's slurm-wlm, munge and libpmix-dev (as .ci/slurm.sh does) and \
+                 run as root where namespaced hosts can be made"
+            }
+            Prerequisite::OpenMpi => "install Debian's openmpi-bin (as .ci/slurm.sh does)",
         }
     }
 
