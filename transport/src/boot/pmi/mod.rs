@@ -18,7 +18,7 @@ mod v2;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 
-use super::kvs::{job_id_of, KvsBootstrap};
+use super::kvs::{hex, job_id_of, unhex, KvsBootstrap};
 use crate::error::{Error, Result};
 
 /// Which PMI wire protocol a rank asks for.
@@ -203,6 +203,43 @@ impl Channel {
         }
         Ok(reply)
     }
+}
+
+/// Stores `value`, rank `rank`'s, as the text protocols carry bytes: hex, cut into values of
+/// at most `value_max` characters under keys of `key`, the rank and the chunk (`KEYrRn`: the
+/// count, `KEYrRcI`: chunk I), each through `put_one(key, text)`.
+fn put_hex(
+    key: &str,
+    rank: usize,
+    value: &[u8],
+    value_max: usize,
+    mut put_one: impl FnMut(&str, &str) -> Result<()>,
+) -> Result<()> {
+    let text = hex(value);
+    let per = (value_max / 2 * 2).max(2);
+    let chunks: Vec<&[u8]> = text.as_bytes().chunks(per).collect();
+    put_one(&format!("{key}r{rank}n"), &chunks.len().to_string())?;
+    for (i, chunk) in chunks.iter().enumerate() {
+        let chunk = std::str::from_utf8(chunk).expect("hex is ASCII");
+        put_one(&format!("{key}r{rank}c{i}"), chunk)?;
+    }
+    Ok(())
+}
+
+/// The bytes rank `rank` stored by [`put_hex`] under `key`, read through `get_one(key)`.
+fn get_hex(
+    key: &str,
+    rank: usize,
+    mut get_one: impl FnMut(&str) -> Result<String>,
+) -> Result<Vec<u8>> {
+    let n: usize = get_one(&format!("{key}r{rank}n"))?
+        .parse()
+        .map_err(|_| pmi_error(format!("rank {rank} put a malformed chunk count")))?;
+    let mut text = String::new();
+    for i in 0..n {
+        text.push_str(&get_one(&format!("{key}r{rank}c{i}"))?);
+    }
+    unhex(&text).ok_or_else(|| pmi_error(format!("rank {rank} put malformed bytes")))
 }
 
 fn env_number(var: &str) -> Result<usize> {

@@ -18,8 +18,8 @@
 //! ignored. Values are hex, cut into chunks of at most `vallen_max` characters under keys
 //! of the rank, the round and the chunk.
 
-use super::{pmi_error, Channel};
-use crate::boot::kvs::{hex, unhex, KeyValueStore};
+use super::{get_hex, pmi_error, put_hex, Channel};
+use crate::boot::kvs::KeyValueStore;
 use crate::error::Result;
 
 /// A PMI-1 key-value space.
@@ -72,26 +72,17 @@ impl Pmi1 {
 
 impl KeyValueStore for Pmi1 {
     fn put(&mut self, key: &str, value: &[u8]) -> Result<()> {
-        let (kvs, me) = (&self.kvsname, self.rank);
-        // Hex digits per value, even.
-        let per = (self.vallen_max.saturating_sub(2) / 2 * 2).max(2);
-        let text = hex(value);
-        let chunks: Vec<&[u8]> = text.as_bytes().chunks(per).collect();
-        self.channel.call_line(
-            &format!(
-                "cmd=put kvsname={kvs} key={key}r{me}n value={}",
-                chunks.len()
-            ),
-            "put_result",
-        )?;
-        for (i, chunk) in chunks.iter().enumerate() {
-            let chunk = std::str::from_utf8(chunk).expect("hex is ASCII");
-            self.channel.call_line(
-                &format!("cmd=put kvsname={kvs} key={key}r{me}c{i} value={chunk}"),
-                "put_result",
-            )?;
-        }
-        Ok(())
+        let (channel, kvs) = (&mut self.channel, &self.kvsname);
+        // A value leaves room for nothing else.
+        let value_max = self.vallen_max.saturating_sub(2);
+        put_hex(key, self.rank, value, value_max, |key, text| {
+            channel
+                .call_line(
+                    &format!("cmd=put kvsname={kvs} key={key} value={text}"),
+                    "put_result",
+                )
+                .map(drop)
+        })
     }
 
     fn fence(&mut self) -> Result<()> {
@@ -100,15 +91,7 @@ impl KeyValueStore for Pmi1 {
     }
 
     fn get(&mut self, rank: usize, key: &str) -> Result<Vec<u8>> {
-        let n: usize = self
-            .get_text(&format!("{key}r{rank}n"))?
-            .parse()
-            .map_err(|_| pmi_error(format!("rank {rank} put a malformed chunk count")))?;
-        let mut text = String::new();
-        for i in 0..n {
-            text.push_str(&self.get_text(&format!("{key}r{rank}c{i}"))?);
-        }
-        unhex(&text).ok_or_else(|| pmi_error(format!("rank {rank} put malformed bytes")))
+        get_hex(key, rank, |key| self.get_text(key))
     }
 
     fn abort(&mut self, code: i32, _message: &str) {
@@ -128,6 +111,7 @@ impl KeyValueStore for Pmi1 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::boot::kvs::{hex, unhex};
     use std::io::{BufRead, BufReader, Write};
     use std::os::unix::net::UnixStream;
 

@@ -20,8 +20,8 @@
 //! to fence (so a barrier is a fence and such a get). Values are hex, at most 1,024 characters
 //! each (the limit both servers declare), chunked as PMI-1's are.
 
-use super::{pmi_error, Channel};
-use crate::boot::kvs::{hex, unhex, KeyValueStore};
+use super::{get_hex, pmi_error, put_hex, Channel};
+use crate::boot::kvs::KeyValueStore;
 use crate::error::Result;
 
 /// The longest value both servers accept.
@@ -153,21 +153,15 @@ fn nodes_of_ranks(mapping: &str, size: usize) -> Option<Vec<usize>> {
 
 impl KeyValueStore for Pmi2 {
     fn put(&mut self, key: &str, value: &[u8]) -> Result<()> {
-        let me = self.rank;
-        let text = hex(value);
-        let chunks: Vec<&[u8]> = text.as_bytes().chunks(VALUE_MAX).collect();
-        self.channel.call_frame(
-            &format!("cmd=kvs-put;key={key}r{me}n;value={};", chunks.len()),
-            "kvs-put-response",
-        )?;
-        for (i, chunk) in chunks.iter().enumerate() {
-            let chunk = std::str::from_utf8(chunk).expect("hex is ASCII");
-            self.channel.call_frame(
-                &format!("cmd=kvs-put;key={key}r{me}c{i};value={chunk};"),
-                "kvs-put-response",
-            )?;
-        }
-        Ok(())
+        let channel = &mut self.channel;
+        put_hex(key, self.rank, value, VALUE_MAX, |key, text| {
+            channel
+                .call_frame(
+                    &format!("cmd=kvs-put;key={key};value={text};"),
+                    "kvs-put-response",
+                )
+                .map(drop)
+        })
     }
 
     fn fence(&mut self) -> Result<()> {
@@ -186,15 +180,7 @@ impl KeyValueStore for Pmi2 {
     }
 
     fn get(&mut self, rank: usize, key: &str) -> Result<Vec<u8>> {
-        let n: usize = self
-            .get_text(rank, &format!("{key}r{rank}n"))?
-            .parse()
-            .map_err(|_| pmi_error(format!("rank {rank} put a malformed chunk count")))?;
-        let mut text = String::new();
-        for i in 0..n {
-            text.push_str(&self.get_text(rank, &format!("{key}r{rank}c{i}"))?);
-        }
-        unhex(&text).ok_or_else(|| pmi_error(format!("rank {rank} put malformed bytes")))
+        get_hex(key, rank, |key| self.get_text(rank, key))
     }
 
     fn abort(&mut self, code: i32, message: &str) {
@@ -224,6 +210,7 @@ impl KeyValueStore for Pmi2 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::boot::kvs::{hex, unhex};
     use std::collections::HashMap;
     use std::io::{Read, Write};
     use std::os::unix::net::UnixStream;
