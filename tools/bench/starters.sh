@@ -74,7 +74,7 @@ job() {
 {
   echo "# $(date -u +%FT%TZ) $(uname -sr), $(nproc) CPUs; two namespaced hosts over veth"
   echo "# $rounds rounds, $starts start-ups each; git $(git rev-parse --short HEAD)"
-  echo "# $(srun --version), $(mpichversion | sed -n 1p | tr -s ' ')"
+  echo "# $(slurmd -V), $(mpichversion | sed -n 1p | tr -s '[:space:]' ' ')"
 } > "$out/machine.txt"
 for round in $(seq 1 "$rounds"); do
   for starter in srun pwrun; do
