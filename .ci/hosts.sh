@@ -7,7 +7,7 @@
 # one host use shared memory, the others the soft NIC's TCP wire.
 #   - pwrun --hosts: the agents start through the ssh stand-in (PAGEWIRE_RSH);
 #   - mpiexec: from a login node on the first host's network, through the same stand-in;
-#     the programs are built without the `mpi` feature and bootstrap through hydra's PMI-1
+#     the programs are built without the `mpi` feature and bootstrap through hydra's PMI
 #     server. (Built with it, ranks bootstrapped by MPI sometimes hang in MPI_Finalize
 #     across these hosts, in UCX's tcp transport: docs/soft-nic.md, "Beyond one host".)
 # Each checks that Jacobi's result matches `pwrun -n 4`'s, and at the end neither host's
@@ -58,7 +58,7 @@ across() {
 }
 
 across "pwrun --hosts" "$PWD/target/release/pwrun" --hosts "$h0:2,$h1:2"
-across "mpiexec (PMI-1)" "$hosts_dir/frontend" mpiexec -launcher ssh -launcher-exec \
+across "mpiexec (PMI)" "$hosts_dir/frontend" mpiexec -launcher ssh -launcher-exec \
   "$hosts_dir/rsh" -iface "pw${hid}a" -hosts "$h0:2,$h1:2"
 
 # rsmpi's examples with ranks spread over both hosts (2 ranks: one each; 3: two and one).

@@ -18,8 +18,9 @@
 #   - pw-collbench on both transports (a smoke run of tools/bench/side_by_side.sh's binary);
 #   - pw-msgperf bootstrapped by MPI on the soft NIC, on 2 and 4 ranks;
 #   - pw-msgperf built *without* the feature under mpirun: it runs, bootstrapped through
-#     hydra's PMI-1 server; under a PMIx launcher's variables it fails with the message that
-#     says to rebuild with `--features mpi` (not run as N one-rank jobs);
+#     hydra's PMI server (PMI-2's wire protocol); with half a PMIx launch's variables, or an
+#     MPI launcher's with no PMI or PMIx server named, it fails with the line that says what
+#     is missing (not run as N one-rank jobs);
 #
 # What the build needs (Debian package -> why):
 #   mpich         the MPI library and its launcher (hydra's mpirun)
@@ -105,19 +106,25 @@ for np in 2 4; do
   timeout 300 "${mpirun[@]}" -np "$np" target/mpi/release/pw-msgperf pingpong --msglog 0:20 --iters 50
 done
 
-# Without the feature, under MPICH's mpiexec: the ranks bootstrap through hydra's PMI-1
-# server and run; started by a launcher of another protocol (PMIx here, shown by
-# PMIX_RANK without PMI_FD), a clear error that says to rebuild.
+# Without the feature, under MPICH's mpiexec: the ranks bootstrap through hydra's PMI
+# server and run; with half a PMIx launch (PMIX_RANK without PMIX_NAMESPACE) or an MPI
+# launcher's variable and no server named (OMPI_COMM_WORLD_RANK alone), a clear error.
 cargo build --release --bin pw-msgperf
 timeout 300 "${mpirun[@]}" -np 2 target/release/pw-msgperf pingpong --msglog 0:16 --iters 20
-echo "mpi: pw-msgperf without the mpi feature ran under mpiexec -np 2 through PMI-1"
-if out=$(PMIX_RANK=0 RUST_BACKTRACE=0 timeout 120 target/release/pw-msgperf pingpong --msglog 0:4 --iters 5 2>&1); then
-  echo "mpi: pw-msgperf without the mpi feature ran under a PMIx launcher's variables; it must refuse" >&2
-  echo "$out" >&2
-  exit 1
-fi
-grep -q -- 'rebuild with `--features mpi`' <<<"$out" || { echo "$out" >&2; exit 1; }
-echo "mpi: without the feature, under PMIx, it fails with: $(grep -m1 -- '--features mpi' <<<"$out")"
+echo "mpi: pw-msgperf without the mpi feature ran under mpiexec -np 2 through PMI"
+refused() { # VAR=VALUE EXPECTED: pw-msgperf must fail with EXPECTED in its error
+  local out
+  if out=$(env "$1" RUST_BACKTRACE=0 timeout 120 target/release/pw-msgperf pingpong \
+    --msglog 0:4 --iters 5 2>&1); then
+    echo "mpi: pw-msgperf without the mpi feature ran with $1; it must refuse" >&2
+    echo "$out" >&2
+    exit 1
+  fi
+  grep -q -- "$2" <<<"$out" || { echo "$out" >&2; exit 1; }
+  echo "mpi: without the feature, with $1, it fails with: $(grep -m1 -- "$2" <<<"$out")"
+}
+refused PMIX_RANK=0 "PMIX_RANK is set but PMIX_NAMESPACE is not"
+refused OMPI_COMM_WORLD_RANK=0 'rebuild with `--features mpi`'
 
 # ---- imb-bench (owner: the imb-bench engineer) -------------------------------
 # Every IMB-MPI1 benchmark bootstrapped by MPI on 1-4 ranks, short, in each buffer mode; the
