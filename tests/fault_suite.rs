@@ -11,6 +11,7 @@
 //! victim rank writes a `fault` file and sends itself SIGKILL right there. Mid-transfer
 //! points are found by watching the copy mode's byte counter between `test` calls.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -113,7 +114,8 @@ impl Job {
         let log = |what: &str| {
             Stdio::from(std::fs::File::create(dir.join(what)).expect("create a log file"))
         };
-        let pwrun = Command::new(profile_dir().join("pwrun"))
+        let mut pwrun = Command::new(profile_dir().join("pwrun"));
+        pwrun
             .args([
                 "-n",
                 &ranks.to_string(),
@@ -139,9 +141,21 @@ impl Job {
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log("stdout"))
-            .stderr(log("stderr"))
-            .spawn()
-            .expect("start pwrun");
+            .stderr(log("stderr"));
+        // pwrun keeps ignoring the termination signals it inherits ignored (as a shell's
+        // background job inherits SIGINT): start it with their defaults, whatever this
+        // test process was started with, so the signal tests see pwrun's own handling.
+        // SAFETY: between fork and exec the closure calls only signal(2), which is
+        // async-signal-safe, and touches no memory of the parent.
+        unsafe {
+            pwrun.pre_exec(|| {
+                for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
+                Ok(())
+            });
+        }
+        let pwrun = pwrun.spawn().expect("start pwrun");
         Job { name, dir, pwrun }
     }
 
