@@ -19,7 +19,7 @@ run_record_start() {
     echo "# How this run was made"
     echo
     echo "- command: \`$*\`"
-    echo "- settings: \`$(env | grep -E '^(PAGEWIRE_|ROUNDS=|MSGLOG=|ITERS=|NP=|SIZES=|IMB_ARGS=|BEFF_ARGS=|OMPI=|TIMEOUT=|BUILD=|API=|IMB_BENCHMARKS=|WINDOW=)' | sort | tr '\n' ' ' | sed 's/ $//')\`"
+    echo "- settings: \`$(env | grep -E '^(PAGEWIRE_|ROUNDS=|MSGLOG=|ITERS=|NP=|SIZES=|IMB_ARGS=|BEFF_ARGS=|OMPI=|TIMEOUT=|BUILD=|API=|IMB_BENCHMARKS=|WINDOW=|STARTS=|BENCHES=)' | sort | tr '\n' ' ' | sed 's/ $//')\`"
     echo "- commit: $commit$dirty"
     echo "- date: $(date -u +%FT%TZ)"
     echo "- machine: $(uname -sr), $(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)"

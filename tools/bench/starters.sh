@@ -17,13 +17,16 @@
 # same binaries over it, so the ratios compare the starters, nothing else.
 #
 # Usage: tools/bench/starters.sh [OUTDIR]  (default target/bench/starters)
-# Settings: ROUNDS (default 3), STARTS (default 10). Needs root, Slurm and MPICH (what
+# Settings: ROUNDS (default 3), STARTS (default 10; 0 leaves the start-ups out), BENCHES
+# (default "pingpong allreduce beff": which jobs). Needs root, Slurm and MPICH (what
 # .ci/slurm.sh and .ci/mpi.sh install).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-target/bench/starters}
 rounds=${ROUNDS:-3}
 starts=${STARTS:-10}
+benches=${BENCHES:-pingpong allreduce beff}
+runs() { [[ " $benches " == *" $1 "* ]]; }
 mkdir -p "$out"
 source tools/bench/run_record.sh
 run_record_start "$out" "$0" "$@"
@@ -78,12 +81,18 @@ job() {
 } > "$out/machine.txt"
 for round in $(seq 1 "$rounds"); do
   for starter in srun pwrun; do
-    job "$starter" 1 "$bin/imb-bench" PingPong -msglog 0:22 -time 1 --no-progress \
-      > "$out/pingpong-$starter-r$round.txt"
-    job "$starter" 2 "$bin/imb-bench" Allreduce -npmin 4 -msglog 0:22 -time 1 --no-progress \
-      > "$out/allreduce-$starter-r$round.txt"
-    job "$starter" 1 "$bin/beff" --short --test --memory-per-process 64 --seed 1 \
-      > "$out/beff-$starter-r$round.txt" 2>/dev/null
+    if runs pingpong; then
+      job "$starter" 1 "$bin/imb-bench" PingPong -msglog 0:22 -time 1 --no-progress \
+        > "$out/pingpong-$starter-r$round.txt"
+    fi
+    if runs allreduce; then
+      job "$starter" 2 "$bin/imb-bench" Allreduce -npmin 4 -msglog 0:22 -time 1 --no-progress \
+        > "$out/allreduce-$starter-r$round.txt"
+    fi
+    if runs beff; then
+      job "$starter" 1 "$bin/beff" --short --test --memory-per-process 64 --seed 1 \
+        > "$out/beff-$starter-r$round.txt" 2>/dev/null
+    fi
   done
 done
 
@@ -119,23 +128,30 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else
   echo "| benchmark | size | pwrun --hosts (µs, median) | srun --mpi=pmi2 (µs, median) | srun/pwrun |"
   echo "|---|---:|---:|---:|---:|"
   for bench in pingpong allreduce; do
+    runs "$bench" || continue
     for bytes in 0 8 1024 65536 1048576 4194304; do
       p=$(for f in "$out"/$bench-pwrun-r*.txt; do imb_time "$bytes" "$f"; done | median)
       s=$(for f in "$out"/$bench-srun-r*.txt; do imb_time "$bytes" "$f"; done | median)
       echo "| $bench | $bytes | $p | $s | $(ratio "$s" "$p") |"
     done
   done
-  p=$(for f in "$out"/beff-pwrun-r*.txt; do beff_of "$f"; done | median)
-  s=$(for f in "$out"/beff-srun-r*.txt; do beff_of "$f"; done | median)
-  echo "| b_eff (MB/s) | - | $p | $s | $(ratio "$p" "$s") |"
-  echo
-  echo "| start-up of 4 tasks on 2 nodes under srun --mpi=pmi2 | median ms | range ms |"
-  echo "|---|---:|---:|"
-  pw=$(median < "$out/startup-pagewire.txt")
-  mp=$(median < "$out/startup-mpich.txt")
-  echo "| pagewire (examples/hello) | $pw | $(range < "$out/startup-pagewire.txt") |"
-  echo "| MPICH 4.0.2 (C hello world) | $mp | $(range < "$out/startup-mpich.txt") |"
-  echo "| pagewire/MPICH | $(ratio "$pw" "$mp") | |"
+  if runs beff; then
+    p=$(for f in "$out"/beff-pwrun-r*.txt; do beff_of "$f"; done | median)
+    s=$(for f in "$out"/beff-srun-r*.txt; do beff_of "$f"; done | median)
+    echo "| b_eff (MB/s) | - | $p | $s | $(ratio "$p" "$s") |"
+    echo "| b_eff each round, pwrun | | $(for f in "$out"/beff-pwrun-r*.txt; do beff_of "$f"; done | tr '\n' ' ') | | |"
+    echo "| b_eff each round, srun | | | $(for f in "$out"/beff-srun-r*.txt; do beff_of "$f"; done | tr '\n' ' ') | |"
+  fi
+  if [ "$starts" -gt 0 ]; then
+    echo
+    echo "| start-up of 4 tasks on 2 nodes under srun --mpi=pmi2 | median ms | range ms |"
+    echo "|---|---:|---:|"
+    pw=$(median < "$out/startup-pagewire.txt")
+    mp=$(median < "$out/startup-mpich.txt")
+    echo "| pagewire (examples/hello) | $pw | $(range < "$out/startup-pagewire.txt") |"
+    echo "| MPICH 4.0.2 (C hello world) | $mp | $(range < "$out/startup-mpich.txt") |"
+    echo "| pagewire/MPICH | $(ratio "$pw" "$mp") | |"
+  fi
 } > "$out/summary.md"
 cat "$out/summary.md"
 run_record_end "$out"
