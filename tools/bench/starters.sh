@@ -38,7 +38,9 @@ command -v mpicc.mpich >/dev/null || { echo "starters: needs MPICH's mpicc (.ci/
 cargo build --release -q --bin pwrun --example hello
 cargo build --release -q -p imb-bench -p beff
 bin=$PWD/target/release
-cat > "$out/hello_mpich.c" <<'C'
+hello=target/bench/hello_mpich
+mkdir -p target/bench
+cat > "$hello.c" <<'C'
 #include <mpi.h>
 #include <stdio.h>
 int main(int argc, char **argv) {
@@ -53,7 +55,7 @@ int main(int argc, char **argv) {
   return 0;
 }
 C
-mpicc.mpich -O2 "$out/hello_mpich.c" -o "$out/hello_mpich"
+mpicc.mpich -O2 "$hello.c" -o "$hello"
 
 id="st$(( $$ % 100000 ))"
 hosts_dir=$(tools/hosts/ns-hosts up "$id")
@@ -100,7 +102,7 @@ done
 for i in $(seq 1 "$starts"); do
   for prog in pagewire mpich; do
     p=$bin/examples/hello
-    [ "$prog" = mpich ] && p=$out/hello_mpich
+    [ "$prog" = mpich ] && p=$PWD/$hello
     t0=$(date +%s%N)
     timeout 120 "$slurm_dir/run" srun -N 2 -n 4 --mpi=pmi2 "$p" > "$out/hello-$prog-$i.out"
     echo $(( ($(date +%s%N) - t0) / 1000000 )) >> "$out/startup-$prog.txt"
