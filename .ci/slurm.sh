@@ -197,7 +197,10 @@ for mpi in pmi2 pmix; do
     echo "$?" > "$work/kill-$mpi.rc"
   ) &
   waiter=$!
-  victim=$(wait_for_ranks "$h1" | head -n 1)
+  # The first pid (not `| head -n 1`: bash writes the list line by line, and a writer that
+  # finds head gone dies of SIGPIPE, which pipefail turns into this script's exit status).
+  victim=$(wait_for_ranks "$h1")
+  victim=${victim%%$'\n'*}
   sleep 1
   killed_at=$(date +%s%N)
   "$hosts_dir/enter" "$h1" kill -KILL "$victim"
