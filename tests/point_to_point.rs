@@ -407,6 +407,75 @@ fn a_rank_waiting_long_sleeps_and_a_message_wakes_it() {
     );
 }
 
+/// Large messages both ways between ranks of one host: no CPU copies more than its share,
+/// and the bytes are exact.
+/// - A sendrecv: each receiver copies the whole message its peer sent, none asks its peer to
+///   share the copy, even when the peer's RTS already waits, unexpected, as the sendrecv
+///   starts (the peer's CPU copies the other direction: a shared copy would leave it one
+///   and a half copies to make).
+/// - An immediate receive, then a blocking send (b_eff's Sendrecv method): the rank whose
+///   receive matched the waiting RTS asks to share, and its peer, whose own receive is
+///   posted, declines; the asking rank copies it all.
+fn large_messages_both_ways(u: &pagewire::Universe) {
+    let world = u.world();
+    let rank = world.rank();
+    let peer = world.process_at_rank(1 - rank);
+    let n = (1 << 20) + 3;
+    let data = pattern(40 + rank as u64, n);
+    let expected = pattern(40 + (1 - rank) as u64, n);
+    for round in 0..4 {
+        // Rank `round % 2` starts once the other's RTS has arrived and waits unexpected.
+        if rank == round % 2 {
+            peer.probe();
+        }
+        let mut got = vec![0u8; n];
+        pagewire::point_to_point::send_receive_into(&data[..], &peer, &mut got[..], &peer);
+        assert!(got == expected, "sendrecv, round {round}: bytes differ");
+        world.barrier();
+    }
+    let shm = u.local_path() == "shm";
+    let c = u.with_p2p(|p| p.counters());
+    assert!(
+        !shm || c.rndv_split == 0,
+        "a sendrecv's receive was split: {c:?}"
+    );
+    for round in 0..4 {
+        if rank == round % 2 {
+            peer.probe();
+        }
+        let mut got = vec![0u8; n];
+        request::scope(|scope| {
+            let r = peer.immediate_receive_into(scope, &mut got[..]);
+            peer.send(&data[..]);
+            r.wait();
+        });
+        assert!(
+            got == expected,
+            "receive and send, round {round}: bytes differ"
+        );
+        world.barrier();
+    }
+    // Through the NIC (`PAGEWIRE_LOCAL=nic`) the buffer mode's protocol decides.
+    if shm {
+        let c = u.with_p2p(|p| p.counters());
+        assert_eq!(
+            (c.rndv_split, c.local_shares_declined),
+            (2, 2),
+            "each rank asked twice and declined twice: {c:?}"
+        );
+    }
+}
+
+#[test]
+fn large_messages_both_ways_leave_no_cpu_more_than_its_copy() {
+    ranks(
+        "large_messages_both_ways_leave_no_cpu_more_than_its_copy",
+        2,
+        &[],
+        large_messages_both_ways,
+    );
+}
+
 fn bad_arguments(u: &pagewire::Universe) {
     let world = u.world();
     let mut buf = [0u8; 4];

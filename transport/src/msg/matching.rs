@@ -163,6 +163,13 @@ impl<R, U> Matcher<R, U> {
         self.unexpected.iter_mut()
     }
 
+    /// Whether a posted receive could match a message from `source` (any context or tag).
+    pub fn expects_from(&self, source: usize) -> bool {
+        self.posted
+            .iter()
+            .any(|(s, _)| s.source.is_none_or(|r| r == source))
+    }
+
     /// Posted receives not yet matched.
     pub fn posted_len(&self) -> usize {
         self.posted.len()

@@ -117,6 +117,9 @@ pub struct MsgCounters {
     pub held_slots: u64,
     /// Rendezvous receives moved by both sides at once (split rendezvous).
     pub rndv_split: u64,
+    /// Local rendezvous sends whose receiver asked to share the copy, declined because this
+    /// rank expected a message from it (`msg/rndv_local.rs`).
+    pub local_shares_declined: u64,
     /// Rendezvous sends and receives whose gapped buffer moved in place, run by run
     /// (scatter-gather rendezvous, `msg/rndv.rs`).
     pub rndv_scatter_gather: u64,

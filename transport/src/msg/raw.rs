@@ -104,6 +104,16 @@ impl super::PointToPoint {
         self.wait(id)
     }
 
+    /// Whether a send of `len` bytes to `dest`, made together with receives, goes out before
+    /// they are posted: a local rendezvous does. A receive that matches the peer's RTS
+    /// while this rank has an RTS of its own out to it copies the whole message alone
+    /// (`rndv_local.rs`); posted first, a receive that matched an RTS already waiting would
+    /// ask the peer to copy half, and the peer, copying this rank's message too, would do
+    /// one and a half copies while this rank did a half.
+    fn rendezvous_first(&self, dest: usize, len: usize) -> bool {
+        len > self.cfg.eager_limit && self.is_local(dest)
+    }
+
     /// Sends `send` to `dest` and receives into `recv` from `source` at the same time
     /// (`MPI_Sendrecv`); returns the receive's status.
     #[allow(clippy::too_many_arguments)]
@@ -119,9 +129,17 @@ impl super::PointToPoint {
     ) -> Result<super::Status> {
         // SAFETY: both operations are waited for below, while the buffers are borrowed.
         let r = unsafe { UserBufMut::new(recv.as_mut_ptr(), recv.len()) };
-        let rid = self.irecv(source, recv_tag, context, r)?;
         // SAFETY: as above.
         let s = unsafe { UserBuf::new(send.as_ptr(), send.len()) };
+        if self.rendezvous_first(dest, send.len()) {
+            let sid = self.isend(dest, send_tag, context, s, false)?;
+            let rstatus = self
+                .irecv(source, recv_tag, context, r)
+                .and_then(|rid| self.wait(rid));
+            self.wait(sid)?;
+            return rstatus;
+        }
+        let rid = self.irecv(source, recv_tag, context, r)?;
         let sid = match self.send_eager_now(dest, send_tag, context, &s) {
             Ok(true) => None,
             Ok(false) => Some(self.isend(dest, send_tag, context, s, false)),
@@ -148,17 +166,28 @@ impl super::PointToPoint {
         sends: &[(usize, &[u8])],
         recvs: &mut [(usize, &mut [u8])],
     ) -> Result<Vec<super::Status>> {
+        let sends_first = sends
+            .iter()
+            .any(|(dest, buf)| self.rendezvous_first(*dest, buf.len()));
+        let mut sids = Vec::with_capacity(sends.len());
+        let mut post_sends = |p2p: &mut Self| {
+            for (dest, buf) in sends {
+                // SAFETY: every send is waited for below, while `sends` is borrowed.
+                let b = unsafe { UserBuf::new(buf.as_ptr(), buf.len()) };
+                sids.push(p2p.isend(*dest, tag, context, b, false));
+            }
+        };
+        if sends_first {
+            post_sends(self);
+        }
         let mut rids = Vec::with_capacity(recvs.len());
         for (src, buf) in recvs.iter_mut() {
             // SAFETY: every receive is waited for below, while `recvs` is borrowed.
             let b = unsafe { UserBufMut::new(buf.as_mut_ptr(), buf.len()) };
             rids.push(self.irecv(Some(*src), Some(tag), context, b));
         }
-        let mut sids = Vec::with_capacity(sends.len());
-        for (dest, buf) in sends {
-            // SAFETY: every send is waited for below, while `sends` is borrowed.
-            let b = unsafe { UserBuf::new(buf.as_ptr(), buf.len()) };
-            sids.push(self.isend(*dest, tag, context, b, false));
+        if !sends_first {
+            post_sends(self);
         }
         let mut first_err = None;
         let mut statuses = Vec::with_capacity(rids.len());

@@ -15,7 +15,12 @@
 //! answers ShareDone; the receive completes when both halves are in. Not while this rank
 //! has a local rendezvous of its own out to the sender (a sendrecv, an exchange): the
 //! sender's CPU is then busy copying that one, so a share would only wait for it, and each
-//! side copying its own receive keeps both CPUs busy without the extra messages.
+//! side copying its own receive keeps both CPUs busy without the extra messages. For the
+//! same reason a sender that has a receive posted for the receiver's messages declines the
+//! share (ShareDone of length 0; the receiver then copies the back itself and sends a
+//! second CopyDone): the receiver matched the RTS before its own send went out, and
+//! sharing would leave the sender one and a half copies to make while the receiver made a
+//! half.
 
 use super::wire::{self, Header, LocalSource, MsgKind, HEADER_BYTES};
 use super::*;
@@ -96,6 +101,13 @@ pub(crate) struct LocalSplitRecv {
     /// The message's tag and size.
     pub tag: i32,
     pub size: usize,
+    /// The sender's request, its process, where its bytes lie, and the back's range
+    /// `[k, n)` of the bytes that land: this side copies the back too if the sender
+    /// declines.
+    pub sreq: u64,
+    pub pid: u32,
+    pub source: LocalSource,
+    pub back: (usize, usize),
     /// This side's copy of the front failed with this.
     pub failed: Option<Error>,
 }
@@ -132,7 +144,11 @@ impl PointToPoint {
         }
         self.counters.rndv_sent += 1;
         if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
-            s.state = SendState::LocalCopy { _packed: packed };
+            s.state = SendState::LocalCopy {
+                _packed: packed,
+                copy_dones: 1,
+                copy_failed: false,
+            };
             self.peers[peer].local_copies_out += 1;
         }
         Ok(true)
@@ -160,7 +176,7 @@ impl PointToPoint {
             .expect("a local RTS comes from a local peer");
         if n >= self.cfg.split_min
             && self.peers[peer].local_copies_out == 0
-            && self.share_local_copy(rid, peer, &h, n)?
+            && self.share_local_copy(rid, peer, &h, n, pid, source)?
         {
             // The sender copies the back; this side the front.
             let k = split_point(n);
@@ -214,6 +230,8 @@ impl PointToPoint {
         peer: usize,
         h: &Header,
         n: usize,
+        pid: u32,
+        source: &LocalSource,
     ) -> Result<bool> {
         let Some(Req::Recv(r)) = self.reqs.get(rid) else {
             return Ok(false);
@@ -237,6 +255,10 @@ impl PointToPoint {
                 peer,
                 tag: h.tag,
                 size: h.size as usize,
+                sreq: h.sreq,
+                pid,
+                source: source.clone(),
+                back: (k, n),
                 failed: None,
             }));
         }
@@ -289,7 +311,10 @@ impl PointToPoint {
             self.protocol_violation(peer, "a copy share for no send");
             return Ok(());
         };
-        let SendState::LocalCopy { _packed: packed } = &s.state else {
+        let SendState::LocalCopy {
+            _packed: packed, ..
+        } = &s.state
+        else {
             self.protocol_violation(peer, "a copy share for a send that is not a local one");
             return Ok(());
         };
@@ -297,6 +322,22 @@ impl PointToPoint {
         if s.peer != peer || at.checked_add(n).is_none_or(|end| end > s.buf.len()) {
             self.protocol_violation(peer, "a copy share outside the message");
             return Ok(());
+        }
+        let mut done = Header::new(MsgKind::ShareDone);
+        done.rreq = h.rreq;
+        if self.matcher.expects_from(peer) {
+            // This rank waits for a message from the receiver, whose copy will keep this CPU
+            // busy: declined (`len` stays 0); the receiver copies the back itself, and says
+            // so by a second CopyDone.
+            if let Some(Req::Send(SendReq {
+                state: SendState::LocalCopy { copy_dones, .. },
+                ..
+            })) = self.reqs.get_mut(id)
+            {
+                *copy_dones = 2;
+            }
+            self.counters.local_shares_declined += 1;
+            return self.send_control(peer, done);
         }
         let local = match packed {
             Some(p) => vec![Extent {
@@ -316,8 +357,7 @@ impl PointToPoint {
             &local,
             &source_extents(dest, at, n),
         );
-        let mut done = Header::new(MsgKind::ShareDone);
-        done.rreq = h.rreq;
+        done.len = n as u64;
         match written {
             Ok(_) => {}
             Err(e) if process_gone(&e) => {
@@ -342,13 +382,45 @@ impl PointToPoint {
             self.protocol_violation(peer, "a share-done for another rank's receive");
             return;
         }
-        let (tag, size, failed) = (ls.tag, ls.size, ls.failed.take());
+        let (tag, size, mut failed) = (ls.tag, ls.size, ls.failed.take());
         let buffer_bytes = r.buf.len();
         let env = Envelope {
             source: peer,
             tag,
             context: r.sel.context,
         };
+        if h.len == 0 {
+            // The sender declined: this side copies the back too, then lets the send go.
+            let (pid, (k, n)) = (ls.pid, ls.back);
+            let mut done = Header::new(MsgKind::CopyDone);
+            done.sreq = ls.sreq;
+            if failed.is_none() {
+                let back = sys::cma_copy(
+                    pid,
+                    CmaDirection::Read,
+                    &memory_extents(&r.buf, k, n - k),
+                    &source_extents(&ls.source, k, n - k),
+                );
+                match back {
+                    Ok(_) => {}
+                    Err(e) if process_gone(&e) => {
+                        self.fail_peer(peer, WcStatus::RetryExceeded, "receiving a local message");
+                        return;
+                    }
+                    Err(e) => {
+                        let what =
+                            format!("copying a {size}-byte message from rank {peer} (pid {pid})");
+                        failed = Some(Error::os(what, e));
+                    }
+                }
+            }
+            if failed.is_some() {
+                done.flags |= wire::COPY_FAILED;
+            }
+            if let Err(e) = self.send_control(peer, done) {
+                failed.get_or_insert(e);
+            }
+        }
         match failed {
             Some(e) => self.complete(id, Err(e)),
             None if h.flags & wire::COPY_FAILED != 0 => self.complete(
@@ -366,24 +438,35 @@ impl PointToPoint {
     /// Local peer `peer` is done with the buffer of the send its CopyDone `h` names.
     pub(crate) fn local_copy_done(&mut self, peer: usize, h: Header) {
         let id = RequestId(h.sreq);
-        let Some(Req::Send(s)) = self.reqs.get(id) else {
+        let Some(Req::Send(s)) = self.reqs.get_mut(id) else {
             return;
         };
-        if !matches!(s.state, SendState::LocalCopy { .. }) {
+        let SendState::LocalCopy {
+            copy_dones,
+            copy_failed,
+            ..
+        } = &mut s.state
+        else {
             return;
-        }
+        };
         if s.peer != peer {
             self.protocol_violation(peer, "a copy-done for another rank's send");
             return;
         }
-        let result = if h.flags & wire::COPY_FAILED != 0 {
+        *copy_failed |= h.flags & wire::COPY_FAILED != 0;
+        *copy_dones = copy_dones.saturating_sub(1);
+        if *copy_dones > 0 {
+            return;
+        }
+        let (failed, tag, len) = (*copy_failed, s.tag, s.buf.len());
+        let result = if failed {
             Err(Error::Communication {
                 peer,
                 status: WcStatus::RemoteAccessError,
                 what: "the receiver reading this send's buffer",
             })
         } else {
-            Ok(self.sent_status(s.tag, s.buf.len()))
+            Ok(self.sent_status(tag, len))
         };
         self.complete(id, result);
     }

@@ -119,7 +119,14 @@ pub(crate) enum SendState {
     Rndv(Box<rndv::RndvSend>),
     /// Local rendezvous: the receiver copies from the buffer (or from `_packed`, a packed
     /// copy of a buffer whose runs did not fit the RTS) until it says it is done.
-    LocalCopy { _packed: Option<Vec<u8>> },
+    LocalCopy {
+        _packed: Option<Vec<u8>>,
+        /// CopyDone messages still to come: one, or two once this side declined to share
+        /// the copy (the receiver then copies the back too, and says so again); whether one
+        /// said the copy failed.
+        copy_dones: u8,
+        copy_failed: bool,
+    },
 }
 
 pub(crate) struct RecvReq {

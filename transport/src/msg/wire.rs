@@ -36,7 +36,9 @@ pub enum MsgKind {
     /// bytes `[size, size + len)`, into its buffer, which the payload describes (a
     /// [`LocalSource`] of the receive buffer); `rreq` names the receive.
     CopyShare = 10,
-    /// The sender wrote the back of the message (`COPY_FAILED` if it could not).
+    /// The sender wrote the back of the message, `len` bytes (`COPY_FAILED` if it could
+    /// not), or declined to (`len` 0: it expects a message from the receiver, whose copy
+    /// will keep its CPU busy; the receiver copies the back itself).
     ShareDone = 11,
 }
 
