@@ -152,10 +152,45 @@ impl Plan {
 // ---------------------------------------------------------------------------------------
 // The checks, one per collective.
 
+/// Nanoseconds on the host's clock (the same for every rank: they share the host).
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_nanos() as u64
+}
+
+/// No rank leaves a barrier of `comm` before the last has entered it: the ranks enter
+/// 0 to 3 ms apart, in an order that changes each round.
+fn barrier_holds(comm: &SimpleCommunicator, round: usize) {
+    let (me, p) = (comm.rank() as usize, comm.size() as usize);
+    std::thread::sleep(std::time::Duration::from_micros(
+        ((me + round) % p) as u64 * 1000,
+    ));
+    let entered = now_ns();
+    comm.barrier();
+    let left = now_ns();
+    let mut all = vec![0u64; 2 * p];
+    comm.all_gather_into(&[entered, left][..], &mut all[..]);
+    let last_in = all.iter().step_by(2).max().expect("ranks");
+    let first_out = all.iter().skip(1).step_by(2).min().expect("ranks");
+    assert!(
+        first_out >= last_in,
+        "round {round}: a rank left the barrier {} ns before the last entered",
+        last_in - first_out
+    );
+}
+
+/// Barriers on the world and, interleaved, on the communicators of even and odd ranks.
 fn check_barrier(world: &SimpleCommunicator) {
-    for _ in 0..3 {
-        world.barrier();
+    let half = world
+        .split_by_color(pagewire::topology::Color::with_value(world.rank() % 2))
+        .expect("every rank has a colour");
+    for round in 0..3 {
+        barrier_holds(world, round);
+        barrier_holds(&half, round);
     }
+    world.barrier();
 }
 
 fn check_bcast(world: &SimpleCommunicator, plan: &Plan) {

@@ -20,7 +20,10 @@
 
 mod ring;
 
-use std::sync::atomic::{fence, Ordering::SeqCst};
+use std::sync::atomic::{
+    fence,
+    Ordering::{Acquire, SeqCst},
+};
 use std::time::Duration;
 
 use crate::boot::{self, Bootstrap};
@@ -81,6 +84,10 @@ struct LocalPeer {
     room_until: u64,
     /// Receiver side: the next position to read.
     next: u64,
+    /// Barriers this rank entered with the peer (`LocalPath::enter_barrier`), and whether
+    /// it waits for the peer to enter the last one (a sleep then wakes for it).
+    barriers: u64,
+    awaited: bool,
 }
 
 /// The local path of one rank: its rings and its local peers'.
@@ -209,6 +216,8 @@ impl LocalPath {
                 head: 0,
                 room_until: geometry.cells(),
                 next: 0,
+                barriers: 0,
+                awaited: false,
             });
             local.push(r);
         }
@@ -279,15 +288,42 @@ impl LocalPath {
         g.publish(seg, p.outbound, p.head, len, short, fill);
         p.head += 1;
         if self.wake_sleepers {
-            // Pairs with the fence in `sleep`: either the receiver sees this message before
-            // it sleeps, or this sees it asleep.
-            fence(SeqCst);
-            if g.asleep(seg).load(SeqCst) != 0 {
-                g.bell(seg).fetch_add(1, SeqCst);
-                sys::futex_wake(g.bell(seg));
-            }
+            wake(&g, seg);
         }
         true
+    }
+
+    /// This rank enters a barrier with local peer `peer` (a blocking barrier of a
+    /// communicator whose ranks are all local: every pair of its ranks enters it, in the
+    /// same order, as MPI orders blocking collectives): one store into the peer's segment.
+    pub fn enter_barrier(&mut self, peer: usize) {
+        let g = self.geometry;
+        let p = self.peers[peer].as_mut().expect("a local peer");
+        p.barriers += 1;
+        p.awaited = true;
+        let seg = match p.seg.as_ref() {
+            Some(s) => s,
+            None => &self.own,
+        };
+        g.barriers(seg, p.outbound).store(p.barriers, SeqCst);
+        if self.wake_sleepers {
+            wake(&g, seg);
+        }
+    }
+
+    /// Whether local peer `peer` has entered the barrier this rank last entered with it;
+    /// once it has, this rank no longer waits for it.
+    pub fn peer_entered_barrier(&mut self, peer: usize) -> bool {
+        let entered = self.barrier_reached(peer);
+        if entered {
+            self.peers[peer].as_mut().expect("a local peer").awaited = false;
+        }
+        entered
+    }
+
+    fn barrier_reached(&self, peer: usize) -> bool {
+        let p = self.peers[peer].as_ref().expect("a local peer");
+        self.geometry.barriers(&self.own, p.inbound).load(Acquire) >= p.barriers
     }
 
     /// Lets ranks sleep in [`LocalPath::sleep`] (every rank of the job sets the same: when
@@ -306,7 +342,11 @@ impl LocalPath {
         // The bell is read before the rings: a message published after the check bumps it,
         // and the futex then does not sleep.
         let seen = bell.load(SeqCst);
-        if self.local.iter().all(|&peer| self.peek(peer).is_none()) {
+        let nothing_new = self.local.iter().all(|&peer| {
+            let awaited = self.peers[peer].as_ref().is_some_and(|p| p.awaited);
+            self.peek(peer).is_none() && !(awaited && self.barrier_reached(peer))
+        });
+        if nothing_new {
             sys::futex_wait(bell, seen, timeout);
         }
         asleep.store(0, SeqCst);
@@ -330,6 +370,16 @@ impl LocalPath {
         let p = self.peers[peer].as_mut().expect("a local peer");
         p.next += 1;
         self.geometry.consume(&self.own, p.inbound, p.next);
+    }
+}
+
+/// Wakes the owner of `seg` if it sleeps. Pairs with the fence in `sleep`: either the owner
+/// sees what was just published before it sleeps, or this sees it asleep.
+fn wake(g: &Geometry, seg: &SharedSegment) {
+    fence(SeqCst);
+    if g.asleep(seg).load(SeqCst) != 0 {
+        g.bell(seg).fetch_add(1, SeqCst);
+        sys::futex_wake(g.bell(seg));
     }
 }
 

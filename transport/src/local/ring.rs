@@ -3,8 +3,9 @@
 //!
 //! A segment starts with a header line (a magic word, the geometry, and the owner's sleep
 //! words: whether it sleeps, and the futex its senders ring) followed by one ring per
-//! sender of the host. A ring is a line holding the consumer's position, then
-//! `cells` cells. A cell is one control word, then the message. The control word holds the
+//! sender of the host. A ring is a line holding the consumer's position, a line the
+//! sender writes (the count of barriers it entered with the owner, `LocalPath::barrier`),
+//! then `cells` cells. A cell is one control word, then the message. The control word holds the
 //! message's sequence number (its position + 1, modulo 2^32), its length and a bit the
 //! message layer gives the message's form (its full 64-byte header or the short one of an
 //! eager message: `msg/wire.rs`). The sender fills the cell at its position, then stores
@@ -13,14 +14,14 @@
 //! it, stores its new position. The sender reads that position only when the ring looks
 //! full, so a short eager message of up to 44 bytes costs one cache line and nothing else.
 
-use std::sync::atomic::AtomicU32;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 use crate::error::{Error, Result};
 use crate::sys::SharedSegment;
 
 /// The first word of a local-path segment.
-pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"pwlocal1");
+pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"pwlocal2");
 
 /// A cache line.
 const LINE: usize = 64;
@@ -66,7 +67,7 @@ impl Geometry {
     }
 
     fn ring_bytes(&self) -> usize {
-        LINE + self.cells as usize * self.cell_bytes
+        2 * LINE + self.cells as usize * self.cell_bytes
     }
 
     fn ring_offset(&self, ring: usize) -> usize {
@@ -75,7 +76,7 @@ impl Geometry {
     }
 
     fn cell_offset(&self, ring: usize, pos: u64) -> usize {
-        self.ring_offset(ring) + LINE + (pos % self.cells) as usize * self.cell_bytes
+        self.ring_offset(ring) + 2 * LINE + (pos % self.cells) as usize * self.cell_bytes
     }
 
     /// Bytes of a segment.
@@ -130,6 +131,11 @@ impl Geometry {
     /// The receiver has consumed ring `ring` of `seg` up to `next`.
     pub(crate) fn consume(&self, seg: &SharedSegment, ring: usize, next: u64) {
         seg.words(self.ring_offset(ring), 1)[0].store(next, Release);
+    }
+
+    /// How many barriers the sender of ring `ring` of `seg` has entered with the owner.
+    pub(crate) fn barriers<'s>(&self, seg: &'s SharedSegment, ring: usize) -> &'s AtomicU64 {
+        &seg.words(self.ring_offset(ring) + LINE, 1)[0]
     }
 
     /// Writes a message of `len` bytes (`fill` gets them; `short`: in the short form) at
@@ -189,7 +195,7 @@ mod tests {
         assert_eq!(g.cells(), 31);
         assert_eq!(Geometry::new(64 + 8, 1).cells(), 64);
         assert_eq!(Geometry::new(1 << 20, 1).cells(), 8);
-        assert_eq!(g.segment_bytes(), LINE + 3 * (LINE + 31 * g.cell_bytes));
+        assert_eq!(g.segment_bytes(), LINE + 3 * (2 * LINE + 31 * g.cell_bytes));
     }
 
     #[test]

@@ -276,31 +276,13 @@ impl PointToPoint {
                 return r;
             }
         }
-        // The clock is read only after IDLE_POLLS_PER_CLOCK_READ empty polls in a row.
-        let mut idle_polls = 0u32;
-        let mut idle_since: Option<Instant> = None;
+        let mut idle = liveness::IdleWait::default();
         loop {
             if let Some(r) = self.test(id)? {
                 return r;
             }
-            if self.last_progress_made {
-                idle_polls = 0;
-                idle_since = None;
-                continue;
-            }
-            idle_polls += 1;
-            if idle_polls >= SLEEP_AFTER_IDLE_POLLS && self.all_local && self.yield_when_idle {
-                // Ranks outnumber CPUs: give the CPU up until a local peer sends something.
-                if let Some(local) = &self.local {
-                    local.sleep(SLEEP_TIMEOUT);
-                }
-            }
-            if idle_polls % IDLE_POLLS_PER_CLOCK_READ == 0 {
-                let since = *idle_since.get_or_insert_with(Instant::now);
-                if since.elapsed() > LIVENESS_CHECK_AFTER {
-                    self.probe_peers_of(id)?;
-                    idle_since = Some(Instant::now());
-                }
+            if idle.after_pass(self) {
+                self.probe_peers_of(id)?;
             }
         }
     }

@@ -3,6 +3,43 @@
 
 use super::*;
 
+/// How a blocking call waits between passes of the engine that made no progress: the
+/// clock is read only every `IDLE_POLLS_PER_CLOCK_READ` empty passes in a row; when ranks
+/// outnumber CPUs and all are local, it sleeps after `SLEEP_AFTER_IDLE_POLLS` until a
+/// local peer writes; and after `LIVENESS_CHECK_AFTER` without progress it says that the
+/// peers waited for should be probed.
+#[derive(Default)]
+pub(super) struct IdleWait {
+    polls: u32,
+    since: Option<Instant>,
+}
+
+impl IdleWait {
+    /// Called after each pass of `p2p`'s engine; true when the waiter should probe its peers.
+    pub(super) fn after_pass(&mut self, p2p: &PointToPoint) -> bool {
+        if p2p.last_progress_made {
+            *self = IdleWait::default();
+            return false;
+        }
+        self.polls += 1;
+        if self.polls >= SLEEP_AFTER_IDLE_POLLS && p2p.all_local && p2p.yield_when_idle {
+            // Ranks outnumber CPUs: give the CPU up until a local peer sends something.
+            if let Some(local) = &p2p.local {
+                local.sleep(SLEEP_TIMEOUT);
+            }
+        }
+        if self.polls % IDLE_POLLS_PER_CLOCK_READ != 0 {
+            return false;
+        }
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if since.elapsed() <= LIVENESS_CHECK_AFTER {
+            return false;
+        }
+        self.since = Some(Instant::now());
+        true
+    }
+}
+
 impl PointToPoint {
     /// If a wait makes no progress for a while, sends a zero-length RDMA WRITE to the peers
     /// it depends on: a dead peer turns into an error completion instead of a hang.

@@ -28,6 +28,7 @@ mod config;
 mod eager;
 mod failure;
 mod liveness;
+mod local_barrier;
 pub mod matching;
 mod persistent;
 mod posting;
