@@ -691,6 +691,7 @@ fn every_switch_point_with_lowered_thresholds() {
         &[
             (SIZES_VAR, "small"),
             ("PAGEWIRE_ALLREDUCE_SHORT", "256"),
+            ("PAGEWIRE_ALLREDUCE_SHORT_LOCAL", "256"),
             ("PAGEWIRE_ALLREDUCE_RING", "4K"),
             ("PAGEWIRE_BCAST_LONG", "2K"),
             ("PAGEWIRE_BCAST_LONG_RANKS", "3"),
@@ -769,6 +770,7 @@ fn odp_mode_every_switch_point_on_5_ranks() {
             (SIZES_VAR, "small"),
             ("PAGEWIRE_MODE", "odp"),
             ("PAGEWIRE_ALLREDUCE_SHORT", "256"),
+            ("PAGEWIRE_ALLREDUCE_SHORT_LOCAL", "256"),
             ("PAGEWIRE_ALLREDUCE_RING", "4K"),
             ("PAGEWIRE_BCAST_LONG", "2K"),
             ("PAGEWIRE_BCAST_LONG_RANKS", "3"),

@@ -630,8 +630,9 @@ fn battery(u: &pagewire::Universe) {
 }
 
 /// Thresholds low enough that [`SIZES`] take every algorithm the tuning picks.
-const LOWERED: [(&str, &str); 3] = [
+const LOWERED: [(&str, &str); 4] = [
     ("PAGEWIRE_ALLREDUCE_SHORT", "256"),
+    ("PAGEWIRE_ALLREDUCE_SHORT_LOCAL", "256"),
     ("PAGEWIRE_ALLREDUCE_RING", "4K"),
     ("PAGEWIRE_REDUCE_SCATTER_RING", "4K"),
 ];
@@ -770,6 +771,7 @@ mod under_mpirun {
     ];
     const ENV: &[(&str, &str)] = &[
         ("PAGEWIRE_ALLREDUCE_SHORT", "256"),
+        ("PAGEWIRE_ALLREDUCE_SHORT_LOCAL", "256"),
         ("PAGEWIRE_ALLREDUCE_RING", "4K"),
         ("PAGEWIRE_REDUCE_SCATTER_RING", "4K"),
         ("UREDTEST_SIZES", "small"),

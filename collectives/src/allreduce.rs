@@ -160,7 +160,11 @@ pub(crate) fn allreduce<T: Element, O: Operation<T> + ?Sized>(
         return Ok(());
     }
     let bytes = std::mem::size_of_val(send);
-    match c.g.tuning.allreduce_algo(bytes, p, op.is_commutative()) {
+    match c
+        .g
+        .tuning
+        .allreduce_algo(bytes, p, op.is_commutative(), c.g.local)
+    {
         AllreduceAlgo::Rabenseifner => rabenseifner(c, out, op),
         AllreduceAlgo::Ring => ring(c, out, op),
         _ => recursive_doubling(c, out, op),

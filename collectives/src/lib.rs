@@ -115,12 +115,16 @@ pub struct Group<'a> {
     pub tuning: Tuning,
     /// Message-layer rank of each group rank; `None`: the same numbers.
     pub world_ranks: Option<&'a [usize]>,
+    /// Every rank of the group is reached through the local path (shared memory and CMA):
+    /// some switch points differ there.
+    pub local: bool,
 }
 
 impl<'a> Group<'a> {
     /// The group of every rank of `p2p`, with collective traffic in `context`.
     pub fn world(p2p: &'a mut PointToPoint, context: u32, tuning: Tuning) -> Group<'a> {
         let (rank, size) = (p2p.rank(), p2p.size());
+        let local = p2p.all_local_among(0..size);
         Group {
             p2p,
             context,
@@ -128,6 +132,7 @@ impl<'a> Group<'a> {
             size,
             tuning,
             world_ranks: None,
+            local,
         }
     }
 

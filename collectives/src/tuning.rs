@@ -9,6 +9,7 @@
 //! | `PAGEWIRE_ALLGATHER_ALGO` | `auto`, `recursive_doubling`, `bruck`, `ring` |
 //! | `PAGEWIRE_REDUCE_SCATTER_ALGO` | `auto`, `recursive_halving`, `ring` |
 //! | `PAGEWIRE_ALLREDUCE_SHORT` | bytes: recursive doubling below (default 1M) |
+//! | `PAGEWIRE_ALLREDUCE_SHORT_LOCAL` | the same among ranks that all share a host, on powers of two (default 32K) |
 //! | `PAGEWIRE_ALLREDUCE_RING` | bytes: the ring from here (default 2M); Rabenseifner in between, on powers of two only |
 //! | `PAGEWIRE_BCAST_LONG` | bytes: scatter+allgather from here (default 4M) … |
 //! | `PAGEWIRE_BCAST_LONG_RANKS` | … on at least this many ranks (default 5) |
@@ -29,7 +30,13 @@
 //!   From 2 MiB the ring won (2 ranks, 4 MiB: 1706 µs ring, 1852 Rabenseifner, 1993
 //!   recursive doubling; 4 ranks, 2 MiB: 5083 / 5940 / 8918 and 3453 / 4808 in a second
 //!   series). Rabenseifner keeps the band in between on powers of two; elsewhere its fold
-//!   moves the whole vector twice more, so the ring takes over at once.
+//!   moves the whole vector twice more, so the ring takes over at once. Those runs were on
+//!   the soft NIC; among ranks that share a host the local path moves a large message by
+//!   one CMA copy, and there Rabenseifner won from 32 KiB (`imb-bench Allreduce` under
+//!   `pwrun -n 2`, `PAGEWIRE_ALLREDUCE_ALGO` forced, two runs: 32 KiB 7.7 µs against 12.1
+//!   recursive doubling, 64 KiB 17.0-17.9 against 20.7-20.9, 256 KiB 42-46 against 58-60,
+//!   1 MiB 195-204 against 262-274; 16 KiB 4.1-4.2 against 3.7; 4 ranks on 2 cores: 32 KiB
+//!   24 against 31, 1 MiB 559 against 797), hence `allreduce_short_local`.
 //! - Broadcast: the binomial tree won at every size on 2, 3 and 4 ranks (4 ranks, 4 MiB:
 //!   5527 µs against 6082); on 8 ranks scatter+allgather won at 4 MiB (32.9 ms against
 //!   37.5) but not at 1 MiB (14.7 against 8.6).
@@ -114,6 +121,10 @@ pub struct Tuning {
     pub reduce_scatter: ReduceScatterAlgo,
     /// Allreduce messages shorter than this (bytes) use recursive doubling.
     pub allreduce_short: usize,
+    /// The same among ranks that all share a host, on a power of two of them: there a
+    /// large message is one copy by the receiver (CMA), and halving what each rank copies
+    /// and reduces pays from a few times the eager limit.
+    pub allreduce_short_local: usize,
     /// Allreduce messages at least this long (bytes) use the ring; so do all of at least
     /// `allreduce_short` bytes when the rank count is not a power of two (Rabenseifner's
     /// fold would move the whole vector twice more).
@@ -139,6 +150,7 @@ impl Default for Tuning {
             allgather: AllgatherAlgo::Auto,
             reduce_scatter: ReduceScatterAlgo::Auto,
             allreduce_short: 1 << 20,
+            allreduce_short_local: 32 << 10,
             allreduce_ring: 2 << 20,
             bcast_long: 4 << 20,
             bcast_long_ranks: 5,
@@ -219,6 +231,10 @@ impl Tuning {
                 d.reduce_scatter,
             )?,
             allreduce_short: env_bytes("PAGEWIRE_ALLREDUCE_SHORT", d.allreduce_short)?,
+            allreduce_short_local: env_bytes(
+                "PAGEWIRE_ALLREDUCE_SHORT_LOCAL",
+                d.allreduce_short_local,
+            )?,
             allreduce_ring: env_bytes("PAGEWIRE_ALLREDUCE_RING", d.allreduce_ring)?,
             bcast_long: env_bytes("PAGEWIRE_BCAST_LONG", d.bcast_long)?,
             bcast_long_ranks: match std::env::var("PAGEWIRE_BCAST_LONG_RANKS") {
@@ -235,13 +251,24 @@ impl Tuning {
     }
 
     /// The allreduce algorithm for `bytes` on `p` ranks.
-    pub fn allreduce_algo(&self, bytes: usize, p: usize, commutative: bool) -> AllreduceAlgo {
+    pub fn allreduce_algo(
+        &self,
+        bytes: usize,
+        p: usize,
+        commutative: bool,
+        local: bool,
+    ) -> AllreduceAlgo {
         if !commutative {
             return AllreduceAlgo::RecursiveDoubling;
         }
+        let short = if local && p.is_power_of_two() {
+            self.allreduce_short_local
+        } else {
+            self.allreduce_short
+        };
         match self.allreduce {
             AllreduceAlgo::Auto => {
-                if bytes < self.allreduce_short {
+                if bytes < short {
                     AllreduceAlgo::RecursiveDoubling
                 } else if !p.is_power_of_two() || bytes >= self.allreduce_ring {
                     AllreduceAlgo::Ring
@@ -310,7 +337,7 @@ mod tests {
     fn selection_follows_the_thresholds() {
         let t = Tuning::default();
         use AllreduceAlgo as A;
-        let ar = |bytes, p| t.allreduce_algo(bytes, p, true);
+        let ar = |bytes, p| t.allreduce_algo(bytes, p, true, false);
         assert_eq!(ar(8, 4), A::RecursiveDoubling);
         assert_eq!(ar(t.allreduce_short - 1, 6), A::RecursiveDoubling);
         assert_eq!(ar(t.allreduce_short, 4), A::Rabenseifner);
@@ -319,13 +346,26 @@ mod tests {
         assert_eq!(ar(t.allreduce_short, 6), A::Ring);
         assert_eq!(ar(t.allreduce_ring, 8), A::Ring);
         assert_eq!(ar(64 << 20, 2), A::Ring);
-        assert_eq!(t.allreduce_algo(64 << 20, 6, false), A::RecursiveDoubling);
+        assert_eq!(
+            t.allreduce_algo(64 << 20, 6, false, false),
+            A::RecursiveDoubling
+        );
+        // Ranks of one host: Rabenseifner from allreduce_short_local on powers of two.
+        let local = |bytes, p| t.allreduce_algo(bytes, p, true, true);
+        assert_eq!(local(t.allreduce_short_local - 1, 2), A::RecursiveDoubling);
+        assert_eq!(local(t.allreduce_short_local, 2), A::Rabenseifner);
+        assert_eq!(local(t.allreduce_short_local, 4), A::Rabenseifner);
+        assert_eq!(local(t.allreduce_short_local, 6), A::RecursiveDoubling);
+        assert_eq!(local(t.allreduce_ring, 2), A::Ring);
         let forced = Tuning {
             allreduce: A::Ring,
             ..t
         };
-        assert_eq!(forced.allreduce_algo(8, 4, true), A::Ring);
-        assert_eq!(forced.allreduce_algo(8, 4, false), A::RecursiveDoubling);
+        assert_eq!(forced.allreduce_algo(8, 4, true, false), A::Ring);
+        assert_eq!(
+            forced.allreduce_algo(8, 4, false, false),
+            A::RecursiveDoubling
+        );
 
         use BcastAlgo as B;
         assert_eq!(t.bcast_algo(t.bcast_long, 2), B::Binomial);

@@ -43,6 +43,7 @@ impl PagewireComm {
         self.refuse_on_intercommunicator("a collective")?;
         let tuning = tuning()?;
         let mut p2p = self.universe.p2p.borrow_mut();
+        let local = p2p.all_local_among((0..self.size).map(|r| self.world_rank(r)));
         let mut g = Group {
             p2p: &mut p2p,
             context: self.context | COLLECTIVE_CONTEXT_BIT,
@@ -50,6 +51,7 @@ impl PagewireComm {
             size: self.size,
             tuning,
             world_ranks: self.world_ranks(),
+            local,
         };
         f(&mut g)
     }

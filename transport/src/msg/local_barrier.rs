@@ -24,13 +24,11 @@ impl PointToPoint {
         world_rank: impl Fn(usize) -> usize,
     ) -> Result<bool> {
         let me = self.rank;
-        let Some(local) = self.local.as_mut() else {
-            return Ok(false);
-        };
         let others = || (0..size).map(&world_rank).filter(|&r| r != me);
-        if size < 2 || !others().all(|r| local.is_local(r)) {
+        if size < 2 || !self.all_local_among(others()) {
             return Ok(false);
         }
+        let local = self.local.as_mut().expect("a local path");
         for r in others() {
             local.enter_barrier(r);
         }

@@ -352,6 +352,15 @@ impl PointToPoint {
         }
     }
 
+    /// Whether every rank of `ranks` is reached through the local path (or is this one).
+    pub fn all_local_among(&self, mut ranks: impl Iterator<Item = usize>) -> bool {
+        match &self.local {
+            None => false,
+            Some(_) if self.all_local => true,
+            Some(l) => ranks.all(|r| r == self.rank || l.is_local(r)),
+        }
+    }
+
     /// Which path reaches `peer`: `"shm"` (the local path) or `"nic"`.
     pub fn path_to(&self, peer: usize) -> &'static str {
         if self.is_local(peer) {
