@@ -562,6 +562,35 @@ fn peer_dies(u: &pagewire::Universe) {
     }
 }
 
+/// Rank 1 ends without entering the barrier rank 0 waits in: an error naming it, not a hang
+/// (on the local path the barrier waits on a count in shared memory that will never move;
+/// the liveness probe finds the process gone).
+fn peer_dies_before_a_barrier(u: &pagewire::Universe) {
+    let world = u.world();
+    world.barrier();
+    if world.rank() == 1 {
+        std::process::exit(0);
+    }
+    let start = std::time::Instant::now();
+    let r = world.try_barrier();
+    assert!(
+        matches!(r, Err(Error::Communication { peer: 1, .. })),
+        "{r:?}"
+    );
+    assert!(start.elapsed() < std::time::Duration::from_secs(20));
+    std::process::exit(0); // no collective finalise with a dead peer
+}
+
+#[test]
+fn a_peer_dying_before_a_barrier_is_an_error_not_a_hang() {
+    ranks(
+        "a_peer_dying_before_a_barrier_is_an_error_not_a_hang",
+        2,
+        &[],
+        peer_dies_before_a_barrier,
+    );
+}
+
 #[test]
 fn a_peer_dying_mid_rendezvous_is_an_error_not_a_hang_rget() {
     ranks(

@@ -231,6 +231,23 @@ mod tests {
     }
 
     #[test]
+    fn a_rings_barrier_count_is_apart_from_its_position_and_cells() {
+        let g = Geometry::new(200, 2);
+        let mut seg = segment(&g);
+        g.barriers(&seg, 1).store(7, Relaxed);
+        // A full lap of messages and their consumption leave the count alone, and the
+        // count leaves them alone.
+        for pos in 0..g.cells() {
+            g.publish(&mut seg, 1, pos, 200, false, |b| b.fill(0xff));
+            assert_eq!(g.published(&seg, 1, pos).map(|(_, l, _)| l), Some(200));
+            g.consume(&seg, 1, pos + 1);
+        }
+        assert_eq!(g.barriers(&seg, 1).load(Relaxed), 7);
+        assert_eq!(g.consumed(&seg, 1), g.cells());
+        assert_eq!(g.barriers(&seg, 0).load(Relaxed), 0, "another ring's count");
+    }
+
+    #[test]
     fn a_peer_segment_of_another_geometry_is_refused() {
         let g = Geometry::new(200, 2);
         let seg = segment(&g);

@@ -46,7 +46,7 @@ impl PointToPoint {
                 return Err(Error::Communication {
                     peer,
                     status,
-                    what: "a barrier",
+                    what: "waiting in a barrier",
                 });
             }
             self.progress()?;
