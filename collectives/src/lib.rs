@@ -153,6 +153,16 @@ impl<'a> Group<'a> {
 
     /// Returns once every rank has entered the barrier (`MPI_Barrier`).
     pub fn barrier(&mut self) -> Result<()> {
+        // Ranks that all share a host meet through shared memory (`msg/local_barrier.rs`).
+        if self.local {
+            let ranks = self.world_ranks;
+            if self
+                .p2p
+                .local_barrier(self.size, |r| ranks.map_or(r, |m| m[r]))?
+            {
+                return Ok(());
+            }
+        }
         let mut c = Call::new::<u8>(self, Coll::Barrier);
         barrier::dissemination(&mut c)?;
         c.finish()

@@ -59,16 +59,6 @@ impl PagewireComm {
 
 impl CollectiveBackend for PagewireComm {
     fn barrier(&self) -> Result<()> {
-        self.refuse_on_intercommunicator("a collective")?;
-        // Ranks that all share this host meet through shared memory.
-        let local = self
-            .universe
-            .p2p
-            .borrow_mut()
-            .local_barrier(self.size, |r| self.world_rank(r))?;
-        if local {
-            return Ok(());
-        }
         self.on_group(|g| g.barrier())
     }
 
