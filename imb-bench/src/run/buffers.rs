@@ -34,7 +34,9 @@ impl Buffers {
         let floats = |bytes: usize| bytes.div_ceil(4);
         Buffers {
             send: vec![1.0f32; floats(sr.alloc(s_len))],
-            recv: vec![0.0f32; floats(rr.alloc(r_len))],
+            // Written, not only allocated (a zeroed allocation maps its pages at the first
+            // write, which would then fault inside the timed loop), as IMB initialises both.
+            recv: vec![-1.0f32; floats(rr.alloc(r_len))],
             send_rotation: sr,
             recv_rotation: rr,
         }
