@@ -466,6 +466,73 @@ fn large_messages_both_ways(u: &pagewire::Universe) {
     }
 }
 
+/// Messages to a rank of this host go through the cells up to `PAGEWIRE_LOCAL_EAGER_LIMIT`
+/// and by the local rendezvous above it, whatever the NIC's eager limit; the bytes are
+/// exact either way. Through the NIC the NIC's eager limit decides.
+fn local_eager_limit(u: &pagewire::Universe) {
+    let world = u.world();
+    let rank = world.rank();
+    let peer = world.process_at_rank(1 - rank);
+    let local_limit: usize = match std::env::var("PAGEWIRE_LOCAL_EAGER_LIMIT").as_deref() {
+        Ok("8K") => 8 << 10,
+        _ => 16 << 10,
+    };
+    let shm = u.local_path() == "shm";
+    let limit = if shm {
+        local_limit
+    } else {
+        u.with_p2p(|p| p.eager_limit())
+    };
+    for n in [8 << 10, (8 << 10) + 1, 12 << 10, 16 << 10, (16 << 10) + 1] {
+        let data = pattern(n as u64, n);
+        let before = u.with_p2p(|p| p.counters());
+        if rank == 0 {
+            peer.send(&data[..]);
+        } else {
+            let mut got = vec![0u8; n];
+            peer.receive_into(&mut got[..]);
+            assert!(got == data, "{n} bytes differ");
+        }
+        let after = u.with_p2p(|p| p.counters());
+        if rank == 0 {
+            let eager = n <= limit;
+            assert_eq!(
+                (
+                    after.eager_sent - before.eager_sent,
+                    after.rndv_sent - before.rndv_sent
+                ),
+                (eager as u64, !eager as u64),
+                "{n} bytes to a peer on path {} with limit {limit}",
+                u.local_path()
+            );
+        }
+        world.barrier();
+    }
+}
+
+#[test]
+fn local_messages_above_the_local_eager_limit_go_by_one_copy() {
+    ranks(
+        "local_messages_above_the_local_eager_limit_go_by_one_copy",
+        2,
+        &[],
+        local_eager_limit,
+    );
+}
+
+#[test]
+fn the_local_eager_limit_is_a_setting() {
+    ranks(
+        "the_local_eager_limit_is_a_setting",
+        2,
+        &[
+            ("PAGEWIRE_LOCAL_EAGER_LIMIT", "8K"),
+            ("PAGEWIRE_EAGER_LIMIT", "16K"),
+        ],
+        local_eager_limit,
+    );
+}
+
 #[test]
 fn large_messages_both_ways_leave_no_cpu_more_than_its_copy() {
     ranks(

@@ -274,7 +274,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         request.extend_from_slice(&offset.to_le_bytes());
         data.iter().for_each(|d| request.extend_from_slice(d));
         with_layer(&self.comm, |p2p| {
-            if request.len() > p2p.eager_limit() {
+            if request.len() > p2p.eager_limit_to(s.world) {
                 return Ok(None);
             }
             p2p.send(s.world, TAG, am.requests, &request)?;

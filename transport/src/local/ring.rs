@@ -118,7 +118,8 @@ impl Geometry {
         } else {
             Err(Error::Bootstrap(format!(
                 "/dev/shm/{name} is not a local-path segment of this job's geometry (do the \
-                 ranks run with different PAGEWIRE_EAGER_LIMIT settings?)"
+                 ranks run with different PAGEWIRE_EAGER_LIMIT or PAGEWIRE_LOCAL_EAGER_LIMIT \
+                 settings?)"
             )))
         }
     }

@@ -112,7 +112,7 @@ impl PointToPoint {
         Self::check_tag(tag)?;
         let local = self.is_local(dest);
         let p = &self.peers[dest];
-        if buf.len() > self.cfg.eager_limit
+        if buf.len() > self.eager_limit_to(dest)
             || !p.queued.is_empty()
             || (!local && p.credits == 0)
             || p.dead.is_some()

@@ -9,6 +9,12 @@ use crate::local::LocalSetting;
 /// 32 KiB was faster still for 32 KiB messages but doubles the pinned slots per peer.
 pub const DEFAULT_EAGER_LIMIT: usize = 16 << 10;
 
+/// Default of [`MsgConfig::local_eager_limit`]: the eager limit's own 16 KiB. Measured
+/// (docs/results.md, "The local path next to MPICH"): at 8 KiB, 16 KiB messages go by one
+/// CMA copy and PingPong and Sendrecv of 16 KiB meet MPICH's time, but Allreduce of 16 KiB
+/// (recursive doubling: a rendezvous both ways per step) takes 1.6x it.
+pub const DEFAULT_LOCAL_EAGER_LIMIT: usize = 16 << 10;
+
 /// Default of [`MsgConfig::split_min`]: measured (docs/results.md, "Choosing the defaults").
 pub const DEFAULT_SPLIT_MIN: usize = 64 << 10;
 
@@ -37,6 +43,10 @@ pub enum RndvProtocol {
 pub struct MsgConfig {
     /// Largest message sent eagerly (`PAGEWIRE_EAGER_LIMIT`).
     pub eager_limit: usize,
+    /// Largest message to a rank of this host copied through the local path's cells
+    /// (`PAGEWIRE_LOCAL_EAGER_LIMIT`); larger ones go by the local rendezvous, one kernel
+    /// copy.
+    pub local_eager_limit: usize,
     /// Rendezvous protocol (`PAGEWIRE_RNDV=get|put|auto`).
     pub rndv: RndvProtocol,
     /// Zero-copy messages of at least this many bytes are moved by both sides at once
@@ -82,6 +92,7 @@ impl Default for MsgConfig {
     fn default() -> Self {
         MsgConfig {
             eager_limit: DEFAULT_EAGER_LIMIT,
+            local_eager_limit: DEFAULT_LOCAL_EAGER_LIMIT,
             rndv: RndvProtocol::Auto,
             split_min: DEFAULT_SPLIT_MIN,
             credits: 16,
@@ -97,7 +108,8 @@ impl Default for MsgConfig {
 }
 
 impl MsgConfig {
-    /// Defaults overridden by `PAGEWIRE_EAGER_LIMIT`, `PAGEWIRE_RNDV`,
+    /// Defaults overridden by `PAGEWIRE_EAGER_LIMIT`, `PAGEWIRE_LOCAL_EAGER_LIMIT`,
+    /// `PAGEWIRE_RNDV`,
     /// `PAGEWIRE_RNDV_SPLIT_MIN`, `PAGEWIRE_SG_MIN_RUN`, `PAGEWIRE_SG_MIN_BYTES`, `PAGEWIRE_WAIT`,
     /// `PAGEWIRE_EAGER_CREDITS`, `PAGEWIRE_UNEXPECTED_BUDGET` and `PAGEWIRE_LOCAL`.
     pub fn from_env() -> Result<MsgConfig> {
@@ -105,6 +117,9 @@ impl MsgConfig {
         let mut c = MsgConfig::default();
         if let Some(v) = env_usize("PAGEWIRE_EAGER_LIMIT")? {
             c.eager_limit = v;
+        }
+        if let Some(v) = env_usize("PAGEWIRE_LOCAL_EAGER_LIMIT")? {
+            c.local_eager_limit = v;
         }
         if let Some(v) = env_usize("PAGEWIRE_EAGER_CREDITS")? {
             c.credits = v as u32;
@@ -170,6 +185,13 @@ impl MsgConfig {
                 "PAGEWIRE_EAGER_LIMIT",
                 c.eager_limit,
                 "at most 1 MiB (larger messages go by rendezvous)",
+            ));
+        }
+        if c.local_eager_limit > 1 << 20 {
+            return Err(Error::invalid_setting(
+                "PAGEWIRE_LOCAL_EAGER_LIMIT",
+                c.local_eager_limit,
+                "at most 1 MiB (larger messages go by the local rendezvous)",
             ));
         }
         Ok(c)

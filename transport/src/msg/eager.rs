@@ -44,7 +44,7 @@ impl PointToPoint {
                 continue;
             };
             let (tag, context, buf, sync) = (s.tag, s.context, s.buf.clone(), s.sync);
-            let started = if buf.len() <= self.cfg.eager_limit {
+            let started = if buf.len() <= self.eager_limit_to(peer) {
                 let sent = self.post_eager(peer, tag, context, &buf, sync.then_some(id))?;
                 if sent {
                     if sync {

@@ -259,7 +259,11 @@ impl PointToPoint {
         }
         // A local cell holds what a receive slot holds, and an RTS naming the runs of a
         // buffer with gaps (at least 2 KiB of them).
-        let local = LocalPath::new(boot, cfg.local, HEADER_BYTES + cfg.eager_limit.max(2048))?;
+        let local = LocalPath::new(
+            boot,
+            cfg.local,
+            HEADER_BYTES + cfg.eager_limit.max(cfg.local_eager_limit).max(2048),
+        )?;
         let nic: std::sync::Arc<dyn Nic> = std::sync::Arc::from(nic);
         mode.attach(&nic);
         mode.start(&*nic)?;
@@ -398,6 +402,16 @@ impl PointToPoint {
     /// The eager limit in force.
     pub fn eager_limit(&self) -> usize {
         self.cfg.eager_limit
+    }
+
+    /// The largest message sent to `peer` eagerly: the local path's own limit for a rank
+    /// of this host, the NIC's for the others.
+    pub fn eager_limit_to(&self, peer: usize) -> usize {
+        if self.is_local(peer) {
+            self.cfg.local_eager_limit
+        } else {
+            self.cfg.eager_limit
+        }
     }
 
     /// The NIC's counters.

@@ -111,7 +111,7 @@ impl super::PointToPoint {
     /// ask the peer to copy half, and the peer, copying this rank's message too, would do
     /// one and a half copies while this rank did a half.
     fn rendezvous_first(&self, dest: usize, len: usize) -> bool {
-        len > self.cfg.eager_limit && self.is_local(dest)
+        self.is_local(dest) && len > self.cfg.local_eager_limit
     }
 
     /// Sends `send` to `dest` and receives into `recv` from `source` at the same time
