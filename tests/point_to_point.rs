@@ -467,21 +467,21 @@ fn large_messages_both_ways(u: &pagewire::Universe) {
 }
 
 /// Messages to a rank of this host go through the cells up to `PAGEWIRE_LOCAL_EAGER_LIMIT`
-/// and by the local rendezvous above it, whatever the NIC's eager limit; the bytes are
-/// exact either way. Through the NIC the NIC's eager limit decides.
+/// (by default the eager limit) and by the local rendezvous above it; the bytes are exact
+/// either way. Through the NIC the NIC's eager limit decides.
 fn local_eager_limit(u: &pagewire::Universe) {
     let world = u.world();
     let rank = world.rank();
     let peer = world.process_at_rank(1 - rank);
+    let nic_limit = u.with_p2p(|p| p.eager_limit());
     let local_limit: usize = match std::env::var("PAGEWIRE_LOCAL_EAGER_LIMIT").as_deref() {
         Ok("8K") => 8 << 10,
-        _ => 16 << 10,
+        _ => nic_limit,
     };
-    let shm = u.local_path() == "shm";
-    let limit = if shm {
+    let limit = if u.local_path() == "shm" {
         local_limit
     } else {
-        u.with_p2p(|p| p.eager_limit())
+        nic_limit
     };
     for n in [8 << 10, (8 << 10) + 1, 12 << 10, 16 << 10, (16 << 10) + 1] {
         let data = pattern(n as u64, n);

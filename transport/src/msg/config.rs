@@ -9,12 +9,6 @@ use crate::local::LocalSetting;
 /// 32 KiB was faster still for 32 KiB messages but doubles the pinned slots per peer.
 pub const DEFAULT_EAGER_LIMIT: usize = 16 << 10;
 
-/// Default of [`MsgConfig::local_eager_limit`]: the eager limit's own 16 KiB. Measured
-/// (docs/results.md, "The local path next to MPICH"): at 8 KiB, 16 KiB messages go by one
-/// CMA copy and PingPong and Sendrecv of 16 KiB meet MPICH's time, but Allreduce of 16 KiB
-/// (recursive doubling: a rendezvous both ways per step) takes 1.6x it.
-pub const DEFAULT_LOCAL_EAGER_LIMIT: usize = 16 << 10;
-
 /// Default of [`MsgConfig::split_min`]: measured (docs/results.md, "Choosing the defaults").
 pub const DEFAULT_SPLIT_MIN: usize = 64 << 10;
 
@@ -44,8 +38,11 @@ pub struct MsgConfig {
     /// Largest message sent eagerly (`PAGEWIRE_EAGER_LIMIT`).
     pub eager_limit: usize,
     /// Largest message to a rank of this host copied through the local path's cells
-    /// (`PAGEWIRE_LOCAL_EAGER_LIMIT`); larger ones go by the local rendezvous, one kernel
-    /// copy.
+    /// (`PAGEWIRE_LOCAL_EAGER_LIMIT`, by default the eager limit); larger ones go by the
+    /// local rendezvous, one kernel copy. Measured (docs/results.md, "The local path next to
+    /// MPICH"): at 8 KiB, 16 KiB messages go by one CMA copy and PingPong and Sendrecv of
+    /// 16 KiB meet MPICH's time, but Allreduce of 16 KiB (recursive doubling: a rendezvous
+    /// both ways per step) takes 1.6x it, so the default follows the eager limit.
     pub local_eager_limit: usize,
     /// Rendezvous protocol (`PAGEWIRE_RNDV=get|put|auto`).
     pub rndv: RndvProtocol,
@@ -92,7 +89,7 @@ impl Default for MsgConfig {
     fn default() -> Self {
         MsgConfig {
             eager_limit: DEFAULT_EAGER_LIMIT,
-            local_eager_limit: DEFAULT_LOCAL_EAGER_LIMIT,
+            local_eager_limit: DEFAULT_EAGER_LIMIT,
             rndv: RndvProtocol::Auto,
             split_min: DEFAULT_SPLIT_MIN,
             credits: 16,
@@ -118,9 +115,7 @@ impl MsgConfig {
         if let Some(v) = env_usize("PAGEWIRE_EAGER_LIMIT")? {
             c.eager_limit = v;
         }
-        if let Some(v) = env_usize("PAGEWIRE_LOCAL_EAGER_LIMIT")? {
-            c.local_eager_limit = v;
-        }
+        c.local_eager_limit = env_usize("PAGEWIRE_LOCAL_EAGER_LIMIT")?.unwrap_or(c.eager_limit);
         if let Some(v) = env_usize("PAGEWIRE_EAGER_CREDITS")? {
             c.credits = v as u32;
         }
