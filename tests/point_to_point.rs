@@ -533,6 +533,53 @@ fn the_local_eager_limit_is_a_setting() {
     );
 }
 
+/// Cells of a local-path ring whose messages reach 1 MiB: its smallest ring.
+const CELLS_OF_1_MIB_RINGS: usize = 8;
+
+/// Rank 1's last receive sends its FIN into rank 0's ring, which is full (rank 0 sleeps
+/// without reading it), so the FIN waits in rank 1; rank 1 then ends at once. The FIN must
+/// still leave before rank 1 stops making progress, or rank 0's send never completes.
+fn last_receive_then_finalize(u: &pagewire::Universe) {
+    let world = u.world();
+    let peer = world.process_at_rank(1 - world.rank());
+    let big = pattern(5, 2 << 20);
+    if world.rank() == 0 {
+        request::scope(|scope| {
+            let sent = peer.immediate_send(scope, &big[..]);
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            sent.wait();
+        });
+        for i in 0..CELLS_OF_1_MIB_RINGS {
+            let mut b = [0u8; 1];
+            peer.receive_into(&mut b[..]);
+            assert_eq!(b[0], i as u8);
+        }
+    } else {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        for i in 0..CELLS_OF_1_MIB_RINGS {
+            peer.send(&[i as u8][..]);
+        }
+        let mut got = vec![0u8; big.len()];
+        peer.receive_into(&mut got[..]);
+        assert!(got == big, "the 2 MiB message differs");
+    }
+}
+
+#[test]
+fn a_fin_queued_by_the_last_receive_leaves_before_the_rank_ends() {
+    ranks(
+        "a_fin_queued_by_the_last_receive_leaves_before_the_rank_ends",
+        2,
+        // Rings of 8 cells; the 2 MiB message by the local rendezvous, copied by the
+        // receiver alone (no split copy, which would wait for the sleeping sender).
+        &[
+            ("PAGEWIRE_LOCAL_EAGER_LIMIT", "1M"),
+            ("PAGEWIRE_RNDV_SPLIT_MIN", "off"),
+        ],
+        last_receive_then_finalize,
+    );
+}
+
 #[test]
 fn large_messages_both_ways_leave_no_cpu_more_than_its_copy() {
     ranks(

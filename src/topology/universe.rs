@@ -130,6 +130,9 @@ impl Drop for Universe {
         // receive, and the launcher must see the failure and stop the job.
         if !std::thread::panicking() {
             let _ = crate::point_to_point::detach_buffer();
+            // What this rank still owes its peers (a FIN queued by its last receive) leaves
+            // before it stops making progress in the barrier.
+            let _ = self.world.with_message_layer(|p2p| p2p.finish_outgoing());
             let _ = self.world.bootstrap().barrier();
         } else {
             backend::clean_up_after_panic(self.world.bootstrap());

@@ -10,9 +10,20 @@ use std::time::{Duration, Instant};
 
 use pagewire_test_support::hosts::TwoHosts;
 
+/// A job here ends within a second or two; one that has not ended after this long is hung
+/// and ends as a failure (pwrun's exit code 124), not as a test that never returns.
+const JOB_LIMIT: &str = "120";
+
+/// `pwrun --timeout JOB_LIMIT`, to be given its arguments.
+fn pwrun_command() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_pwrun"));
+    c.args(["--timeout", JOB_LIMIT]);
+    c
+}
+
 /// `pwrun ARGS` with `PAGEWIRE_RSH` reaching `hosts`, `input` on its stdin.
 fn pwrun(hosts: &TwoHosts, args: &[&str], input: &[u8]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pwrun"))
+    let mut child = pwrun_command()
         .args(args)
         .env("PAGEWIRE_RSH", hosts.rsh())
         .stdin(Stdio::piped())
@@ -163,7 +174,7 @@ fn a_killed_agent_ends_the_job_within_10_s_and_leaves_nothing_on_either_host() {
          0:22 --iters 1000000",
         env!("CARGO_BIN_EXE_pw-msgperf")
     );
-    let child = Command::new(env!("CARGO_BIN_EXE_pwrun"))
+    let child = pwrun_command()
         .args(["--hosts", &list, "sh", "-c", &program])
         .env("PAGEWIRE_RSH", hosts.rsh())
         .stdin(Stdio::null())
@@ -227,7 +238,7 @@ fn bad_host_lists_and_remote_shells_are_named() {
         );
     }
     // A remote shell that does not exist, and a host it cannot reach.
-    let o = Command::new(env!("CARGO_BIN_EXE_pwrun"))
+    let o = pwrun_command()
         .args(["--hosts", &hosts.names[0], "true"])
         .env("PAGEWIRE_RSH", "/no/such/rsh -x")
         .output()
@@ -265,7 +276,7 @@ fn a_chatty_login_script_does_not_disturb_the_agents() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&rsh, std::fs::Permissions::from_mode(0o755)).unwrap();
     let list = format!("{},{}", hosts.names[0], hosts.names[1]);
-    let o = Command::new(env!("CARGO_BIN_EXE_pwrun"))
+    let o = pwrun_command()
         .args(["--hosts", &list, "sh", "-c", "echo rank $PAGEWIRE_RANK"])
         .env("PAGEWIRE_RSH", &rsh)
         .stdin(Stdio::null())

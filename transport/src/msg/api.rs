@@ -98,9 +98,10 @@ impl PointToPoint {
     }
 
     /// Sends `buf` to `dest` at once if it goes eagerly and nothing is queued before it (a
-    /// credit, or room in the local path's ring): what [`PointToPoint::isend`] followed by
-    /// a wait does for such a message, without a request. `Ok(false)`: not sent, nothing
-    /// happened (start it with `isend`). The blocking calls try it first.
+    /// send or a control message waiting for a credit, or for room in the local path's
+    /// ring): what [`PointToPoint::isend`] followed by a wait does for such a message,
+    /// without a request. `Ok(false)`: not sent, nothing happened (start it with `isend`).
+    /// The blocking calls try it first.
     pub fn send_eager_now(
         &mut self,
         dest: usize,
@@ -114,6 +115,7 @@ impl PointToPoint {
         let p = &self.peers[dest];
         if buf.len() > self.eager_limit_to(dest)
             || !p.queued.is_empty()
+            || !p.control.is_empty()
             || (!local && p.credits == 0)
             || p.dead.is_some()
         {

@@ -152,6 +152,35 @@ impl PointToPoint {
         Ok(())
     }
 
+    /// Makes progress until nothing this rank owes its peers is left in it (before the
+    /// layer ends, as `MPI_Finalize` does): every queued control message (a rendezvous's
+    /// FIN, a split copy's half done) and queued send has left, and the NIC has completed
+    /// every work request posted. A peer whose last receive completed may then leave at
+    /// once, while the sender still waits for the FIN that receive queued: without this,
+    /// the FIN would never leave. A failed peer is not waited for; one that stops
+    /// answering is probed, and its error completion ends the wait.
+    pub fn finish_outgoing(&mut self) -> Result<()> {
+        let mut idle = liveness::IdleWait::default();
+        loop {
+            let owed: Vec<usize> = (0..self.size)
+                .filter(|&q| {
+                    let p = &self.peers[q];
+                    p.dead.is_none()
+                        && (!p.control.is_empty() || !p.queued.is_empty() || p.in_flight > 0)
+                })
+                .collect();
+            if owed.is_empty() {
+                return Ok(());
+            }
+            self.progress()?;
+            if idle.after_pass(self) {
+                for q in owed {
+                    self.send_liveness_probe(q);
+                }
+            }
+        }
+    }
+
     pub(super) fn flush_control(&mut self, peer: usize) -> Result<()> {
         while let Some(h) = self.peers[peer].control.front().copied() {
             if !self.send_message(peer, h, Payload::None)? {
