@@ -113,7 +113,7 @@ impl PointToPoint {
         Self::check_tag(tag)?;
         let local = self.is_local(dest);
         let p = &self.peers[dest];
-        if buf.len() > self.eager_limit_to(dest)
+        if buf.len() > self.eager_limit_on(local)
             || !p.queued.is_empty()
             || !p.control.is_empty()
             || (!local && p.credits == 0)

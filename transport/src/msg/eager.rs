@@ -34,6 +34,7 @@ impl PointToPoint {
     pub(crate) fn drain_queued(&mut self, peer: usize) -> Result<()> {
         // The local path's rings are their own flow control: a full ring stops the queue.
         let local = self.is_local(peer);
+        let eager_limit = self.eager_limit_on(local);
         while let Some(&id) = self.peers[peer].queued.front() {
             if !local && self.peers[peer].credits == 0 {
                 self.counters.credit_waits += 1;
@@ -44,7 +45,7 @@ impl PointToPoint {
                 continue;
             };
             let (tag, context, buf, sync) = (s.tag, s.context, s.buf.clone(), s.sync);
-            let started = if buf.len() <= self.eager_limit_to(peer) {
+            let started = if buf.len() <= eager_limit {
                 let sent = self.post_eager(peer, tag, context, &buf, sync.then_some(id))?;
                 if sent {
                     if sync {

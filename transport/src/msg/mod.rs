@@ -407,7 +407,12 @@ impl PointToPoint {
     /// The largest message sent to `peer` eagerly: the local path's own limit for a rank
     /// of this host, the NIC's for the others.
     pub fn eager_limit_to(&self, peer: usize) -> usize {
-        if self.is_local(peer) {
+        self.eager_limit_on(self.is_local(peer))
+    }
+
+    /// The eager limit of the local path (`local`) or of the NIC.
+    pub(crate) fn eager_limit_on(&self, local: bool) -> usize {
+        if local {
             self.cfg.local_eager_limit
         } else {
             self.cfg.eager_limit
