@@ -66,8 +66,16 @@ fn fold_out<T: Element>(c: &mut Call, fold: &Fold, buf: &mut [T], algo: u8) -> R
     Ok(())
 }
 
+/// Recursive doubling on `buf`, which holds a copy of `send`.
+///
+/// A rank that took no part in the fold sends its first step's vector from `send`, not from
+/// `buf`: the bytes are the same, and the partner's single copy (a local rendezvous reads
+/// the sender's memory) then leaves `buf` in this core's cache alone, so the combine
+/// that writes `buf` right after does not first have to take its lines back from the
+/// partner's core. On two ranks that is the whole exchange.
 fn recursive_doubling<T: Element, O: Operation<T> + ?Sized>(
     c: &mut Call,
+    send: &[T],
     buf: &mut [T],
     op: &O,
 ) -> Result<()> {
@@ -81,7 +89,12 @@ fn recursive_doubling<T: Element, O: Operation<T> + ?Sized>(
         let mut mask = 1;
         while mask < fold.pof2 {
             let partner = fold.rank_of(nr ^ mask);
-            c.sendrecv(partner, bytes(buf), partner, bytes_mut(tmp), a)?;
+            let outgoing = if mask == 1 && r >= 2 * fold.rem {
+                send
+            } else {
+                &*buf
+            };
+            c.sendrecv(partner, bytes(outgoing), partner, bytes_mut(tmp), a)?;
             if partner < r {
                 op.apply(tmp, buf);
             } else {
@@ -167,6 +180,6 @@ pub(crate) fn allreduce<T: Element, O: Operation<T> + ?Sized>(
     {
         AllreduceAlgo::Rabenseifner => rabenseifner(c, out, op),
         AllreduceAlgo::Ring => ring(c, out, op),
-        _ => recursive_doubling(c, out, op),
+        _ => recursive_doubling(c, send, out, op),
     }
 }
