@@ -475,8 +475,8 @@ fn local_eager_limit(u: &pagewire::Universe) {
     let peer = world.process_at_rank(1 - rank);
     let nic_limit = u.with_p2p(|p| p.eager_limit());
     let local_limit: usize = match std::env::var("PAGEWIRE_LOCAL_EAGER_LIMIT").as_deref() {
-        Ok("8K") => 8 << 10,
-        _ => nic_limit,
+        Ok("12K") => 12 << 10,
+        _ => pagewire::msg::DEFAULT_LOCAL_EAGER_LIMIT.min(nic_limit),
     };
     let limit = if u.local_path() == "shm" {
         local_limit
@@ -526,7 +526,7 @@ fn the_local_eager_limit_is_a_setting() {
         "the_local_eager_limit_is_a_setting",
         2,
         &[
-            ("PAGEWIRE_LOCAL_EAGER_LIMIT", "8K"),
+            ("PAGEWIRE_LOCAL_EAGER_LIMIT", "12K"),
             ("PAGEWIRE_EAGER_LIMIT", "16K"),
         ],
         local_eager_limit,

@@ -9,6 +9,12 @@ use crate::local::LocalSetting;
 /// 32 KiB was faster still for 32 KiB messages but doubles the pinned slots per peer.
 pub const DEFAULT_EAGER_LIMIT: usize = 16 << 10;
 
+/// Default of [`MsgConfig::local_eager_limit`] (at most the eager limit). Measured
+/// (docs/results.md, "The local path next to MPICH"): a message of 16 KiB between two cores
+/// moves faster by one kernel copy (CMA) than by two copies through a cell, whose lines
+/// each cross between the cores twice; at 8 KiB and below the cell is faster.
+pub const DEFAULT_LOCAL_EAGER_LIMIT: usize = 8 << 10;
+
 /// Default of [`MsgConfig::split_min`]: measured (docs/results.md, "Choosing the defaults").
 pub const DEFAULT_SPLIT_MIN: usize = 64 << 10;
 
@@ -38,11 +44,8 @@ pub struct MsgConfig {
     /// Largest message sent eagerly (`PAGEWIRE_EAGER_LIMIT`).
     pub eager_limit: usize,
     /// Largest message to a rank of this host copied through the local path's cells
-    /// (`PAGEWIRE_LOCAL_EAGER_LIMIT`, by default the eager limit); larger ones go by the
-    /// local rendezvous, one kernel copy. Measured (docs/results.md, "The local path next to
-    /// MPICH"): at 8 KiB, 16 KiB messages go by one CMA copy and PingPong and Sendrecv of
-    /// 16 KiB meet MPICH's time, but Allreduce of 16 KiB (recursive doubling: a rendezvous
-    /// both ways per step) takes 1.6x it, so the default follows the eager limit.
+    /// (`PAGEWIRE_LOCAL_EAGER_LIMIT`; by default [`DEFAULT_LOCAL_EAGER_LIMIT`], or the eager
+    /// limit if that is lower); larger ones go by the local rendezvous, one kernel copy.
     pub local_eager_limit: usize,
     /// Rendezvous protocol (`PAGEWIRE_RNDV=get|put|auto`).
     pub rndv: RndvProtocol,
@@ -89,7 +92,7 @@ impl Default for MsgConfig {
     fn default() -> Self {
         MsgConfig {
             eager_limit: DEFAULT_EAGER_LIMIT,
-            local_eager_limit: DEFAULT_EAGER_LIMIT,
+            local_eager_limit: DEFAULT_LOCAL_EAGER_LIMIT,
             rndv: RndvProtocol::Auto,
             split_min: DEFAULT_SPLIT_MIN,
             credits: 16,
@@ -115,7 +118,10 @@ impl MsgConfig {
         if let Some(v) = env_usize("PAGEWIRE_EAGER_LIMIT")? {
             c.eager_limit = v;
         }
-        c.local_eager_limit = env_usize("PAGEWIRE_LOCAL_EAGER_LIMIT")?.unwrap_or(c.eager_limit);
+        // A lowered eager limit lowers the local one too: tests that lower it to reach the
+        // rendezvous reach the local rendezvous as well.
+        c.local_eager_limit = env_usize("PAGEWIRE_LOCAL_EAGER_LIMIT")?
+            .unwrap_or(DEFAULT_LOCAL_EAGER_LIMIT.min(c.eager_limit));
         if let Some(v) = env_usize("PAGEWIRE_EAGER_CREDITS")? {
             c.credits = v as u32;
         }

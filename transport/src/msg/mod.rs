@@ -46,7 +46,10 @@ mod state;
 pub mod wire;
 
 pub use active_message::{ActiveMessageHandler, Handled};
-pub use config::{MsgConfig, RndvProtocol, WaitPolicy, DEFAULT_EAGER_LIMIT, DEFAULT_SPLIT_MIN};
+pub use config::{
+    MsgConfig, RndvProtocol, WaitPolicy, DEFAULT_EAGER_LIMIT, DEFAULT_LOCAL_EAGER_LIMIT,
+    DEFAULT_SPLIT_MIN,
+};
 pub use matching::{Envelope, MessageHandle, Selector, ANY_SOURCE, ANY_TAG};
 pub use persistent::PreparedBuffer;
 pub use request::{RequestId, Status};
