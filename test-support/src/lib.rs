@@ -139,7 +139,7 @@ fn transport_has_hwloc() -> bool {
 }
 
 /// `cargo build --quiet SELECTION --features F...` in this test binary's profile and target
-/// directory.
+/// directory; panics with the last 40 lines cargo printed if it fails.
 fn cargo_build(selection: &[&str], features: &[&str]) {
     let profile = profile_dir();
     let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
@@ -154,11 +154,18 @@ fn cargo_build(selection: &[&str], features: &[&str]) {
     if profile.file_name().is_some_and(|p| p == "release") {
         cmd.arg("--release");
     }
-    let status = cmd.status().expect("run cargo build");
-    assert!(
-        status.success(),
-        "building {selection:?} with {features:?} failed: {status}"
-    );
+    // Cargo's messages go into the panic, not to the test's stderr: a failing test's panic
+    // is what a CI log keeps (a full disk or a compile error, not only the exit status).
+    let out = cmd.output().expect("run cargo build");
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = stderr.lines().collect();
+        let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+        panic!(
+            "building {selection:?} with {features:?} failed: {}; cargo's last words:\n{tail}",
+            out.status
+        );
+    }
 }
 
 /// `env`, with `PAGEWIRE_LOCAL=nic` added where it names a buffer mode and no path: the
