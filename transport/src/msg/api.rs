@@ -114,8 +114,7 @@ impl PointToPoint {
         let local = self.is_local(dest);
         let p = &self.peers[dest];
         if buf.len() > self.eager_limit_on(local)
-            || !p.queued.is_empty()
-            || !p.control.is_empty()
+            || p.has_queued()
             || (!local && p.credits == 0)
             || p.dead.is_some()
         {

@@ -494,9 +494,7 @@ impl PointToPoint {
             self.drain_queued(peer)?;
             self.return_credits(peer)?;
             let p = &mut self.peers[peer];
-            let done = p.queued.is_empty()
-                && p.control.is_empty()
-                && (p.to_return < self.cfg.credits / 2 || p.dead.is_some());
+            let done = !p.has_queued() && (p.to_return < self.cfg.credits / 2 || p.dead.is_some());
             if done {
                 p.in_service = false;
                 self.service.swap_remove(i);

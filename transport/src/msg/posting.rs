@@ -161,24 +161,17 @@ impl PointToPoint {
     /// answering is probed, and its error completion ends the wait.
     pub fn finish_outgoing(&mut self) -> Result<()> {
         let mut idle = liveness::IdleWait::default();
-        loop {
-            let owed: Vec<usize> = (0..self.size)
-                .filter(|&q| {
-                    let p = &self.peers[q];
-                    p.dead.is_none()
-                        && (!p.control.is_empty() || !p.queued.is_empty() || p.in_flight > 0)
-                })
-                .collect();
-            if owed.is_empty() {
-                return Ok(());
-            }
+        while self.peers.iter().any(Peer::owes_messages) {
             self.progress()?;
             if idle.after_pass(self) {
-                for q in owed {
-                    self.send_liveness_probe(q);
+                for q in 0..self.size {
+                    if self.peers[q].owes_messages() {
+                        self.send_liveness_probe(q);
+                    }
                 }
             }
         }
+        Ok(())
     }
 
     pub(super) fn flush_control(&mut self, peer: usize) -> Result<()> {

@@ -169,16 +169,10 @@ impl super::PointToPoint {
         let sends_first = sends
             .iter()
             .any(|(dest, buf)| self.rendezvous_first(*dest, buf.len()));
-        let mut sids = Vec::with_capacity(sends.len());
-        let mut post_sends = |p2p: &mut Self| {
-            for (dest, buf) in sends {
-                // SAFETY: every send is waited for below, while `sends` is borrowed.
-                let b = unsafe { UserBuf::new(buf.as_ptr(), buf.len()) };
-                sids.push(p2p.isend(*dest, tag, context, b, false));
-            }
-        };
+        let mut sids = Vec::new();
         if sends_first {
-            post_sends(self);
+            // SAFETY: every send is waited for below, while `sends` is borrowed.
+            sids = unsafe { self.isend_each(context, tag, sends) };
         }
         let mut rids = Vec::with_capacity(recvs.len());
         for (src, buf) in recvs.iter_mut() {
@@ -187,7 +181,8 @@ impl super::PointToPoint {
             rids.push(self.irecv(Some(*src), Some(tag), context, b));
         }
         if !sends_first {
-            post_sends(self);
+            // SAFETY: as above.
+            sids = unsafe { self.isend_each(context, tag, sends) };
         }
         let mut first_err = None;
         let mut statuses = Vec::with_capacity(rids.len());
@@ -208,6 +203,27 @@ impl super::PointToPoint {
             Some(e) => Err(e),
             None => Ok(statuses),
         }
+    }
+
+    /// Starts each send of [`Self::exchange`].
+    ///
+    /// # Safety
+    ///
+    /// The caller waits for every send started before the borrow of `sends` ends.
+    unsafe fn isend_each(
+        &mut self,
+        context: u32,
+        tag: i32,
+        sends: &[(usize, &[u8])],
+    ) -> Vec<Result<super::RequestId>> {
+        sends
+            .iter()
+            .map(|(dest, buf)| {
+                // SAFETY: the caller waits for the send while `buf` is borrowed.
+                let b = unsafe { UserBuf::new(buf.as_ptr(), buf.len()) };
+                self.isend(*dest, tag, context, b, false)
+            })
+            .collect()
     }
 
     /// Writes `src` at `remote_addr` of `target`'s exposed memory under `rkey` (a window's

@@ -178,3 +178,16 @@ pub(crate) struct Peer {
     /// to return).
     pub in_service: bool,
 }
+
+impl Peer {
+    /// Whether control messages or sends wait in this peer's queues.
+    pub fn has_queued(&self) -> bool {
+        !self.control.is_empty() || !self.queued.is_empty()
+    }
+
+    /// Whether this rank still owes the peer, alive, a message: one queued, or a work
+    /// request not yet completed (what a rank must see through before it ends).
+    pub fn owes_messages(&self) -> bool {
+        self.dead.is_none() && (self.has_queued() || self.in_flight > 0)
+    }
+}
