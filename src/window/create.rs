@@ -20,6 +20,18 @@ use crate::datatype::{Equivalence, TypeMap};
 use crate::error::{fatal, Error, Result};
 use crate::topology::{Communicator, SimpleCommunicator};
 
+/// What kind of window [`Window::build`] makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum WindowKind {
+    /// Over memory given or allocated at creation (`MPI_Win_create`, `MPI_Win_allocate`).
+    Fixed,
+    /// Over regions attached later (`MPI_Win_create_dynamic`).
+    Dynamic,
+    /// Over one shared segment whose parts every rank updates in place with the CPU's
+    /// atomics (`MPI_Win_allocate_shared`): no target applies accumulates for the others.
+    Shared,
+}
+
 impl<T: Equivalence + Send + Sync> Window<T> {
     /// A window of `count` elements per rank, each `T::default()` (`MPI_Win_allocate`).
     /// Collective over `comm`. Panics on error.
@@ -75,7 +87,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
 
     /// [`Window::from_vec`], returning errors.
     pub fn try_from_vec<C: Communicator + ?Sized>(data: Vec<T>, comm: &C) -> Result<Window<T>> {
-        Self::build(comm, WindowMemory::new(data), false)
+        Self::build(comm, WindowMemory::new(data), WindowKind::Fixed)
     }
 
     /// A window over `data`, which stays the caller's (`MPI_Win_create`): runs `f` on the
@@ -100,7 +112,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         comm: &C,
         f: impl FnOnce(&Window<T>) -> R,
     ) -> Result<R> {
-        let window = Self::build(comm, WindowMemory::borrowed(data), false)?;
+        let window = Self::build(comm, WindowMemory::borrowed(data), WindowKind::Fixed)?;
         let r = f(&window);
         window.try_free()?;
         Ok(r)
@@ -117,15 +129,17 @@ impl<T: Equivalence + Send + Sync> Window<T> {
 
     /// [`Window::create_dynamic`], returning errors.
     pub fn try_create_dynamic<C: Communicator + ?Sized>(comm: &C) -> Result<Window<T>> {
-        Self::build(comm, WindowMemory::new(Vec::new()), true)
+        Self::build(comm, WindowMemory::new(Vec::new()), WindowKind::Dynamic)
     }
 
-    /// The window over `memory` (none, for a dynamic one) on every rank of `comm`.
+    /// The window of `kind` over `memory` (none, for a dynamic one) on every rank of
+    /// `comm`.
     pub(super) fn build<C: Communicator + ?Sized>(
         comm: &C,
         memory: WindowMemory<T>,
-        dynamic: bool,
+        kind: WindowKind,
     ) -> Result<Window<T>> {
+        let dynamic = kind == WindowKind::Dynamic;
         let (bytes, map) = ElementBytes::<T>::check()?;
         let comm = comm.try_duplicate()?;
         let part_bytes = (memory.len() * std::mem::size_of::<T>()) as u64;
@@ -200,8 +214,8 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         let control = Arc::new(control);
         // Targets apply accumulates once every rank hands its handler over, before the
         // allgather that lets any origin start.
-        let active = match (dynamic, AccumulateMethod::from_env()?) {
-            (false, AccumulateMethod::ActiveMessage) => Some(ActiveUpdates::start(
+        let active = match (kind, AccumulateMethod::from_env()?) {
+            (WindowKind::Fixed, AccumulateMethod::ActiveMessage) => Some(ActiveUpdates::start(
                 &comm,
                 memory.part_writer(),
                 map.clone(),

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use pagewire_transport::sys::{HostKey, SharedSegment, HOST_KEY_BYTES};
 
+use super::create::WindowKind;
 use super::memory::{shared_segment_bytes, SharedParts};
 use super::{Held, Window};
 use crate::backend::CommunicatorBackend;
@@ -112,12 +113,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         comm.try_barrier()?;
         segment.unlink_name();
         let parts = SharedParts::new(segment, &counts, me, T::default());
-        let mut window = Self::build(comm, parts.own_memory(me), false)?;
-        // Every rank updates the parts in place with the CPU's atomics under the mutex of
-        // the segment: no target applies requests.
-        if let Some(active) = window.active.take() {
-            active.stop(&window.comm);
-        }
+        let mut window = Self::build(comm, parts.own_memory(me), WindowKind::Shared)?;
         window.shared = Some(parts);
         Ok(window)
     }
