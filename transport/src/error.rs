@@ -321,6 +321,16 @@ fn mib(bytes: u64) -> String {
 }
 
 impl Error {
+    /// The error in the launcher's own words: a [`Error::Launcher`]'s text without its
+    /// `launcher:` label (for spawn, which labels it itself), any other error as it
+    /// displays.
+    pub fn launcher_text(&self) -> String {
+        match self {
+            Error::Launcher(text) => text.clone(),
+            e => e.to_string(),
+        }
+    }
+
     /// [`Error::InvalidSetting`] for `variable=value`.
     pub fn invalid_setting(
         variable: impl Into<String>,

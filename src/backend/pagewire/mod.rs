@@ -137,6 +137,9 @@ pub(crate) struct PagewireComm {
     ranks: Option<Rc<RankMap>>,
     /// On an intercommunicator: both groups.
     inter: Option<Rc<InterGroups>>,
+    /// Whether every rank of the group is reached through the local path, once a
+    /// collective has asked (a peer is local or remote for the whole job).
+    all_local: Cell<Option<bool>>,
 }
 
 impl std::fmt::Debug for PagewireComm {
@@ -183,6 +186,7 @@ impl PagewireComm {
             size,
             ranks: None,
             inter: None,
+            all_local: Cell::new(None),
         })
     }
 
@@ -214,6 +218,7 @@ impl PagewireComm {
                 local,
                 remote_size: remote.len(),
             })),
+            all_local: Cell::new(None),
         })
     }
 
@@ -248,6 +253,7 @@ impl PagewireComm {
             size,
             ranks,
             inter: None,
+            all_local: Cell::new(None),
         }
     }
 
@@ -409,8 +415,7 @@ impl CommunicatorBackend for PagewireComm {
             };
             answer = match self.universe.boot.spawn(&request) {
                 Ok(job) => [&[1u8][..], &job.to_bytes()].concat(),
-                Err(Error::Launcher(why)) => [&[0u8][..], why.as_bytes()].concat(),
-                Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
+                Err(e) => [&[0u8][..], e.launcher_text().as_bytes()].concat(),
             };
         }
         let mut len = [answer.len() as u64];
@@ -452,6 +457,7 @@ impl CommunicatorBackend for PagewireComm {
             size: job_size,
             ranks: None,
             inter: None,
+            all_local: Cell::new(None),
         };
         let mine = [i64::from(high), i64::from(self.universe.next_context.get())];
         let mut all = vec![0i64; 2 * job_size];

@@ -216,10 +216,7 @@ impl JobFamily {
         }
         // Spawned processes are not bound: the spawning job's ranks hold the cores already.
         let spawned = Job::start_commands(Placement::local(children), commands, BindTo::None)
-            .map_err(|e| match e {
-                Error::Launcher(why) => format!("spawn: {why}"),
-                e => format!("spawn: {e}"),
-            })?;
+            .map_err(|e| format!("spawn: {}", e.launcher_text()))?;
         for local in 0..children {
             connection_job
                 .server
