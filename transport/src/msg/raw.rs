@@ -116,6 +116,11 @@ impl super::PointToPoint {
 
     /// Sends `send` to `dest` and receives into `recv` from `source` at the same time
     /// (`MPI_Sendrecv`); returns the receive's status.
+    ///
+    /// A send that goes eagerly at once is made before the receive is posted: nothing is
+    /// progressed in between, so the partner's message still finds the receive posted, and
+    /// this rank's message leaves sooner by the time a receive takes to post, which the
+    /// partner, waiting for it, gains. Any other send is started after the receive.
     #[allow(clippy::too_many_arguments)]
     pub fn sendrecv(
         &mut self,
@@ -139,8 +144,9 @@ impl super::PointToPoint {
             self.wait(sid)?;
             return rstatus;
         }
+        let sent_now = self.send_eager_now(dest, send_tag, context, &s);
         let rid = self.irecv(source, recv_tag, context, r)?;
-        let sid = match self.send_eager_now(dest, send_tag, context, &s) {
+        let sid = match sent_now {
             Ok(true) => None,
             Ok(false) => Some(self.isend(dest, send_tag, context, s, false)),
             Err(e) => Some(Err(e)),
