@@ -9,7 +9,7 @@
 //! | `PAGEWIRE_ALLGATHER_ALGO` | `auto`, `recursive_doubling`, `bruck`, `ring` |
 //! | `PAGEWIRE_REDUCE_SCATTER_ALGO` | `auto`, `recursive_halving`, `ring` |
 //! | `PAGEWIRE_ALLREDUCE_SHORT` | bytes: recursive doubling below (default 1M) |
-//! | `PAGEWIRE_ALLREDUCE_SHORT_LOCAL` | the same among ranks that all share a host, on powers of two (default 32K) |
+//! | `PAGEWIRE_ALLREDUCE_SHORT_LOCAL` | the same among ranks that all share a host, on powers of two (default 16K) |
 //! | `PAGEWIRE_ALLREDUCE_RING` | bytes: the ring from here (default 2M); Rabenseifner in between, on powers of two only |
 //! | `PAGEWIRE_BCAST_LONG` | bytes: scatter+allgather from here (default 4M) … |
 //! | `PAGEWIRE_BCAST_LONG_RANKS` | … on at least this many ranks (default 5) |
@@ -36,7 +36,11 @@
 //!   `pwrun -n 2`, `PAGEWIRE_ALLREDUCE_ALGO` forced, two runs: 32 KiB 7.7 µs against 12.1
 //!   recursive doubling, 64 KiB 17.0-17.9 against 20.7-20.9, 256 KiB 42-46 against 58-60,
 //!   1 MiB 195-204 against 262-274; 16 KiB 4.1-4.2 against 3.7; 4 ranks on 2 cores: 32 KiB
-//!   24 against 31, 1 MiB 559 against 797), hence `allreduce_short_local`.
+//!   24 against 31, 1 MiB 559 against 797), hence `allreduce_short_local`. With the local
+//!   eager limit at 8 KiB, Rabenseifner's halves of a 16 KiB vector go eagerly, and it won
+//!   there too with `-off_cache -1` (four alternating runs: 6.8-7.8 µs against 9.3-10.0;
+//!   MPICH 7.6-8.3), though not warm (4.0-4.4 against 3.3-3.6; MPICH 5.0-5.8): the default
+//!   is 16 KiB, where both are below MPICH's time.
 //! - Broadcast: the binomial tree won at every size on 2, 3 and 4 ranks (4 ranks, 4 MiB:
 //!   5527 µs against 6082); on 8 ranks scatter+allgather won at 4 MiB (32.9 ms against
 //!   37.5) but not at 1 MiB (14.7 against 8.6).
@@ -150,7 +154,7 @@ impl Default for Tuning {
             allgather: AllgatherAlgo::Auto,
             reduce_scatter: ReduceScatterAlgo::Auto,
             allreduce_short: 1 << 20,
-            allreduce_short_local: 32 << 10,
+            allreduce_short_local: 16 << 10,
             allreduce_ring: 2 << 20,
             bcast_long: 4 << 20,
             bcast_long_ranks: 5,
