@@ -18,7 +18,9 @@
 # in .err when not empty), with machine.txt; tools/bench/local_path_table.py then prints a
 # Markdown table (also OUTDIR/summary.md): MPICH's time, median over the rounds, and for
 # local and nic the ratio pagewire/MPICH as median (min-max) of the rounds' ratios (time:
-# below 1 = pagewire faster; b_eff MB/s: above 1 = pagewire better). rows.tsv has every figure.
+# below 1 = pagewire faster; b_eff MB/s: above 1 = pagewire better), and, over every size
+# measured, how many medians are above MPICH's and which rows are above it in every round.
+# rows.tsv has every figure.
 # About 1 minute per round on 2 cores after the build.
 #
 # Usage: tools/bench/local_path.sh [OUTDIR]   (default: target/bench/local_path)

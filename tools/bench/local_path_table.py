@@ -15,7 +15,9 @@ pagewire time divided by the MPICH time of the same round (the runs of a round a
 to each other in time). Times are PingPong's t[usec] and the t_avg[usec] of the others;
 below 1 = pagewire faster. For b_eff the ratio is of MB/s: above 1 = pagewire better.
 With Open MPI's outputs, two columns more: its time and local's ratio over it. Last, per
-configuration, Sendrecv's time at 8 B over PingPong's (warm), the same round's runs.
+configuration, Sendrecv's time at 8 B over PingPong's (warm), the same round's runs; and
+over every size measured, how many local/MPICH medians are above 1.0 (and in every round),
+with the rows above 1.1x or above 1.0 in every round.
 
 Usage: local_path_table.py OUTDIR ROUNDS [SIZES]
   SIZES: comma-separated byte counts with optional K/M suffix (default 0,8,1K,64K,1M,4M), or
@@ -134,6 +136,31 @@ def ratios_for(data, key, config, rounds, base="mpich"):
         m = data.get((base, r), {}).get(key)
         if p is not None and m:
             out.append(p / m)
+    return out
+
+
+def slower_rows(imb, keys, rounds):
+    """The lines that count, over every size measured (not only the table's), the rows whose
+    local/MPICH median is above 1.0, those above it in every round, and list the rows above
+    1.1x or above 1.0 in every round: a ratio near 1.0 in one round says little."""
+    above, every, listed = 0, 0, []
+    total = 0
+    for key in sorted(keys):
+        ratios = ratios_for(imb, key, "local", rounds)
+        if not ratios:
+            continue
+        total += 1
+        med = statistics.median(ratios)
+        always = len(ratios) > 1 and min(ratios) > 1.0
+        above += med > 1.0
+        every += always
+        if med > 1.1 or always:
+            bench_id, bench, nbytes = key
+            label = dict(IMB)[bench_id]
+            listed.append(f"- {bench}, {label}, {human(nbytes)}: {fmt_ratios(ratios)}")
+    out = ["", f"Over every size measured: {above} of {total} local/MPICH medians above 1.0, "
+           f"{every} above 1.0 in every round. Above 1.1x, or above 1.0 in every round:"]
+    out.extend(listed or ["- none"])
     return out
 
 
@@ -257,6 +284,7 @@ def main(argv):
                 ratios.append(sr / pp)
         cells.append(fmt_ratios(ratios))
     out.append("| ratio | " + " | ".join(cells) + " |")
+    out.extend(slower_rows(imb, keys, rounds))
     if missing:
         out.append("")
         out.append("Missing or unparsable outputs: " + ", ".join(missing))
