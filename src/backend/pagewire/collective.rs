@@ -43,14 +43,7 @@ impl PagewireComm {
         self.refuse_on_intercommunicator("a collective")?;
         let tuning = tuning()?;
         let mut p2p = self.universe.p2p.borrow_mut();
-        let local = match self.all_local.get() {
-            Some(local) => local,
-            None => {
-                let local = p2p.all_local_among((0..self.size).map(|r| self.world_rank(r)));
-                self.all_local.set(Some(local));
-                local
-            }
-        };
+        let local = p2p.all_local_among((0..self.size).map(|r| self.world_rank(r)));
         let mut g = Group {
             p2p: &mut p2p,
             context: self.context | COLLECTIVE_CONTEXT_BIT,

@@ -137,9 +137,6 @@ pub(crate) struct PagewireComm {
     ranks: Option<Rc<RankMap>>,
     /// On an intercommunicator: both groups.
     inter: Option<Rc<InterGroups>>,
-    /// Whether every rank of the group is reached through the local path, once a
-    /// collective has asked (a peer is local or remote for the whole job).
-    all_local: Cell<Option<bool>>,
 }
 
 impl std::fmt::Debug for PagewireComm {
@@ -186,7 +183,6 @@ impl PagewireComm {
             size,
             ranks: None,
             inter: None,
-            all_local: Cell::new(None),
         })
     }
 
@@ -218,7 +214,6 @@ impl PagewireComm {
                 local,
                 remote_size: remote.len(),
             })),
-            all_local: Cell::new(None),
         })
     }
 
@@ -253,7 +248,6 @@ impl PagewireComm {
             size,
             ranks,
             inter: None,
-            all_local: Cell::new(None),
         }
     }
 
@@ -457,7 +451,6 @@ impl CommunicatorBackend for PagewireComm {
             size: job_size,
             ranks: None,
             inter: None,
-            all_local: Cell::new(None),
         };
         let mine = [i64::from(high), i64::from(self.universe.next_context.get())];
         let mut all = vec![0i64; 2 * job_size];
