@@ -8,16 +8,15 @@
 
 pub mod boot;
 pub mod buffer_mode;
-pub mod env;
-pub mod error;
 pub mod local;
 pub mod memmon;
 pub mod msg;
 pub mod nic;
-#[allow(unsafe_code)]
-pub mod sys;
 
-pub use error::{Error, Result};
+/// The layer below: system calls, shared memory, the error type, the completion status and
+/// the settings (the `pagewire-sys` crate), under the names the modules here use.
+pub use pagewire_sys as sys;
+pub use pagewire_sys::{env, error, Error, Result};
 
 #[cfg(test)]
 mod fuzz;

@@ -472,8 +472,12 @@ mod tests {
             listener: None,
             address: a,
         };
+        // Another host: the same key with its boot id changed.
+        let mut key = Vec::new();
+        a.host.encode(&mut key);
+        key[0] ^= 1;
         let mut other = a;
-        other.host.shm_ino ^= 1;
+        other.host = crate::sys::HostKey::decode(&key);
         assert!(!start.uses_tcp(WireMode::Auto, 0, 1, &a).unwrap());
         assert!(start.uses_tcp(WireMode::Auto, 0, 1, &other).unwrap());
         assert!(start.uses_tcp(WireMode::Tcp, 0, 1, &a).unwrap());

@@ -7,7 +7,7 @@ pub mod settings;
 use crate::error::{Error, Result};
 
 /// Reads a byte count (`65536`, `64K`, `8M`, `1G`) from variable `name`; `None` when unset.
-pub(crate) fn bytes(name: &str) -> Result<Option<usize>> {
+pub fn bytes(name: &str) -> Result<Option<usize>> {
     match std::env::var(name) {
         Err(_) => Ok(None),
         Ok(v) => match parse_bytes(&v) {

@@ -11,7 +11,7 @@ use std::os::unix::fs::MetadataExt;
 pub struct HostKey {
     boot_id: [u8; 36],
     shm_dev: u64,
-    pub(crate) shm_ino: u64,
+    shm_ino: u64,
     pid_ns: u64,
 }
 

@@ -1,12 +1,13 @@
-//! The one error type of `pagewire-transport`.
+//! The error type of the layers from here up to the message layer (`pagewire-transport`
+//! re-exports it as `pagewire_transport::Error`).
 //!
 //! Each variant carries what a user needs to act: which limit, which key, which rank.
 //! Errors of a *work request* (a bad rkey on an RDMA READ, say) are not `Error`s: they
-//! arrive as a [`crate::nic::WcStatus`] in the completion, as on real verbs hardware.
+//! arrive as a [`crate::WcStatus`] in the completion, as on real verbs hardware.
 
 use std::io;
 
-/// Result alias used throughout the crate.
+/// Result alias used throughout the layers that share [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong below the message layer.
@@ -244,7 +245,7 @@ pub enum Error {
         /// The peer.
         peer: usize,
         /// The NIC's completion status.
-        status: crate::nic::WcStatus,
+        status: crate::WcStatus,
         /// What the layer was doing.
         what: &'static str,
     },

@@ -1,9 +1,23 @@
-//! The system calls the soft NIC stands on, wrapped once (one of the few modules with
-//! `unsafe`; every block carries a `// SAFETY:` note).
+//! pagewire's bottom layer: the system calls the NIC providers and the local path stand on,
+//! wrapped once (the one crate whose code is mostly `unsafe`; every block carries a
+//! `// SAFETY:` note), the error type of the layers above ([`Error`]), the status a work
+//! request completes with ([`WcStatus`]), and the settings read from the environment
+//! ([`env`](mod@env)).
 //!
 //! The soft NIC never dereferences a user address with plain Rust: payload bytes move with
 //! `process_vm_readv`/`process_vm_writev` (CMA) between processes and with
 //! [`guarded_copy`] inside one, so an unmapped address becomes `EFAULT`, not a crash.
+#![deny(missing_docs)]
+
+#[deny(unsafe_code)]
+mod completion;
+#[deny(unsafe_code)]
+pub mod env;
+#[deny(unsafe_code)]
+pub mod error;
+
+pub use completion::WcStatus;
+pub use error::{Error, Result};
 
 mod file_mapping;
 mod guarded_copy;

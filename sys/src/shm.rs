@@ -41,7 +41,7 @@ impl SharedSegment {
     /// Creates `/dev/shm/NAME` of `len` bytes without reserving them (sparse: pages cost
     /// memory when first touched), for objects far larger than what is ever touched (the
     /// 4 GiB ODP present bitmap). Touching a page when `/dev/shm` is full raises `SIGBUS`.
-    pub(crate) fn create_sparse(name: &str, len: usize) -> Result<SharedSegment> {
+    pub fn create_sparse(name: &str, len: usize) -> Result<SharedSegment> {
         Self::create_with(name, len, false)
     }
 
@@ -178,7 +178,7 @@ impl SharedSegment {
 
     /// A mapping of `len` bytes that no other process can open (shared anonymous memory,
     /// sparse): the local image of a peer on another host (`RankMemory::local_image`).
-    pub(crate) fn anonymous(len: usize, what: &str) -> Result<SharedSegment> {
+    pub fn anonymous(len: usize, what: &str) -> Result<SharedSegment> {
         // SAFETY: a new shared anonymous mapping at a kernel-chosen address.
         let p = unsafe {
             libc::mmap(
@@ -237,7 +237,7 @@ impl SharedSegment {
     }
 
     /// `count` 64-bit atomic words starting at byte `offset` (8-aligned).
-    pub(crate) fn words(&self, offset: usize, count: usize) -> &[AtomicU64] {
+    pub fn words(&self, offset: usize, count: usize) -> &[AtomicU64] {
         assert!(
             offset % 8 == 0 && offset + count * 8 <= self.len,
             "words out of segment"
@@ -249,7 +249,7 @@ impl SharedSegment {
     }
 
     /// The 32-bit atomic word at byte `offset` (4-aligned), e.g. a futex.
-    pub(crate) fn word32(&self, offset: usize) -> &AtomicU32 {
+    pub fn word32(&self, offset: usize) -> &AtomicU32 {
         assert!(
             offset % 4 == 0 && offset + 4 <= self.len,
             "word out of segment"
@@ -259,7 +259,7 @@ impl SharedSegment {
     }
 
     /// Copies `src` into the segment at `offset`.
-    pub(crate) fn copy_in(&self, offset: usize, src: &[u8]) {
+    pub fn copy_in(&self, offset: usize, src: &[u8]) {
         assert!(offset + src.len() <= self.len, "copy_in out of segment");
         // SAFETY: in bounds; the ring protocol gives the writer exclusive use of the slot
         // until it publishes it with a release store.
@@ -269,7 +269,7 @@ impl SharedSegment {
     /// `len` bytes of the segment at `offset`, to read in place: a ring entry that the
     /// writer published with a release store this process acquired, and that the writer
     /// leaves alone until this process releases it (the local path's cells).
-    pub(crate) fn bytes(&self, offset: usize, len: usize) -> &[u8] {
+    pub fn bytes(&self, offset: usize, len: usize) -> &[u8] {
         assert!(offset + len <= self.len, "bytes out of segment");
         // SAFETY: in bounds; by the ring protocol nobody writes these bytes while the
         // reader holds them (the writer reuses an entry only after the reader moved past it).
@@ -278,7 +278,7 @@ impl SharedSegment {
 
     /// `len` bytes of the segment at `offset`, to write in place: a ring entry this process
     /// owns as the writer until it publishes it (the local path's cells).
-    pub(crate) fn bytes_mut(&mut self, offset: usize, len: usize) -> &mut [u8] {
+    pub fn bytes_mut(&mut self, offset: usize, len: usize) -> &mut [u8] {
         assert!(offset + len <= self.len, "bytes out of segment");
         // SAFETY: in bounds; `&mut self` makes the slice the only one this process has, and
         // by the ring protocol the reader does not look at an entry before it is published.
@@ -286,7 +286,7 @@ impl SharedSegment {
     }
 
     /// Copies bytes of the segment at `offset` into `dst`.
-    pub(crate) fn copy_out(&self, offset: usize, dst: &mut [u8]) {
+    pub fn copy_out(&self, offset: usize, dst: &mut [u8]) {
         assert!(offset + dst.len() <= self.len, "copy_out out of segment");
         // SAFETY: in bounds; the slot was published with a release store that the reader
         // acquired, and the writer does not reuse it until the reader releases it.

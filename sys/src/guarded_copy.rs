@@ -313,7 +313,7 @@ pub unsafe fn guarded_cmp_swap(word: u64, compare: u64, swap: u64) -> io::Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::AnonMapping;
+    use crate::AnonMapping;
 
     #[test]
     fn copies_every_size_and_alignment() {
@@ -344,7 +344,7 @@ mod tests {
 
     #[test]
     fn a_fault_on_either_side_is_an_error_not_a_crash() {
-        let page = crate::sys::PAGE_SIZE as usize;
+        let page = crate::PAGE_SIZE as usize;
         let mut m = AnonMapping::new(3 * page).unwrap();
         m.as_mut_slice().fill(0x5a);
         let hole = m.unmap_range(page, page).unwrap();
@@ -370,7 +370,7 @@ mod tests {
 
     #[test]
     fn a_read_only_destination_is_an_error() {
-        let page = crate::sys::PAGE_SIZE as usize;
+        let page = crate::PAGE_SIZE as usize;
         let m = AnonMapping::new(page).unwrap();
         // SAFETY: our own mapping, made read-only; nothing writes it.
         assert_eq!(
@@ -405,7 +405,7 @@ mod tests {
 
     #[test]
     fn atomics_update_the_word_and_return_its_old_value() {
-        let m = AnonMapping::new(crate::sys::PAGE_SIZE as usize).unwrap();
+        let m = AnonMapping::new(crate::PAGE_SIZE as usize).unwrap();
         let w = m.addr() + 8;
         // SAFETY: our own mapping; nothing else accesses the word during the calls.
         unsafe {
@@ -421,7 +421,7 @@ mod tests {
 
     #[test]
     fn atomics_on_unmapped_or_read_only_memory_are_errors() {
-        let page = crate::sys::PAGE_SIZE as usize;
+        let page = crate::PAGE_SIZE as usize;
         let m = AnonMapping::new(3 * page).unwrap();
         let hole = m.unmap_range(page, page).unwrap();
         // SAFETY: the word is unmapped memory of ours; nothing references it.
@@ -444,7 +444,7 @@ mod tests {
 
     #[test]
     fn concurrent_fetch_adds_lose_nothing() {
-        let m = AnonMapping::new(crate::sys::PAGE_SIZE as usize).unwrap();
+        let m = AnonMapping::new(crate::PAGE_SIZE as usize).unwrap();
         let w = m.addr();
         std::thread::scope(|s| {
             for _ in 0..4 {
