@@ -9,7 +9,6 @@
 pub mod boot;
 pub mod buffer_mode;
 pub mod local;
-pub mod memmon;
 pub mod msg;
 pub mod nic;
 
@@ -17,6 +16,9 @@ pub mod nic;
 /// the settings (the `pagewire-sys` crate), under the names the modules here use.
 pub use pagewire_sys as sys;
 pub use pagewire_sys::{env, error, Error, Result};
+
+/// The address-space change monitor (the `pagewire-memmon` crate).
+pub use pagewire_memmon as memmon;
 
 #[cfg(test)]
 mod fuzz;

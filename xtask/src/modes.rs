@@ -11,7 +11,7 @@
 //! - **One owner per file.** A path appears in the table once. Code that two modes use
 //!   counts toward the mode whose design needs it, and the entry names the others in
 //!   [`Entry::also_used_by`] (shown in the report, not counted twice):
-//!   - the memory-change monitor (`transport/src/memmon/`) counts toward `pindown`: a
+//!   - the memory-change monitor (`memmon/src/`) counts toward `pindown`: a
 //!     pin-down cache is only correct with it (Wyckoff05). The soft NIC's ODP invalidation
 //!     uses it too, standing in for the kernel's MMU notifier that a real ODP NIC gets for
 //!     free;
@@ -145,29 +145,29 @@ pub const FILE_SETS: &[Entry] = &[
     Entry {
         also_used_by: &[Row::OdpNic],
         note: "the monitor; the soft NIC's ODP invalidation uses it as a real NIC uses the MMU notifier",
-        ..file(Row::Pindown, "transport/src/memmon/mod.rs")
+        ..file(Row::Pindown, "memmon/src/lib.rs")
     },
     Entry {
         also_used_by: &[Row::OdpNic],
-        ..file(Row::Pindown, "transport/src/memmon/uffd.rs")
+        ..file(Row::Pindown, "memmon/src/uffd.rs")
     },
     Entry {
         also_used_by: &[Row::OdpNic],
-        ..file(Row::Pindown, "transport/src/memmon/uffd/ring.rs")
+        ..file(Row::Pindown, "memmon/src/uffd/ring.rs")
     },
     Entry {
         also_used_by: &[Row::OdpNic],
-        ..file(Row::Pindown, "transport/src/memmon/uffd/threads.rs")
+        ..file(Row::Pindown, "memmon/src/uffd/threads.rs")
     },
     Entry {
         also_used_by: &[Row::OdpNic],
-        ..file(Row::Pindown, "transport/src/memmon/uffd/subs.rs")
+        ..file(Row::Pindown, "memmon/src/uffd/subs.rs")
     },
     Entry {
         also_used_by: &[Row::OdpNic],
-        ..file(Row::Pindown, "transport/src/memmon/uffd_sys.rs")
+        ..file(Row::Pindown, "memmon/src/uffd_sys.rs")
     },
-    test_file(Row::Pindown, "transport/tests/memmon.rs"),
+    test_file(Row::Pindown, "memmon/tests/memmon.rs"),
     // odp: registration of ODP regions and the prefetch policy.
     file(Row::Odp, "odp/src/lib.rs"),
     // odp-nic: the soft NIC's present bitmap, invalidation watch and fault path.

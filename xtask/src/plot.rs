@@ -123,7 +123,7 @@ pub fn svg(rows: &[RowSummary]) -> Result<String> {
             }
         }
         for (i, line) in [
-            "pindown includes the memory-change monitor (transport/src/memmon); tests are not counted.",
+            "pindown includes the memory-change monitor (memmon/src); tests are not counted.",
             "odp-nic (pale): the soft NIC's ODP machinery, which a real ODP NIC and its driver provide; not in odp's total.",
         ]
         .iter()

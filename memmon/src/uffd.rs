@@ -52,8 +52,8 @@ use super::{
     Cause, ForkPolicy, InvalidationSink, MemoryMonitor, MonitorCounters, MonitorOptions,
     SubscriptionId,
 };
-use crate::error::{Error, Result};
-use crate::sys::PAGE_SIZE;
+use pagewire_sys::PAGE_SIZE;
+use pagewire_sys::{Error, Result};
 
 /// Events the queue between the two threads holds; beyond it, events are dropped and every
 /// subscription is invalidated ([`Cause::Lost`]).
@@ -135,7 +135,7 @@ struct Handle {
     subscribe_failures: AtomicU64,
 }
 
-/// A memory monitor over Linux userfaultfd (module docs of [`crate::memmon`]).
+/// A memory monitor over Linux userfaultfd (the crate's docs: [`crate`]).
 ///
 /// Creating the first one in a process opens the userfaultfd and starts its two threads,
 /// which then stay until the process exits (blocked in `poll` while nothing happens):
@@ -311,7 +311,7 @@ impl UffdMonitor {
                  space"
             )));
         }
-        let (start, span) = crate::sys::page_span(addr, len);
+        let (start, span) = pagewire_sys::page_span(addr, len);
         let end = start + span;
         let id = NEXT_ID.fetch_add(1, Relaxed);
         // Listed before the kernel registration, so an event that follows the registration
@@ -462,7 +462,7 @@ impl Drop for Core {
         }
         sh.stopping.store(true, SeqCst);
         sh.ring.doorbell.fetch_add(1, SeqCst);
-        crate::sys::futex_wake(&sh.ring.doorbell);
+        pagewire_sys::futex_wake(&sh.ring.doorbell);
         sh.wake.signal();
         {
             let _g = sh.done_mx.lock();

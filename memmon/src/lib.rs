@@ -85,6 +85,8 @@
 //! returns a [`NullMonitor`], whose [`MemoryMonitor::is_reliable`] is false: registrations
 //! are then not cached (every transfer registers and deregisters), which is slower but
 //! never stale.
+#![deny(missing_docs)]
+#![deny(unsafe_code)]
 
 mod uffd;
 #[allow(unsafe_code)]
@@ -94,7 +96,7 @@ pub use uffd::UffdMonitor;
 
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
+use pagewire_sys::{Error, Result};
 
 /// Names one subscription of one monitor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -96,7 +96,7 @@ impl Ring {
     pub(super) fn publish(&self, seq: u64) {
         self.published.store(seq, Release);
         self.doorbell.fetch_add(1, Release);
-        crate::sys::futex_wake(&self.doorbell);
+        pagewire_sys::futex_wake(&self.doorbell);
     }
 
     /// Dispatcher only: moves the queued entries (with their tags) to `out`.

@@ -10,13 +10,13 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use pagewire_test_support::{require, Prerequisite};
-use pagewire_transport::memmon::{
+use pagewire_memmon::{
     monitor_for, Cause, ForkPolicy, InvalidationSink, MemoryMonitor, MonitorChoice, MonitorOptions,
     NullMonitor, UffdMonitor,
 };
-use pagewire_transport::sys::monotonic_ns;
-use pagewire_transport::Error;
+use pagewire_sys::monotonic_ns;
+use pagewire_sys::Error;
+use pagewire_test_support::{require, Prerequisite};
 
 const PG: u64 = 4096;
 
@@ -321,7 +321,7 @@ fn madvise_dontneed_locked_on_mlocked_pages_is_a_remove() {
     let _s = serial();
     let (m, r) = monitor();
     let a = anon(8);
-    pagewire_transport::sys::mlock(a, 8 * PG).unwrap();
+    pagewire_sys::mlock(a, 8 * PG).unwrap();
     let id = m.subscribe(a, 8 * PG).unwrap();
     // SAFETY: advice on the test's own mapping; refused on locked pages.
     let rc = unsafe {

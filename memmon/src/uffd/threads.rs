@@ -59,7 +59,7 @@ impl Shared {
             ));
         }
         // Registration skips holes; a hole filled later would be unwatched.
-        if !crate::sys::is_mapped(start, end - start) {
+        if !pagewire_sys::is_mapped(start, end - start) {
             undo(&reg);
             return Err(unwatchable("it is not entirely mapped".into()));
         }
@@ -254,7 +254,7 @@ pub(super) fn dispatcher_loop(sh: Arc<Shared>) {
         let published = sh.ring.published.load(Acquire);
         let stop = sh.stopping.load(SeqCst);
         if published == done && !stop {
-            crate::sys::futex_wait(&sh.ring.doorbell, bell, Duration::from_millis(500));
+            pagewire_sys::futex_wait(&sh.ring.doorbell, bell, Duration::from_millis(500));
             continue;
         }
         // Everything of batches up to `published` is in the ring now.
