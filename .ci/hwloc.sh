@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rank placement by hwloc (cargo feature `hwloc`, transport/src/boot/binding/): installs
+# Rank placement by hwloc (cargo feature `hwloc`, boot/src/binding/): installs
 # what its build needs, then builds it, lints it and runs the binding tests with it. The
 # tests check each rank's CPU affinity under pwrun --bind-to core|numa|none, the fallback
 # when there are more ranks than cores, that hwloc's topology agrees with sysfs, and that a
@@ -24,11 +24,11 @@ if [ "${#need[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
 
-cargo build --release -p pagewire-transport -p pagewire-tools --features pagewire-transport/hwloc
-cargo clippy -p pagewire-transport -p pagewire-tools --features pagewire-transport/hwloc --all-targets -- -D warnings
+cargo build --release -p pagewire-boot -p pagewire-transport -p pagewire-tools --features pagewire-transport/hwloc
+cargo clippy -p pagewire-boot -p pagewire-transport -p pagewire-tools --features pagewire-boot/hwloc,pagewire-transport/hwloc --all-targets -- -D warnings
 # The binding tests and the binding module's unit tests, with hwloc.
 cargo test --release -p pagewire-transport --features hwloc --test binding
-cargo test --release -p pagewire-transport --features hwloc --lib boot::binding
+cargo test --release -p pagewire-boot --features hwloc --lib binding
 # pwrun's command line, and a benchmark header that says where each rank runs.
 cargo test --release -p pagewire-tools --features hwloc --test pwrun
 cargo run --release -p pagewire-tools --features hwloc --bin pw-msgperf -- pingpong --msglog 0:0 --iters 10

@@ -55,12 +55,12 @@ export PAGEWIRE_MPIRUN="${mpirun[*]}"
 mpirun --version | sed -n 1,2p  # sed reads to the end: no SIGPIPE under pipefail
 
 T=(--target-dir target/mpi)
-cargo build -p pagewire-transport -p pagewire --features mpi "${T[@]}"
-cargo clippy -p pagewire-transport -p pagewire --features mpi --all-targets "${T[@]}" -- -D warnings
+cargo build -p pagewire-boot -p pagewire-transport -p pagewire --features mpi "${T[@]}"
+cargo clippy -p pagewire-boot -p pagewire-transport -p pagewire --features mpi --all-targets "${T[@]}" -- -D warnings
 cargo clippy -p pagewire-collectives --features pagewire/mpi --all-targets "${T[@]}" -- -D warnings
 
 # Unit tests of the feature's pure parts (launcher detection, layouts, type/op mapping).
-cargo test -p pagewire-transport --features mpi --lib boot:: "${T[@]}"
+cargo test -p pagewire-boot --features mpi --lib "${T[@]}"
 cargo test -p pagewire --features mpi --lib host_mpi "${T[@]}"
 
 # The test programs: each test starts itself under mpirun on these rank counts. One test at a

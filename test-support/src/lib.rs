@@ -21,6 +21,7 @@
 
 #[cfg(feature = "facade")]
 pub mod facade;
+pub mod fuzz;
 pub mod hosts;
 pub mod mpirun;
 pub mod nic;

@@ -1,135 +1,23 @@
-//! Fuzz targets: the ring packet decoder ([`crate::nic::soft::ring::decode`]),
-//! the message decoders ([`crate::msg::wire::decode_message`] and the local path's
-//! [`crate::msg::wire::decode_short`]), the bootstrap protocol's
-//! parsers ([`crate::boot::pwrun_client::wire`]), the frames of `pwrun --hosts` and its
-//! agents (`boot/hosts/relay.rs`) and the TCP wire's frame decoder
-//! ([`crate::nic::soft::tcp::frame::decode`]), each driven by a small
-//! deterministic mutational fuzzer on the stable toolchain.
+//! Fuzz targets of the decoders that read what peers send through the NIC and the local
+//! path: the ring packet decoder ([`crate::nic::soft::ring::decode`]), the message decoders
+//! ([`crate::msg::wire::decode_message`] and the local path's
+//! [`crate::msg::wire::decode_short`]) and the TCP wire's frame decoder
+//! ([`crate::nic::soft::tcp::frame::decode`]), each driven by the mutational fuzzer of
+//! `pagewire_test_support::fuzz` (the bootstrap's parsers have theirs in `pagewire-boot`).
 //!
-//! Each target starts from valid encodings, mutates them (bit flips, bytes and 2/4/8-byte
-//! fields set to their extremes or at random, truncation, extension, splices; one input in
-//! sixteen is random bytes) and checks that the decoder returns, that what it accepts
-//! satisfies the protocol's invariants, and that it encodes back to the same bytes. The
-//! targets are `#[ignore]`d in ordinary test runs; `.ci/fuzz.sh` runs them:
+//! Each target starts from valid encodings and checks that the decoder returns on every
+//! mutated input, that what it accepts satisfies the protocol's invariants, and that it
+//! encodes back to the same bytes. The targets are `#[ignore]`d in ordinary test runs;
+//! `.ci/fuzz.sh` runs them:
 //!
 //! ```text
 //! PAGEWIRE_FUZZ_INPUTS=100000 cargo test --release -p pagewire-transport --lib fuzz:: -- --ignored
 //! ```
-//!
-//! `PAGEWIRE_FUZZ_INPUTS` is the number of inputs per target (default 100,000) and
-//! `PAGEWIRE_FUZZ_SEED` the generator's seed (default 1), so a failure is reproducible.
 
-use std::time::Instant;
+use pagewire_test_support::fuzz::drive;
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-
-use crate::boot::pwrun_client::wire as boot_wire;
 use crate::msg::wire::{self, Header, MsgKind, CHUNK_DESC_BYTES, HEADER_BYTES};
 use crate::nic::soft::ring::{self, Kind, CMA_DESCRIPTOR, ENCODED_HEADER_BYTES, MTU};
-
-/// Values a mutated field takes besides random ones.
-const EXTREMES: [u64; 10] = [
-    0,
-    1,
-    2,
-    0x7f,
-    0x80,
-    0xff,
-    0x3fc0,
-    0x4000,
-    u64::MAX - 4095,
-    u64::MAX,
-];
-
-/// Runs `check` on `PAGEWIRE_FUZZ_INPUTS` inputs mutated from `seeds`, at most `max_len`
-/// bytes each; `check` says whether the decoder accepted the input. Prints the counts and
-/// the time taken.
-fn drive(name: &str, seeds: &[Vec<u8>], max_len: usize, mut check: impl FnMut(&[u8]) -> bool) {
-    let inputs: u64 = std::env::var("PAGEWIRE_FUZZ_INPUTS")
-        .ok()
-        .and_then(|v| v.replace('_', "").parse().ok())
-        .unwrap_or(100_000);
-    let seed: u64 = std::env::var("PAGEWIRE_FUZZ_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut input = Vec::with_capacity(max_len);
-    let start = Instant::now();
-    let mut accepted = 0u64;
-    for _ in 0..inputs {
-        input.clear();
-        if rng.gen_ratio(1, 16) {
-            let n = rng.gen_range(0..=max_len);
-            input.extend((0..n).map(|_| rng.gen::<u8>()));
-        } else {
-            input.extend_from_slice(&seeds[rng.gen_range(0..seeds.len())]);
-            for _ in 0..rng.gen_range(1..=4) {
-                mutate(&mut rng, &mut input, seeds, max_len);
-            }
-        }
-        accepted += check(&input) as u64;
-    }
-    eprintln!(
-        "fuzz {name}: {inputs} inputs (seed {seed}), {accepted} accepted, in {:.2} s",
-        start.elapsed().as_secs_f64()
-    );
-    assert!(accepted > 0, "the mutator never produced a valid input");
-}
-
-fn mutate(rng: &mut StdRng, b: &mut Vec<u8>, seeds: &[Vec<u8>], max_len: usize) {
-    match rng.gen_range(0..7) {
-        0 if !b.is_empty() => {
-            let i = rng.gen_range(0..b.len());
-            b[i] ^= 1 << rng.gen_range(0..8);
-        }
-        1 if !b.is_empty() => {
-            let i = rng.gen_range(0..b.len());
-            b[i] = rng.gen();
-        }
-        2..=4 => {
-            // A field of 1, 2, 4 or 8 bytes, aligned to its size most of the time.
-            let width = [1usize, 2, 4, 8][rng.gen_range(0..4)];
-            if b.len() < width {
-                return;
-            }
-            let mut at = rng.gen_range(0..=b.len() - width);
-            if rng.gen_ratio(3, 4) {
-                at -= at % width;
-            }
-            let v = if rng.gen() {
-                EXTREMES[rng.gen_range(0..EXTREMES.len())]
-            } else {
-                rng.gen()
-            };
-            let v = if rng.gen_ratio(1, 4) {
-                v.wrapping_neg()
-            } else {
-                v
-            };
-            b[at..at + width].copy_from_slice(&v.to_le_bytes()[..width]);
-        }
-        5 => {
-            let n = rng.gen_range(0..=b.len());
-            b.truncate(n);
-        }
-        _ => {
-            if rng.gen() {
-                let extra = rng.gen_range(1..=64).min(max_len.saturating_sub(b.len()));
-                b.extend((0..extra).map(|_| rng.gen::<u8>()));
-            } else {
-                // Splice the tail of another seed.
-                let other = &seeds[rng.gen_range(0..seeds.len())];
-                let from = rng.gen_range(0..=other.len());
-                let at = rng.gen_range(0..=b.len());
-                b.truncate(at);
-                b.extend_from_slice(&other[from..]);
-                b.truncate(max_len);
-            }
-        }
-    }
-}
 
 fn ring_header(h: ring::Header) -> Vec<u8> {
     h.encode().iter().flat_map(|w| w.to_le_bytes()).collect()
@@ -389,56 +277,6 @@ fn fuzz_short_message_decoder() {
     });
 }
 
-#[test]
-#[ignore = "fuzzing: run by .ci/fuzz.sh"]
-fn fuzz_bootstrap_parser() {
-    let frame = |tag: u8, payload: &[u8]| {
-        let mut v = Vec::new();
-        boot_wire::write_frame(&mut v, tag, payload).unwrap();
-        v
-    };
-    let hello = boot_wire::encode_hello(3, 4, 12345, "abc123");
-    let result = boot_wire::encode_result([&b"one"[..], b"", b"three"].into_iter()).unwrap();
-    let mut two = frame(boot_wire::HELLO, &hello);
-    two.extend(frame(boot_wire::GATHER, b"xyz"));
-    let seeds = vec![
-        two,
-        frame(boot_wire::WELCOME, &[]),
-        frame(boot_wire::RESULT, &result),
-        frame(boot_wire::ERROR, b"rank 2 left the job"),
-        frame(boot_wire::GATHER, &[]),
-    ];
-    drive("bootstrap parser", &seeds, 128, |input| {
-        let mut stream = input;
-        let mut decoded = false;
-        // A stream of frames, each parsed as the side that receives it does.
-        while let Ok(Some((tag, payload))) = boot_wire::read_frame(&mut stream) {
-            match tag {
-                boot_wire::HELLO => {
-                    if let Some(h) = boot_wire::decode_hello(&payload) {
-                        decoded = true;
-                        let again = boot_wire::encode_hello(h.rank, h.size, h.pid, &h.job);
-                        assert_eq!(again, payload, "hello round trip");
-                    }
-                }
-                boot_wire::RESULT => {
-                    if let Some(parts) = boot_wire::decode_result(&payload) {
-                        decoded = true;
-                        let again =
-                            boot_wire::encode_result(parts.iter().map(Vec::as_slice)).unwrap();
-                        assert_eq!(again, payload, "result round trip");
-                    }
-                }
-                boot_wire::ERROR => {
-                    let _ = String::from_utf8_lossy(&payload);
-                }
-                _ => {}
-            }
-        }
-        decoded
-    });
-}
-
 /// The TCP wire's frame decoder: every frame kind as seed, streams of several
 /// frames, and the hello.
 #[test]
@@ -563,86 +401,5 @@ fn fuzz_tcp_frame_decoder() {
             any = true;
         }
         any
-    });
-}
-
-/// The frames between `pwrun --hosts` and its agents (`boot/hosts/relay.rs`): each kind's
-/// decoder on mutated frames, accepted ones encoding back to the same bytes.
-#[test]
-#[ignore = "fuzzing: run by .ci/fuzz.sh"]
-fn fuzz_hosts_relay_parser() {
-    use crate::boot::binding::BindTo;
-    use crate::boot::hosts::relay::{self, Start};
-    let frame = |tag: u8, payload: &[u8]| {
-        let mut v = Vec::new();
-        boot_wire::write_frame(&mut v, tag, payload).unwrap();
-        v
-    };
-    let start = Start {
-        job: "0a1b2c3d4e5f".into(),
-        size: 4,
-        host: 1,
-        ranks: vec![2, 3],
-        program: "/bin/prog".into(),
-        args: vec!["-x".into(), "y".into()],
-        env: vec![("PATH".into(), "/bin".into()), ("A".into(), "".into())],
-        cwd: "/home".into(),
-        bind: BindTo::Auto,
-    };
-    let seeds = vec![
-        frame(relay::START, &start.encode()),
-        frame(relay::ERROR, &relay::encode_error(&[1, 3], "rank 2 left")),
-        frame(relay::STARTED, &relay::encode_started(&[100, 101])),
-        frame(relay::GATHER, &relay::encode_gather(2, b"address")),
-        frame(relay::LEFT, &relay::encode_u64(3)),
-        frame(
-            relay::EXITED,
-            &relay::encode_exited(1, 137, "killed by signal SIGKILL"),
-        ),
-        frame(relay::BYE, &relay::encode_u64(2)),
-    ];
-    drive("pwrun --hosts relay", &seeds, 512, |input| {
-        let mut stream = input;
-        let mut decoded = false;
-        while let Ok(Some((tag, p))) = boot_wire::read_frame(&mut stream) {
-            match tag {
-                relay::START => {
-                    if let Ok(s) = Start::decode(&p) {
-                        decoded = true;
-                        assert!(s.ranks.iter().all(|&r| r < s.size), "{s:?}");
-                        assert_eq!(s.encode(), p, "START round trip");
-                    }
-                }
-                relay::ERROR => {
-                    if let Ok((ranks, text)) = relay::decode_error(&p) {
-                        decoded = true;
-                        let _ = (ranks, text);
-                    }
-                }
-                relay::STARTED => {
-                    if let Ok(pids) = relay::decode_started(&p) {
-                        decoded = true;
-                        assert_eq!(relay::encode_started(&pids), p, "STARTED round trip");
-                    }
-                }
-                relay::GATHER => {
-                    if let Ok((rank, data)) = relay::decode_gather(&p) {
-                        decoded = true;
-                        assert_eq!(relay::encode_gather(rank, &data), p, "GATHER round trip");
-                    }
-                }
-                relay::LEFT | relay::BYE => {
-                    if let Ok(v) = relay::decode_u64(&p) {
-                        decoded = true;
-                        assert_eq!(relay::encode_u64(v), p, "number round trip");
-                    }
-                }
-                relay::EXITED => {
-                    decoded |= relay::decode_exited(&p).is_ok();
-                }
-                _ => {}
-            }
-        }
-        decoded
     });
 }

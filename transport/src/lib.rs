@@ -6,7 +6,6 @@
 // `allow(unsafe_code)` where it is declared) and in the NIC trait's posting calls.
 #![deny(unsafe_code)]
 
-pub mod boot;
 pub mod buffer_mode;
 pub mod local;
 pub mod msg;
@@ -19,6 +18,9 @@ pub use pagewire_sys::{env, error, Error, Result};
 
 /// The address-space change monitor (the `pagewire-memmon` crate).
 pub use pagewire_memmon as memmon;
+
+/// Rank discovery and address exchange (the `pagewire-boot` crate).
+pub use pagewire_boot as boot;
 
 #[cfg(test)]
 mod fuzz;

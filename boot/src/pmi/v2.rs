@@ -21,8 +21,8 @@
 //! each (the limit both servers declare), chunked as PMI-1's are.
 
 use super::{get_hex, pmi_error, put_hex, Channel};
-use crate::boot::kvs::KeyValueStore;
-use crate::error::Result;
+use crate::kvs::KeyValueStore;
+use pagewire_sys::Result;
 
 /// The longest value both servers accept.
 const VALUE_MAX: usize = 1024;
@@ -93,7 +93,7 @@ impl Pmi2 {
                     "job {}, {} ranks on {}, {here} on this one",
                     self.jobid,
                     nodes.len(),
-                    crate::boot::kvs::count_of(count as u64, "node")
+                    crate::kvs::count_of(count as u64, "node")
                 )
             }
             None => format!("job {}, no process mapping", self.jobid),
@@ -210,7 +210,7 @@ impl KeyValueStore for Pmi2 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::boot::kvs::{hex, unhex};
+    use crate::kvs::{hex, unhex};
     use std::collections::HashMap;
     use std::io::{Read, Write};
     use std::os::unix::net::UnixStream;

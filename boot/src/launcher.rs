@@ -42,7 +42,7 @@ use super::binding::{self, BindPlan, BindTo, Topology};
 use super::pwrun_client::wire;
 use super::sys;
 use super::{ENV_BOOT_SOCKET, ENV_JOB, ENV_LAUNCHER, ENV_RANK, ENV_SIZE};
-use crate::error::{Error, Result};
+use pagewire_sys::{Error, Result};
 
 mod family;
 pub(crate) mod rounds;

@@ -7,7 +7,7 @@
 use std::sync::mpsc;
 
 use super::*;
-use crate::boot::spawn::{ConnectionJob, SpawnRequest};
+use crate::spawn::{ConnectionJob, SpawnRequest};
 
 /// Most processes one spawn may start.
 const MAX_SPAWNED: usize = 4096;

@@ -11,9 +11,9 @@ use super::cpulist::format_cpulist;
 #[cfg(feature = "hwloc")]
 use super::hwloc;
 use super::topology::Topology;
-use crate::boot::sys;
-use crate::error::{Error, Result};
-use crate::sys::AnonMapping;
+use crate::sys;
+use pagewire_sys::AnonMapping;
+use pagewire_sys::{Error, Result};
 
 /// Where this process runs, as a benchmark header reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -19,8 +19,8 @@
 //! of the rank, the round and the chunk.
 
 use super::{get_hex, pmi_error, put_hex, Channel};
-use crate::boot::kvs::KeyValueStore;
-use crate::error::Result;
+use crate::kvs::KeyValueStore;
+use pagewire_sys::Result;
 
 /// A PMI-1 key-value space.
 pub(super) struct Pmi1 {
@@ -111,7 +111,7 @@ impl KeyValueStore for Pmi1 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::boot::kvs::{hex, unhex};
+    use crate::kvs::{hex, unhex};
     use std::io::{BufRead, BufReader, Write};
     use std::os::unix::net::UnixStream;
 

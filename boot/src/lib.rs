@@ -13,6 +13,8 @@
 //! A rank whose environment shows a launcher but not enough of it to reach its process
 //! manager (a PMIx rank without its namespace, `srun` without `--mpi`) fails in
 //! [`from_env`] with [`Error::Bootstrap`] saying so, instead of running as N one-rank jobs.
+#![deny(missing_docs)]
+#![deny(unsafe_code)]
 
 pub mod binding;
 pub mod hosts;
@@ -27,13 +29,16 @@ pub mod spawn;
 #[allow(unsafe_code)]
 mod sys;
 
+#[cfg(test)]
+mod fuzz;
+
 #[cfg(feature = "mpi")]
 pub use self::mpi::{MpiBootstrap, MpiWorld};
 pub use launcher::{launch, self_launch, JobOutcome, LaunchConfig};
 pub use pmi::PmiVersion;
 pub use pwrun_client::PwrunBootstrap;
 
-use crate::error::{Error, Result};
+use pagewire_sys::{Error, Result};
 
 /// Environment variable naming the job id (set by the launcher).
 pub const ENV_JOB: &str = "PAGEWIRE_JOB";

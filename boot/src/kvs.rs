@@ -7,7 +7,7 @@
 use parking_lot::Mutex;
 
 use super::Bootstrap;
-use crate::error::Result;
+use pagewire_sys::Result;
 
 /// What a rank asks of its process manager's key-value space.
 pub(super) trait KeyValueStore: Send {

@@ -45,7 +45,7 @@ use parking_lot::Mutex;
 
 use super::spawn::{ConnectionJob, SpawnRequest};
 use super::{Bootstrap, ENV_BOOT_SOCKET, ENV_JOB, ENV_RANK, ENV_SIZE};
-use crate::error::{Error, Result};
+use pagewire_sys::{Error, Result};
 
 /// Frame encoding shared with the launcher (see the module documentation).
 pub(crate) mod wire {

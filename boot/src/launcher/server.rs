@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use super::family::SpawnQueue;
 use super::rounds::{Answer, Rounds};
 use super::*;
-use crate::boot::spawn::wire as spawn_wire;
+use crate::spawn::wire as spawn_wire;
 
 /// Bootstrap state shared by the connection threads and the supervisor.
 pub(crate) struct Server {

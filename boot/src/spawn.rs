@@ -15,7 +15,7 @@ use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
-use crate::error::{Error, Result};
+use pagewire_sys::{Error, Result};
 
 /// Set in a spawned process: the connection job's id.
 pub const ENV_SPAWN_JOB: &str = "PAGEWIRE_SPAWN_JOB";

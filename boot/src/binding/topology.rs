@@ -6,8 +6,8 @@ use std::path::Path;
 use super::cpulist::parse_cpulist;
 #[cfg(feature = "hwloc")]
 use super::hwloc;
-use crate::boot::sys;
-use crate::error::{Error, Result};
+use crate::sys;
+use pagewire_sys::{Error, Result};
 
 /// Where `sysfs` describes the NUMA nodes.
 const SYSFS_NODES: &str = "/sys/devices/system/node";

@@ -7,8 +7,8 @@ use std::str::FromStr;
 
 use super::cpulist::format_cpulist;
 use super::topology::Topology;
-use crate::boot::sys;
-use crate::error::{Error, Result};
+use crate::sys;
+use pagewire_sys::{Error, Result};
 
 /// What the launcher did for this rank: `core`, `numa` or `none`.
 pub const ENV_BIND: &str = "PAGEWIRE_BIND";
@@ -138,7 +138,7 @@ pub fn plan(topo: &Topology, ranks: usize, bind_to: BindTo) -> BindPlan {
 }
 
 /// The environment the launcher gives rank `rank` under `plan`.
-pub(in crate::boot) fn rank_env(plan: &BindPlan, rank: usize) -> Vec<(&'static str, String)> {
+pub(crate) fn rank_env(plan: &BindPlan, rank: usize) -> Vec<(&'static str, String)> {
     let mut env = vec![(ENV_BIND, plan.applied.name().to_string())];
     if let Some(b) = plan.ranks.get(rank) {
         env.push((ENV_BIND_CPUS, format_cpulist(&b.cpus)));
@@ -149,7 +149,7 @@ pub(in crate::boot) fn rank_env(plan: &BindPlan, rank: usize) -> Vec<(&'static s
 
 /// Makes the child started by `cmd` run on rank `rank`'s CPUs under `plan` (nothing when
 /// the plan binds nothing).
-pub(in crate::boot) fn bind_child(
+pub(crate) fn bind_child(
     cmd: &mut std::process::Command,
     plan: &BindPlan,
     rank: usize,

@@ -46,8 +46,8 @@ use super::launcher::{
 };
 use super::pwrun_client::wire;
 use super::sys;
-use crate::error::{Error, Result};
 pub use agent::run_agent;
+use pagewire_sys::{Error, Result};
 use relay::Start;
 
 /// The environment variable naming the remote shell (`ssh` by default; words split at

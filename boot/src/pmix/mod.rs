@@ -15,7 +15,7 @@ mod ffi;
 
 use self::ffi::{PmixClient, PmixValue, RANK_WILDCARD};
 use super::kvs::{count_of, job_id_of, KeyValueStore, KvsBootstrap};
-use crate::error::{Error, Result};
+use pagewire_sys::{Error, Result};
 
 fn pmix_error(what: impl std::fmt::Display) -> Error {
     Error::Bootstrap(format!("PMIx (the launcher's process manager): {what}"))

@@ -38,7 +38,7 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::Threading;
 
 use super::{new_job_id, Bootstrap};
-use crate::error::{Error, Result};
+use pagewire_sys::{Error, Result};
 
 /// Length of a job id ([`new_job_id`]).
 const JOB_ID_LEN: usize = 12;

@@ -19,7 +19,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 
 use super::kvs::{hex, job_id_of, unhex, KvsBootstrap};
-use crate::error::{Error, Result};
+use pagewire_sys::{Error, Result};
 
 /// Which PMI wire protocol a rank asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use hwlocality::topology::Topology as HwTopology;
 use std::sync::OnceLock;
 
 use super::topology::{Core, NumaNode, Topology};
-use crate::error::{Error, Result};
+use pagewire_sys::{Error, Result};
 
 /// hwloc's topology of this machine, loaded once per process.
 fn loaded() -> std::result::Result<&'static HwTopology, String> {
