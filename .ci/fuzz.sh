@@ -8,4 +8,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PAGEWIRE_FUZZ_INPUTS="${PAGEWIRE_FUZZ_INPUTS:-1000000}" \
-  cargo test --release -p pagewire-transport -p pagewire-boot --lib fuzz:: -- --ignored --nocapture --test-threads 1
+  cargo test --release -p pagewire-soft -p pagewire-transport -p pagewire-boot --lib fuzz:: -- --ignored --nocapture --test-threads 1

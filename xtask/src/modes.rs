@@ -171,32 +171,32 @@ pub const FILE_SETS: &[Entry] = &[
     // odp: registration of ODP regions and the prefetch policy.
     file(Row::Odp, "odp/src/lib.rs"),
     // odp-nic: the soft NIC's present bitmap, invalidation watch and fault path.
-    file(Row::OdpNic, "transport/src/nic/soft/present.rs"),
-    file(Row::OdpNic, "transport/src/nic/soft/odp_watch.rs"),
+    file(Row::OdpNic, "soft/src/present.rs"),
+    file(Row::OdpNic, "soft/src/odp_watch.rs"),
     Entry {
         functions: Some(&["npf_slot", "odp_monitored", "faults_filed", "file", "outcome"]),
         note: "the responder-fault slots",
-        ..file(Row::OdpNic, "transport/src/nic/soft/layout.rs")
+        ..file(Row::OdpNic, "soft/src/layout.rs")
     },
     Entry {
         functions: Some(&["serve_faults", "resolve_fault"]),
         note: "the driver's fault handler",
-        ..file(Row::OdpNic, "transport/src/nic/soft/driver.rs")
+        ..file(Row::OdpNic, "soft/src/driver.rs")
     },
     Entry {
         functions: Some(&["register_implicit_odp", "advise"]),
         note: "implicit ODP, prefetch",
-        ..file(Row::OdpNic, "transport/src/nic/soft/mod.rs")
+        ..file(Row::OdpNic, "soft/src/lib.rs")
     },
     Entry {
         functions: Some(&["missing_span"]),
         note: "which pages of a DMA are not present",
-        ..file(Row::OdpNic, "transport/src/nic/soft/engine/translate.rs")
+        ..file(Row::OdpNic, "soft/src/engine/translate.rs")
     },
     Entry {
         functions: Some(&["fault_extent"]),
         note: "the batch to fault in",
-        ..file(Row::OdpNic, "transport/src/nic/soft/engine/mod.rs")
+        ..file(Row::OdpNic, "soft/src/engine/mod.rs")
     },
 ];
 
@@ -266,7 +266,7 @@ mod tests {
         for shared in [
             "transport/src/buffer_mode/mod.rs",
             "transport/src/msg/",
-            "transport/src/nic/mod.rs",
+            "nic/src/lib.rs",
         ] {
             assert!(
                 FILE_SETS.iter().all(|e| !e.path.starts_with(shared)),
