@@ -1,6 +1,9 @@
-//! pagewire's lower layers (docs/architecture.md): the verbs-shaped NIC boundary
-//! ([`nic`]), its default software provider ([`nic::soft`]), and rank discovery and
-//! address exchange ([`boot`]). The message layer and the buffer-mode trait come on top.
+//! pagewire's message layer (docs/architecture.md): matching, the eager and rendezvous
+//! protocols and the local path between ranks of one host ([`msg`], [`local`]), the
+//! buffer-mode trait ([`buffer_mode`]), and the NIC providers behind [`nic::open`] (the soft
+//! NIC of `pagewire-soft`, the verbs provider). The crates below it are re-exported under
+//! the names the layers above use: [`sys`], [`error`], [`env`](mod@env), [`memmon`], [`boot`], and
+//! `pagewire-nic` as [`nic`].
 #![deny(missing_docs)]
 // `unsafe` only in the modules that wrap system calls, shared memory and FFI (each marked
 // `allow(unsafe_code)` where it is declared) and in the NIC trait's posting calls.

@@ -7,9 +7,13 @@
 //!
 //! `settings`: writes `docs/configuration.md` from the table of `PAGEWIRE_*` settings
 //! (`--check`: fails if the committed page differs).
+//!
+//! `crates`: writes the crate graph into `docs/architecture.md`, from `cargo metadata`
+//! (`--check`: fails if the committed table differs).
 
 #![forbid(unsafe_code)]
 
+mod crates;
 mod measure;
 mod modes;
 mod plot;
@@ -56,6 +60,12 @@ enum Task {
         #[arg(long)]
         check: bool,
     },
+    /// Writes the crate graph (cargo metadata) into docs/architecture.md.
+    Crates {
+        /// Only check that the committed table is current (exit status 1 if not).
+        #[arg(long)]
+        check: bool,
+    },
 }
 
 /// The workspace root: the parent of this crate's directory.
@@ -98,6 +108,24 @@ fn main() -> Result<()> {
             }
             if let Some(path) = plot {
                 std::fs::write(&path, plot::svg(&rows)?)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                eprintln!("wrote {}", path.display());
+            }
+        }
+        Task::Crates { check } => {
+            let root = workspace_root();
+            let path = root.join("docs/architecture.md");
+            let committed = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let page = crates::splice(&committed, &crates::table(&root)?)?;
+            if check {
+                anyhow::ensure!(
+                    committed == page,
+                    "the crate graph in {} is out of date: run `cargo run -p xtask -- crates`",
+                    path.display()
+                );
+            } else {
+                std::fs::write(&path, page)
                     .with_context(|| format!("writing {}", path.display()))?;
                 eprintln!("wrote {}", path.display());
             }
