@@ -14,31 +14,22 @@
 //!
 //! # Adding an operation
 //!
-//! 1. A method on the trait of its group in `traits.rs` ([`CollectiveBackend`] …).
+//! 1. Its declaration, once, in the trait of its group in `traits.rs` ([`CollectiveBackend`]
+//!    …), written in a [`backend_trait!`] block: that makes [`CommBackend`] (or the
+//!    request's or message's enum) hand the call to the backend inside.
 //! 2. Its implementation in each backend: `pagewire/` and `host_mpi/communicator.rs` (the
 //!    compiler lists the backends that lack it); an MPI call that `HostMpi` does not make
 //!    yet is a `HostMpi` method and its rsmpi or MPI call in `host_mpi/ffi.rs`.
-//! 3. One line here, in the [`CommBackend`] impl of that trait: `dispatch!(self, b =>
-//!    b.method(..))`.
-//! 4. The user-facing method on the rsmpi-shaped trait above, which calls
+//! 3. The user-facing method on the rsmpi-shaped trait above, which calls
 //!    `comm.backend().method(..)`.
-
-mod traits;
 
 #[cfg(feature = "mpi")]
 pub mod host_mpi;
 pub(crate) mod pagewire;
 
-use std::process::Command;
-
-use bytemuck::Pod;
-use pagewire_collectives::{Element, Operation};
 use pagewire_transport::boot::Bootstrap;
-use pagewire_transport::msg::raw::{Layout, UserBuf, UserBufMut};
-use pagewire_transport::msg::{PointToPoint, Status};
 
 use crate::config::{TransportKind, UniverseConfig};
-use crate::datatype::Count;
 use crate::error::Result;
 
 pub(crate) use traits::{
@@ -83,6 +74,73 @@ macro_rules! dispatch {
         }
     };
 }
+
+/// Declares a trait of the seam once and makes the enum of [`per_backend!`] named before it
+/// implement it by handing each call to the backend inside. The trait is written as usual,
+/// but for each method's generics, in brackets (`fn f[T: Pod](&self, ...)`), and what
+/// follows a method's signature where the backend's result needs it: the conversion to the
+/// enum's types, appended to the backend's call (`=> [.map(Into::into)]`), or a body of the
+/// enum's own (`as { ... }`). Associated types come first, in a `types { ... }` block, each
+/// naming the enum's type (`type Request: RequestBackend = PendingRequest;`). A backend then
+/// implements the trait, and nothing else is written.
+macro_rules! backend_trait {
+    (
+        $enum:ident =>
+        $(#[$meta:meta])*
+        $vis:vis trait $trait:ident $(: $supertrait:path)? {
+            $(types {
+                $(
+                    $(#[$type_meta:meta])*
+                    type $assoc:ident: $bound:path = $concrete:ty;
+                )*
+            })?
+            $(
+                $(#[$fn_meta:meta])*
+                fn $name:ident $([$($generics:tt)*])? ($($params:tt)*) -> $ret:ty
+                    $(=> [$($lift:tt)*])? $(as $body:block)?;
+            )*
+        }
+    ) => {
+        $(#[$meta])*
+        $vis trait $trait $(: $supertrait)? {
+            $($(
+                $(#[$type_meta])*
+                type $assoc: $bound;
+            )*)?
+            $(
+                $(#[$fn_meta])*
+                fn $name $(<$($generics)*>)? ($($params)*) -> $ret;
+            )*
+        }
+
+        impl $trait for $enum {
+            $($(type $assoc = $concrete;)*)?
+            $(
+                fn $name $(<$($generics)*>)? ($($params)*) -> $ret {
+                    backend_trait!(@call $name ($($params)*) [[$($($lift)*)?] [$($body)?]])
+                }
+            )*
+        }
+    };
+    // The receiver and the arguments' names, from the parameters.
+    (@call $name:ident (&mut $s:ident $(, $arg:ident: $ty:ty)* $(,)?) $how:tt) => {
+        backend_trait!(@dispatch $s $name ($($arg),*) $how)
+    };
+    (@call $name:ident (& $s:ident $(, $arg:ident: $ty:ty)* $(,)?) $how:tt) => {
+        backend_trait!(@dispatch $s $name ($($arg),*) $how)
+    };
+    (@call $name:ident ($s:ident $(, $arg:ident: $ty:ty)* $(,)?) $how:tt) => {
+        backend_trait!(@dispatch $s $name ($($arg),*) $how)
+    };
+    (@dispatch $s:ident $name:ident ($($arg:ident),*) [[$($lift:tt)*] []]) => {
+        dispatch!($s, b => b.$name($($arg),*) $($lift)*)
+    };
+    (@dispatch $s:ident $name:ident ($($arg:ident),*) [[] [$body:block]]) => {
+        $body
+    };
+}
+
+mod traits;
 
 per_backend! {
     /// A communicator's backend.
@@ -167,247 +225,6 @@ pub(crate) fn clean_up_after_panic(boot: &dyn Bootstrap) {
 /// Without the feature, pwrun removes a failed job's shared memory.
 #[cfg(not(feature = "mpi"))]
 pub(crate) fn clean_up_after_panic(_boot: &dyn Bootstrap) {}
-
-impl CommunicatorBackend for CommBackend {
-    fn rank(&self) -> usize {
-        dispatch!(self, b => b.rank())
-    }
-    fn size(&self) -> usize {
-        dispatch!(self, b => b.size())
-    }
-    fn duplicate(&self) -> Result<Self> {
-        dispatch!(self, b => b.duplicate().map(Into::into))
-    }
-    fn split(&self, color: Option<i32>, key: i32) -> Result<Option<Self>> {
-        dispatch!(self, b => b.split(color, key).map(|c| c.map(Into::into)))
-    }
-    fn create_from_members(&self, members: &[usize], tag: i32) -> Result<Self> {
-        dispatch!(self, b => b.create_from_members(members, tag).map(Into::into))
-    }
-    fn same_context(&self, other: &Self) -> bool {
-        match (self, other) {
-            (Self::Pagewire(a), Self::Pagewire(b)) => a.same_context(b),
-            #[cfg(feature = "mpi")]
-            (Self::HostMpi(a), Self::HostMpi(b)) => a.same_context(b),
-            #[cfg(feature = "mpi")]
-            _ => false,
-        }
-    }
-    fn progress(&self) -> Result<()> {
-        dispatch!(self, b => b.progress())
-    }
-    fn world_ranks(&self) -> Result<Vec<usize>> {
-        dispatch!(self, b => b.world_ranks())
-    }
-    fn nonblocking_channel(&self) -> Result<(Self, i32)> {
-        dispatch!(self, b => b.nonblocking_channel().map(|(c, t)| (c.into(), t)))
-    }
-    fn target_size(&self) -> usize {
-        dispatch!(self, b => b.target_size())
-    }
-    fn spawn(&self, root: usize, commands: &[Command], maxprocs: &[i32]) -> Result<Self> {
-        dispatch!(self, b => b.spawn(root, commands, maxprocs).map(Into::into))
-    }
-    fn parent(&self) -> Result<Option<Self>> {
-        dispatch!(self, b => b.parent().map(|p| p.map(Into::into)))
-    }
-    fn merge(&self, high: bool) -> Result<Self> {
-        dispatch!(self, b => b.merge(high).map(Into::into))
-    }
-    fn transport(&self) -> TransportKind {
-        dispatch!(self, b => b.transport())
-    }
-    fn mode_name(&self) -> &'static str {
-        dispatch!(self, b => b.mode_name())
-    }
-    fn with_message_layer<R>(&self, f: impl FnOnce(&mut PointToPoint) -> R) -> Result<R> {
-        dispatch!(self, b => b.with_message_layer(f))
-    }
-    fn message_context(&self) -> Option<u32> {
-        dispatch!(self, b => b.message_context())
-    }
-    fn bootstrap(&self) -> &dyn Bootstrap {
-        dispatch!(self, b => b.bootstrap())
-    }
-}
-
-impl PointToPointBackend for CommBackend {
-    type Request = PendingRequest;
-    type Message = MatchedMessage;
-
-    fn send(&self, dest: usize, tag: i32, bytes: &[u8], sync: bool) -> Result<Status> {
-        dispatch!(self, b => b.send(dest, tag, bytes, sync))
-    }
-    fn receive(&self, source: Option<usize>, tag: Option<i32>, bytes: &mut [u8]) -> Result<Status> {
-        dispatch!(self, b => b.receive(source, tag, bytes))
-    }
-    fn send_receive(
-        &self,
-        dest: usize,
-        send_tag: i32,
-        send: &[u8],
-        source: Option<usize>,
-        recv_tag: Option<i32>,
-        recv: &mut [u8],
-    ) -> Result<Status> {
-        dispatch!(self, b => b.send_receive(dest, send_tag, send, source, recv_tag, recv))
-    }
-    fn moves_in_place(&self, layout: &Layout) -> bool {
-        dispatch!(self, b => b.moves_in_place(layout))
-    }
-    fn immediate_send(
-        &self,
-        dest: usize,
-        tag: i32,
-        buf: UserBuf,
-        sync: bool,
-    ) -> Result<PendingRequest> {
-        dispatch!(self, b => b.immediate_send(dest, tag, buf, sync).map(Into::into))
-    }
-    fn immediate_receive(
-        &self,
-        source: Option<usize>,
-        tag: Option<i32>,
-        buf: UserBufMut,
-    ) -> Result<PendingRequest> {
-        dispatch!(self, b => b.immediate_receive(source, tag, buf).map(Into::into))
-    }
-    fn immediate_probe(&self, source: Option<usize>, tag: Option<i32>) -> Result<Option<Status>> {
-        dispatch!(self, b => b.immediate_probe(source, tag))
-    }
-    fn immediate_matched_probe(
-        &self,
-        source: Option<usize>,
-        tag: Option<i32>,
-    ) -> Result<Option<(MatchedMessage, Status)>> {
-        dispatch!(self, b => b
-            .immediate_matched_probe(source, tag)
-            .map(|found| found.map(|(message, status)| (message.into(), status))))
-    }
-    fn check_senders(&self, source: Option<usize>) -> Result<()> {
-        dispatch!(self, b => b.check_senders(source))
-    }
-}
-
-impl CollectiveBackend for CommBackend {
-    fn barrier(&self) -> Result<()> {
-        dispatch!(self, b => b.barrier())
-    }
-    fn broadcast<T: Pod>(&self, root: usize, buf: &mut [T]) -> Result<()> {
-        dispatch!(self, b => b.broadcast(root, buf))
-    }
-    fn reduce<T: Element, O: Operation<T>>(
-        &self,
-        root: usize,
-        send: &[T],
-        recv: Option<&mut [T]>,
-        op: &O,
-    ) -> Result<()> {
-        dispatch!(self, b => b.reduce(root, send, recv, op))
-    }
-    fn all_reduce<T: Element, O: Operation<T>>(
-        &self,
-        send: &[T],
-        recv: &mut [T],
-        op: &O,
-    ) -> Result<()> {
-        dispatch!(self, b => b.all_reduce(send, recv, op))
-    }
-    fn all_gather<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        dispatch!(self, b => b.all_gather(send, recv))
-    }
-    fn all_gather_varcount<T: Pod>(
-        &self,
-        send: &[T],
-        recv: &mut [T],
-        counts: &[Count],
-    ) -> Result<()> {
-        dispatch!(self, b => b.all_gather_varcount(send, recv, counts))
-    }
-    fn all_to_all<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        dispatch!(self, b => b.all_to_all(send, recv))
-    }
-    fn all_to_all_varcount<T: Pod>(
-        &self,
-        send: &[T],
-        send_counts: &[Count],
-        recv: &mut [T],
-        recv_counts: &[Count],
-    ) -> Result<()> {
-        dispatch!(self, b => b.all_to_all_varcount(send, send_counts, recv, recv_counts))
-    }
-    fn gather<T: Pod>(&self, root: usize, send: &[T], recv: Option<&mut [T]>) -> Result<()> {
-        dispatch!(self, b => b.gather(root, send, recv))
-    }
-    fn gather_varcount<T: Pod>(
-        &self,
-        root: usize,
-        send: &[T],
-        recv: Option<(&mut [T], &[Count])>,
-    ) -> Result<()> {
-        dispatch!(self, b => b.gather_varcount(root, send, recv))
-    }
-    fn scatter<T: Pod>(&self, root: usize, send: Option<&[T]>, recv: &mut [T]) -> Result<()> {
-        dispatch!(self, b => b.scatter(root, send, recv))
-    }
-    fn scatter_varcount<T: Pod>(
-        &self,
-        root: usize,
-        send: Option<(&[T], &[Count])>,
-        recv: &mut [T],
-    ) -> Result<()> {
-        dispatch!(self, b => b.scatter_varcount(root, send, recv))
-    }
-    fn reduce_scatter_block<T: Element, O: Operation<T>>(
-        &self,
-        send: &[T],
-        recv: &mut [T],
-        op: &O,
-    ) -> Result<()> {
-        dispatch!(self, b => b.reduce_scatter_block(send, recv, op))
-    }
-    fn reduce_scatter<T: Element, O: Operation<T>>(
-        &self,
-        send: &[T],
-        recv: &mut [T],
-        counts: &[Count],
-        op: &O,
-    ) -> Result<()> {
-        dispatch!(self, b => b.reduce_scatter(send, recv, counts, op))
-    }
-    fn scan<T: Element, O: Operation<T>>(&self, send: &[T], recv: &mut [T], op: &O) -> Result<()> {
-        dispatch!(self, b => b.scan(send, recv, op))
-    }
-}
-
-impl RequestBackend for PendingRequest {
-    fn wait(&mut self) -> Result<Status> {
-        dispatch!(self, r => r.wait())
-    }
-    fn test(&mut self) -> Result<Option<Status>> {
-        dispatch!(self, r => r.test())
-    }
-    fn is_done(&self) -> bool {
-        dispatch!(self, r => r.is_done())
-    }
-    fn cancel(&mut self) -> bool {
-        dispatch!(self, r => r.cancel())
-    }
-}
-
-impl MessageBackend for MatchedMessage {
-    type Request = PendingRequest;
-
-    fn receive(self, bytes: &mut [u8]) -> Result<Status> {
-        dispatch!(self, m => m.receive(bytes))
-    }
-    fn moves_in_place(&self, layout: &Layout) -> bool {
-        dispatch!(self, m => m.moves_in_place(layout))
-    }
-    fn immediate_receive(self, buf: UserBufMut) -> Result<PendingRequest> {
-        dispatch!(self, m => m.immediate_receive(buf).map(Into::into))
-    }
-}
 
 #[cfg(test)]
 mod tests {
