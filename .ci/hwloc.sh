@@ -27,7 +27,7 @@ fi
 cargo build --release -p pagewire-boot -p pagewire-transport -p pagewire-tools --features pagewire-transport/hwloc
 cargo clippy -p pagewire-boot -p pagewire-transport -p pagewire-tools --features pagewire-boot/hwloc,pagewire-transport/hwloc --all-targets -- -D warnings
 # The binding tests and the binding module's unit tests, with hwloc.
-cargo test --release -p pagewire-transport --features hwloc --test binding
+cargo test --release -p pagewire-boot --features hwloc --test binding
 cargo test --release -p pagewire-boot --features hwloc --lib binding
 # pwrun's command line, and a benchmark header that says where each rank runs.
 cargo test --release -p pagewire-tools --features hwloc --test pwrun

@@ -1,6 +1,6 @@
 //! The `pwrun` command line: `--bind-to` values, its default, and its fallback when there
 //! are more ranks than cores (the binding itself is tested in
-//! `transport/tests/binding.rs`).
+//! `boot/tests/binding.rs`).
 
 use std::process::Command;
 

@@ -30,7 +30,7 @@
 //!   they are measured, and test files are listed with [`Role::Test`]; both go to the
 //!   report's test column, not to the mode's code (a partial entry's file keeps its tests
 //!   with the shared code). Only tests that exercise one mode alone
-//!   are listed: the multi-mode suites (`tests/`, `transport/tests/soft_nic.rs`) are in no
+//!   are listed: the multi-mode suites (`tests/`, `soft/tests/soft_nic.rs`) are in no
 //!   row.
 
 use std::fmt;

@@ -3,8 +3,8 @@
 
 #![allow(dead_code)] // each test file uses what it needs
 
+use pagewire_nic::{Access, Nic, Opcode, RecvWr, SendWr, Sge};
 use pagewire_test_support::nic::Rank;
-use pagewire_transport::nic::{Access, Nic, Opcode, RecvWr, SendWr, Sge};
 
 /// Local write and both remote rights.
 pub fn rw() -> Access {

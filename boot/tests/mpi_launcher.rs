@@ -6,7 +6,7 @@
 //! `.ci/mpi.sh` and `.ci/slurm.sh` check the working cases under real launchers.
 #![cfg(not(feature = "mpi"))]
 
-use pagewire_transport::boot::{self, Launcher};
+use pagewire_boot::{self as boot, Launcher};
 
 /// The only test of this binary: it changes the process environment.
 #[test]

@@ -8,8 +8,8 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
+use pagewire_sys::{AnonMapping, LongTermPins, NEVER_MAPPED};
 use pagewire_test_support::{require, Prerequisite};
-use pagewire_transport::sys::{AnonMapping, LongTermPins, NEVER_MAPPED};
 
 /// The pins, or `None` (the test is skipped) where io_uring's fixed buffers are
 /// unavailable; `PAGEWIRE_REQUIRE=longterm-pin` makes that a failure.

@@ -5,10 +5,10 @@
 //! on the staged path. Every byte must land in its own buffer, the receives must complete
 //! in order, and the counters must say what the policy did.
 
+use pagewire_nic::{Access, Advice, Nic, Opcode, WcOpcode, WcStatus};
+use pagewire_sys::AnonMapping;
 use pagewire_test_support::nic::{ranks, Rank};
 use pagewire_test_support::pattern;
-use pagewire_transport::nic::{Access, Advice, Nic, Opcode, WcOpcode, WcStatus};
-use pagewire_transport::sys::AnonMapping;
 
 mod common;
 use common::{post_recv, post_send, rw, sge};

@@ -1,13 +1,13 @@
 //! Multi-process tests of the soft NIC: real ranks under the built-in launcher checking
 //! bytes, counters and error completions.
 
-use pagewire_test_support::nic::{launch, ranks, Rank};
-use pagewire_test_support::{pattern, OUT, ROLE};
-use pagewire_transport::nic::{
+use pagewire_nic::{
     Access, Advice, Nic, Opcode, Region, SendWr, Sge, WcOpcode, WcStatus, PAGE_SIZE,
 };
-use pagewire_transport::sys::{vm_locked_and_resident, AnonMapping};
-use pagewire_transport::Error;
+use pagewire_sys::Error;
+use pagewire_sys::{vm_locked_and_resident, AnonMapping};
+use pagewire_test_support::nic::{launch, ranks, Rank};
+use pagewire_test_support::{pattern, OUT, ROLE};
 
 mod common;
 use common::{post_recv, post_send, rw, sge};
@@ -961,10 +961,10 @@ fn rebound_body(r: &Rank) {
         // The change reaches the NIC's watch (every monitor of the process delivers it)
         // while no NIC entry takes it; then the old region goes and a new one comes.
         struct Ignore;
-        impl pagewire_transport::memmon::InvalidationSink for Ignore {
-            fn invalidate(&self, _: u64, _: u64, _: pagewire_transport::memmon::Cause) {}
+        impl pagewire_memmon::InvalidationSink for Ignore {
+            fn invalidate(&self, _: u64, _: u64, _: pagewire_memmon::Cause) {}
         }
-        pagewire_transport::memmon::monitor_from_env(std::sync::Arc::new(Ignore))
+        pagewire_memmon::monitor_from_env(std::sync::Arc::new(Ignore))
             .unwrap()
             .flush();
         r.nic.deregister(mr.lkey).unwrap();

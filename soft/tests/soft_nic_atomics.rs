@@ -5,10 +5,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
+use pagewire_nic::{Access, Nic, Opcode, SendWr, WcOpcode, WcStatus};
+use pagewire_sys::AnonMapping;
+use pagewire_sys::Error;
 use pagewire_test_support::nic::{ranks, Rank};
-use pagewire_transport::nic::{Access, Nic, Opcode, SendWr, WcOpcode, WcStatus};
-use pagewire_transport::sys::AnonMapping;
-use pagewire_transport::Error;
 
 mod common;
 use common::{post_send, sge};

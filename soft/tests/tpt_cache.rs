@@ -3,10 +3,10 @@
 //! path, checking the hits and misses of a known access pattern, the bytes of many regions
 //! through a cache of one or two entries, and that with the cache off nothing is counted.
 
+use pagewire_nic::{Nic, Opcode, Sge, WcStatus};
+use pagewire_sys::AnonMapping;
 use pagewire_test_support::nic::{ranks, Rank};
 use pagewire_test_support::pattern;
-use pagewire_transport::nic::{Nic, Opcode, Sge, WcStatus};
-use pagewire_transport::sys::AnonMapping;
 
 mod common;
 use common::{post_recv, post_send, rw, sge};

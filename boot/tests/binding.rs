@@ -9,12 +9,12 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use pagewire_test_support::{as_rank, Scratch, ROLE, SCRATCH};
-use pagewire_transport::boot::binding::{
+use pagewire_boot::binding::{
     self, BindTo, MemoryPlacement, Topology, ENV_BIND, ENV_BIND_CPUS, ENV_BIND_NODE,
 };
-use pagewire_transport::boot::{self, LaunchConfig};
-use pagewire_transport::sys::AnonMapping;
+use pagewire_boot::{self as boot, LaunchConfig};
+use pagewire_sys::AnonMapping;
+use pagewire_test_support::{as_rank, Scratch, ROLE, SCRATCH};
 
 /// A job of `ranks` copies of this test binary playing test `name`'s ranks.
 fn job(name: &str, ranks: usize, bind: BindTo, scratch: &Scratch) -> LaunchConfig {

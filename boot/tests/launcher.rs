@@ -4,6 +4,7 @@
 //! (`NAME --exact`), with `PAGEWIRE_TEST_ROLE=NAME` in the environment; the test function
 //! then plays the rank's part instead of the parent's (see [`as_rank`]).
 
+use pagewire_boot as boot;
 use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -11,11 +12,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use pagewire_test_support::{as_rank, Scratch, ROLE, SCRATCH};
-use pagewire_transport::boot::{
+use pagewire_boot::{
     self, Bootstrap, JobOutcome, LaunchConfig, PwrunBootstrap, SingletonBootstrap,
 };
-use pagewire_transport::Error;
+use pagewire_sys::Error;
+use pagewire_test_support::{as_rank, Scratch, ROLE, SCRATCH};
 
 /// What a child of `bad_environment_is_reported` expects in its error.
 const EXPECT: &str = "PAGEWIRE_TEST_EXPECT";

@@ -10,14 +10,14 @@
 
 use std::time::{Duration, Instant};
 
-use pagewire_test_support::nic::launch;
-use pagewire_test_support::ROLE;
-use pagewire_transport::boot::{self, Bootstrap};
-use pagewire_transport::nic::soft::{SoftConfig, SoftNic};
-use pagewire_transport::nic::{
+use pagewire_boot::{self as boot, Bootstrap};
+use pagewire_nic::{
     Access, Completion, Endpoint, Nic, Opcode, QpCaps, RecvWr, SendWr, Sge, WcStatus,
 };
-use pagewire_transport::sys::AnonMapping;
+use pagewire_soft::{SoftConfig, SoftNic};
+use pagewire_sys::AnonMapping;
+use pagewire_test_support::nic::launch;
+use pagewire_test_support::ROLE;
 
 const NAME: &str = "hostile_bytes_on_the_tcp_wire_close_the_connection_with_a_clear_reason";
 const VICTIM: usize = 0;
