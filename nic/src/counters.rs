@@ -92,6 +92,7 @@ pub struct NpfTiming {
 }
 
 /// Adds `n` to a counter only one thread updates at a time (readers may see it late).
+#[inline]
 pub fn add_serialized(c: &AtomicU64, n: u64) {
     c.store(c.load(Relaxed).wrapping_add(n), Relaxed);
 }
@@ -144,12 +145,14 @@ pub struct Counters {
 
 impl Counters {
     /// Counts `bytes` newly pinned (and the peak).
+    #[inline]
     pub fn add_pinned(&self, bytes: u64) {
         let now = self.pinned_now.fetch_add(bytes, Relaxed) + bytes;
         self.pinned_peak.fetch_max(now, Relaxed);
     }
 
     /// Counts `bytes` unpinned.
+    #[inline]
     pub fn sub_pinned(&self, bytes: u64) {
         self.pinned_now.fetch_sub(bytes, Relaxed);
     }
@@ -189,6 +192,7 @@ impl Counters {
 
     /// Counts payload bytes by path. Callers are serialised (the soft engine's lock), so a
     /// load and a store do, without a locked instruction on the data path.
+    #[inline]
     pub fn add_bytes(&self, path: DataPath, bytes: u64) {
         let c = match path {
             DataPath::Cma => &self.bytes_cma,

@@ -47,18 +47,22 @@ impl Access {
     pub const NONE: Access = Access(0);
 
     /// The rights of both (`|`, usable in constants).
+    #[inline]
     pub const fn union(self, other: Access) -> Access {
         Access(self.0 | other.0)
     }
     /// All bits of `other` are set in `self`.
+    #[inline]
     pub fn contains(self, other: Access) -> bool {
         self.0 & other.0 == other.0
     }
     /// The raw bits.
+    #[inline]
     pub fn bits(self) -> u32 {
         self.0
     }
     /// From raw bits (unknown bits dropped).
+    #[inline]
     pub fn from_bits_truncate(bits: u32) -> Access {
         Access(bits & 0x1f)
     }
@@ -66,6 +70,7 @@ impl Access {
 
 impl std::ops::BitOr for Access {
     type Output = Access;
+    #[inline]
     fn bitor(self, rhs: Access) -> Access {
         Access(self.0 | rhs.0)
     }

@@ -35,6 +35,7 @@ pub enum WcStatus {
 
 impl WcStatus {
     /// The status `ibv_wc_status_str` would print.
+    #[inline]
     pub fn as_str(self) -> &'static str {
         match self {
             WcStatus::Success => "success",
@@ -52,6 +53,7 @@ impl WcStatus {
 
 impl WcStatus {
     /// Wire code of the status (for acknowledgements).
+    #[inline]
     pub fn code(self) -> u16 {
         match self {
             WcStatus::Success => 0,
@@ -67,6 +69,7 @@ impl WcStatus {
     }
 
     /// The status of a wire code (unknown codes read as a remote operation error).
+    #[inline]
     pub fn from_code(code: u16) -> WcStatus {
         match code {
             0 => WcStatus::Success,

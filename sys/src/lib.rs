@@ -69,6 +69,7 @@ pub fn exclude_this_thread_from_count() {
 
 /// How many system calls this process's application threads have made through this
 /// module's wrappers: what the soft NIC counts as its own per message.
+#[inline]
 pub fn syscalls_made() -> u64 {
     SYSCALLS.load(std::sync::atomic::Ordering::Relaxed)
 }
@@ -178,6 +179,7 @@ fn advance(v: &mut [libc::iovec], idx: &mut usize, mut n: usize) {
 }
 
 /// `CLOCK_MONOTONIC` in nanoseconds: comparable between processes of one host.
+#[inline]
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -189,11 +191,13 @@ pub fn monotonic_ns() -> u64 {
 }
 
 /// This process's id.
+#[inline]
 pub fn getpid() -> u32 {
     std::process::id()
 }
 
 /// Rounds `[addr, addr+len)` out to whole pages: (first page address, length).
+#[inline]
 pub fn page_span(addr: u64, len: u64) -> (u64, u64) {
     let start = addr & !(PAGE_SIZE - 1);
     // Saturating: a range reaching the top of the address space ends on its last page.
@@ -507,27 +511,32 @@ impl AnonMapping {
     }
 
     /// Start address.
+    #[inline]
     pub fn addr(&self) -> u64 {
         self.ptr as u64
     }
 
     /// Length in bytes (whole pages).
+    #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Always false: mappings have at least one page.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         false
     }
 
     /// The memory as bytes.
+    #[inline]
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: ptr..ptr+len is our mapping, readable, alive while self is.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
     /// The memory as mutable bytes.
+    #[inline]
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, and &mut self gives exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
@@ -535,6 +544,7 @@ impl AnonMapping {
 
     /// The byte at `offset` as an atomic, for watching memory that the NIC writes (a
     /// latency test polls the last byte of its landing buffer, as perftest does).
+    #[inline]
     pub fn atomic_u8(&self, offset: usize) -> &std::sync::atomic::AtomicU8 {
         assert!(offset < self.len, "offset outside the mapping");
         // SAFETY: in bounds; AtomicU8 has u8's layout; the reference borrows self, so no
@@ -546,6 +556,7 @@ impl AnonMapping {
     /// The 8 bytes at `offset` (a multiple of 8) as an atomic word, for control words that
     /// this process updates while peers' NICs read or update them (a window's lock and its
     /// table of attached regions).
+    #[inline]
     pub fn atomic_u64(&self, offset: usize) -> &std::sync::atomic::AtomicU64 {
         assert!(
             offset % 8 == 0 && offset + 8 <= self.len,

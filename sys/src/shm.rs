@@ -221,22 +221,26 @@ impl SharedSegment {
     }
 
     /// Size in bytes.
+    #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Whether it has no bytes (never: a segment has at least one page).
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Address of byte `offset` in this process (for CMA into or out of the segment).
+    #[inline]
     pub fn addr_of(&self, offset: usize) -> u64 {
         assert!(offset <= self.len);
         self.ptr as u64 + offset as u64
     }
 
     /// `count` 64-bit atomic words starting at byte `offset` (8-aligned).
+    #[inline]
     pub fn words(&self, offset: usize, count: usize) -> &[AtomicU64] {
         assert!(
             offset % 8 == 0 && offset + count * 8 <= self.len,
@@ -249,6 +253,7 @@ impl SharedSegment {
     }
 
     /// The 32-bit atomic word at byte `offset` (4-aligned), e.g. a futex.
+    #[inline]
     pub fn word32(&self, offset: usize) -> &AtomicU32 {
         assert!(
             offset % 4 == 0 && offset + 4 <= self.len,
@@ -259,6 +264,7 @@ impl SharedSegment {
     }
 
     /// Copies `src` into the segment at `offset`.
+    #[inline]
     pub fn copy_in(&self, offset: usize, src: &[u8]) {
         assert!(offset + src.len() <= self.len, "copy_in out of segment");
         // SAFETY: in bounds; the ring protocol gives the writer exclusive use of the slot
@@ -269,6 +275,7 @@ impl SharedSegment {
     /// `len` bytes of the segment at `offset`, to read in place: a ring entry that the
     /// writer published with a release store this process acquired, and that the writer
     /// leaves alone until this process releases it (the local path's cells).
+    #[inline]
     pub fn bytes(&self, offset: usize, len: usize) -> &[u8] {
         assert!(offset + len <= self.len, "bytes out of segment");
         // SAFETY: in bounds; by the ring protocol nobody writes these bytes while the
@@ -278,6 +285,7 @@ impl SharedSegment {
 
     /// `len` bytes of the segment at `offset`, to write in place: a ring entry this process
     /// owns as the writer until it publishes it (the local path's cells).
+    #[inline]
     pub fn bytes_mut(&mut self, offset: usize, len: usize) -> &mut [u8] {
         assert!(offset + len <= self.len, "bytes out of segment");
         // SAFETY: in bounds; `&mut self` makes the slice the only one this process has, and
@@ -286,6 +294,7 @@ impl SharedSegment {
     }
 
     /// Copies bytes of the segment at `offset` into `dst`.
+    #[inline]
     pub fn copy_out(&self, offset: usize, dst: &mut [u8]) {
         assert!(offset + dst.len() <= self.len, "copy_out out of segment");
         // SAFETY: in bounds; the slot was published with a release store that the reader
