@@ -4,7 +4,6 @@
 //! (`NAME --exact`), with `PAGEWIRE_TEST_ROLE=NAME` in the environment; the test function
 //! then plays the rank's part instead of the parent's (see [`as_rank`]).
 
-use pagewire_boot as boot;
 use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -13,7 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use pagewire_boot::{
-    self, Bootstrap, JobOutcome, LaunchConfig, PwrunBootstrap, SingletonBootstrap,
+    self as boot, Bootstrap, JobOutcome, LaunchConfig, PwrunBootstrap, SingletonBootstrap,
 };
 use pagewire_sys::Error;
 use pagewire_test_support::{as_rank, Scratch, ROLE, SCRATCH};
