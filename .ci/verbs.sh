@@ -23,15 +23,17 @@ if [ "${#need[@]}" -gt 0 ]; then
 fi
 
 cargo build -p pagewire-transport --features verbs
-cargo clippy -p pagewire-transport --features verbs --all-targets -- -D warnings
+cargo clippy -p pagewire-verbs -p pagewire-transport --features pagewire-verbs/rdma-core,pagewire-transport/verbs \
+  --all-targets -- -D warnings
 # The no-device path (runs here: libibverbs finds no device) ...
-cargo test -p pagewire-transport --features verbs --test verbs
+cargo test -p pagewire-verbs --features rdma-core --test verbs
+cargo test -p pagewire-transport --features verbs --test verbs_start_up
 # ... and the unit tests of the provider's pure parts (builders, mappings, parsing).
-cargo test -p pagewire-transport --features verbs --lib nic::verbs
+cargo test -p pagewire-verbs --features rdma-core --lib
 # The binary links no libibverbs symbol newer than IBVERBS_1.1: the newer entry points are
-# looked up at run time (ffi::LateSymbols in src/nic/verbs/ffi.rs), so a build with the feature
+# looked up at run time (ffi::LateSymbols in verbs/src/ffi.rs), so a build with the feature
 # starts against any libibverbs and the verbs provider says itself which rdma-core it needs.
-bin=$(cargo test -p pagewire-transport --features verbs --test verbs --no-run 2>&1 |
+bin=$(cargo test -p pagewire-verbs --features rdma-core --test verbs --no-run 2>&1 |
   sed -n 's/.*Executable tests\/verbs\.rs (\(.*\))$/\1/p')
 newest=$(objdump -T "$bin" | grep -o 'IBVERBS_[0-9.]*' | sort -uV | tail -n 1)
 if [ "$newest" != IBVERBS_1.1 ]; then

@@ -138,3 +138,17 @@ pub fn launch(name: &str, n: usize, env: &[(&str, &str)], wrapper: Option<&[&str
         .expect("current_exe");
     boot::launch(&cfg).expect("launch")
 }
+
+/// Asserts that a start-up error of the verbs provider on a machine without an RDMA device is
+/// one line that says what is missing and names the soft provider (`PAGEWIRE_TRANSPORT=soft`).
+pub fn assert_one_line_naming_the_soft_provider(msg: &str) {
+    assert!(!msg.contains('\n'), "not one line: {msg:?}");
+    assert!(
+        msg.contains("RDMA device"),
+        "does not say what is missing: {msg}"
+    );
+    assert!(
+        msg.contains("soft provider") && msg.contains("PAGEWIRE_TRANSPORT=soft"),
+        "does not name the soft provider: {msg}"
+    );
+}

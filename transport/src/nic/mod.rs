@@ -1,12 +1,12 @@
 //! The NIC boundary ([`pagewire_nic`]: the provider trait, regions, counters) with its
 //! providers: the soft NIC ([`soft`], the `pagewire-soft` crate, the default) and, with the
-//! `verbs` feature, rdma-core (`verbs`); [`open`] brings up the one `PAGEWIRE_TRANSPORT`
+//! `verbs` feature, rdma-core (`verbs`, the `pagewire-verbs` crate); [`open`] brings up the one `PAGEWIRE_TRANSPORT`
 //! names.
 
 pub use pagewire_nic::*;
 pub use pagewire_soft as soft;
 #[cfg(feature = "verbs")]
-pub mod verbs;
+pub use pagewire_verbs as verbs;
 
 use crate::error::Result;
 

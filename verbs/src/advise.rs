@@ -83,7 +83,7 @@ impl VerbsNic {
         // Pages asked for by the calls that succeeded (the earlier batches of a failed advice
         // did prefetch).
         if advised > 0 {
-            let pages = crate::sys::page_span(addr, advised).1 / PAGE_SIZE;
+            let pages = pagewire_sys::page_span(addr, advised).1 / PAGE_SIZE;
             self.counters.prefetch_pages.fetch_add(pages, Relaxed);
         }
         result

@@ -1,6 +1,6 @@
 //! The verbs provider from the outside.
 //!
-//! The first three tests are the no-device path and run everywhere: on a machine without
+//! The first two tests are the no-device path and run everywhere: on a machine without
 //! RDMA hardware (where pagewire is developed) start-up must fail with one line that names
 //! the soft provider. They do not depend on *how* libibverbs reports "no device" (a NULL
 //! list with `ENOSYS`, an empty list, a device that cannot be opened): only on the message.
@@ -8,36 +8,21 @@
 //!
 //! The rest need an RDMA device and are ignored by default; they have **never been run**
 //! (no hardware was available). On a machine with a device, run them with
-//! `cargo test -p pagewire-transport --features verbs --test verbs -- --ignored`
+//! `cargo test -p pagewire-verbs --features rdma-core --test verbs -- --ignored`
 //! (`PAGEWIRE_DEVICE`, `PAGEWIRE_PORT`, `PAGEWIRE_GID_INDEX` choose the device); see
 //! docs/verbs.md for the whole hardware test plan.
-#![cfg(feature = "verbs")]
+#![cfg(feature = "rdma-core")]
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use pagewire_test_support::{require, Prerequisite};
-use pagewire_transport::boot::SingletonBootstrap;
-use pagewire_transport::nic::verbs::{VerbsConfig, VerbsNic};
-use pagewire_transport::nic::{
-    self, Access, Advice, Completion, Nic, Opcode, QpCaps, RecvWr, RegionInfo, SendWr, Sge,
-    WcOpcode, WcStatus,
+use pagewire_boot::SingletonBootstrap;
+use pagewire_nic::{
+    Access, Advice, Completion, Nic, Opcode, QpCaps, RecvWr, RegionInfo, SendWr, Sge, WcOpcode,
+    WcStatus,
 };
-
-/// Set in the child process of [`transport_verbs_stops_at_start_up_with_one_line`].
-const CHILD: &str = "PAGEWIRE_VERBS_TEST_CHILD";
-
-fn assert_one_line_naming_the_soft_provider(msg: &str) {
-    assert!(!msg.contains('\n'), "not one line: {msg:?}");
-    assert!(
-        msg.contains("RDMA device"),
-        "does not say what is missing: {msg}"
-    );
-    assert!(
-        msg.contains("soft provider") && msg.contains("PAGEWIRE_TRANSPORT=soft"),
-        "does not name the soft provider: {msg}"
-    );
-}
+use pagewire_test_support::nic::assert_one_line_naming_the_soft_provider;
+use pagewire_test_support::{require, Prerequisite};
+use pagewire_verbs::{VerbsConfig, VerbsNic};
 
 #[test]
 fn with_no_device_open_fails_naming_the_soft_provider() {
@@ -62,49 +47,6 @@ fn a_device_name_that_does_not_exist_names_the_soft_provider_too() {
     let e = VerbsNic::open(&SingletonBootstrap::new(), config)
         .expect_err("no RDMA device has that name");
     assert_one_line_naming_the_soft_provider(&e.to_string());
-}
-
-/// What a program sees: `PAGEWIRE_TRANSPORT=verbs` through `nic::open`, in a child process
-/// that prints the start-up error and exits, as a program's `main` would.
-#[test]
-fn transport_verbs_stops_at_start_up_with_one_line() {
-    if std::env::var_os(CHILD).is_some() {
-        match nic::open(&SingletonBootstrap::new()) {
-            Ok(_) => std::process::exit(0),
-            Err(e) => {
-                eprintln!("{e}");
-                std::process::exit(1);
-            }
-        }
-    }
-    let out = Command::new(std::env::current_exe().expect("test binary path"))
-        .args([
-            "transport_verbs_stops_at_start_up_with_one_line",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, "1")
-        .env("PAGEWIRE_TRANSPORT", "verbs")
-        .output()
-        .expect("running the test binary as a child");
-    let no_device = if out.status.success() {
-        Err("an RDMA device is present: the no-device path is not exercised here")
-    } else {
-        Ok(())
-    };
-    if require(Prerequisite::NoRdmaDevice, no_device).is_none() {
-        return;
-    }
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(
-        lines.len(),
-        1,
-        "start-up printed more than one line: {stderr}"
-    );
-    assert_one_line_naming_the_soft_provider(lines[0]);
 }
 
 // ---- Hardware tests: ignored, never run here. ----

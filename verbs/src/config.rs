@@ -3,7 +3,7 @@
 //! selection: the FFI layer gathers what libibverbs reports, these functions choose.
 #![forbid(unsafe_code)]
 
-use crate::error::{Error, Result};
+use pagewire_sys::error::{Error, Result};
 
 /// `enum ibv_port_state` value of an active port (`IBV_PORT_ACTIVE`).
 pub(crate) const PORT_ACTIVE: u32 = rdma_sys::ibv_port_state::IBV_PORT_ACTIVE;

@@ -22,7 +22,7 @@
 
 use rdma_sys::{ibv_wc, ibv_wc_flags, ibv_wc_opcode as O, ibv_wc_status as S};
 
-use crate::nic::{Opcode, WcOpcode, WcStatus, ATOMIC_BYTES};
+use pagewire_nic::{Opcode, WcOpcode, WcStatus, ATOMIC_BYTES};
 
 use super::ffi::wc_imm_raw;
 
@@ -127,7 +127,7 @@ pub(super) fn completes_as(op: &Opcode) -> WcOpcode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nic::verbs::ffi::zeroed;
+    use crate::ffi::zeroed;
 
     #[test]
     fn every_ibv_wc_status_maps() {
@@ -166,7 +166,7 @@ mod tests {
         for raw in [0u32, 1, 4, 5, 9, 10, 11, 12, 13] {
             assert_eq!(
                 status(raw).as_str(),
-                crate::nic::verbs::ffi::wc_status_str(raw),
+                crate::ffi::wc_status_str(raw),
                 "ibv_wc_status {raw}"
             );
         }

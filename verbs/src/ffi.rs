@@ -917,7 +917,7 @@ mod tests {
         let release: u32 = env!("PAGEWIRE_RDMA_CORE_RELEASE")
             .parse()
             .expect("set by the build script");
-        assert!(release >= super::super::rdma_core_version::MIN_RDMA_CORE);
+        assert!(release >= crate::rdma_core_version::MIN_RDMA_CORE);
         assert!(
             has_query_gid_ex(),
             "rdma-core {release} has _ibv_query_gid_ex"

@@ -53,7 +53,7 @@ impl VerbsNic {
 
     /// [`Nic::deregister`] for this provider.
     pub(super) fn deregister_region(&self, lkey: u32) -> Result<()> {
-        let t0 = crate::sys::monotonic_ns();
+        let t0 = pagewire_sys::monotonic_ns();
         let mut regions = self.regions.lock();
         let mut r = regions
             .remove(&lkey)
@@ -65,7 +65,7 @@ impl VerbsNic {
         }
         self.counters.sub_pinned(r.pinned);
         self.counters
-            .record_registration(false, crate::sys::monotonic_ns().saturating_sub(t0));
+            .record_registration(false, pagewire_sys::monotonic_ns().saturating_sub(t0));
         Ok(())
     }
 
@@ -87,7 +87,7 @@ impl VerbsNic {
         } else {
             usize::try_from(len).map_err(|_| Error::InvalidArgument(format!("{what}: too long")))?
         };
-        let t0 = crate::sys::monotonic_ns();
+        let t0 = pagewire_sys::monotonic_ns();
         let mut mr = match self.pd.reg_mr(addr, pd_len, access_bits(access)) {
             Ok(mr) => mr,
             Err(e) => return Err(self.registration_error(what, addr, len, odp, e)),
@@ -95,7 +95,7 @@ impl VerbsNic {
         let pinned = if odp {
             0
         } else {
-            crate::sys::page_span(addr, len).1
+            pagewire_sys::page_span(addr, len).1
         };
         let info = RegionInfo {
             addr,
@@ -115,7 +115,7 @@ impl VerbsNic {
         }
         regions.insert(info.lkey, Region { mr, info, pinned });
         self.counters
-            .record_registration(true, crate::sys::monotonic_ns().saturating_sub(t0));
+            .record_registration(true, pagewire_sys::monotonic_ns().saturating_sub(t0));
         self.counters.add_pinned(pinned);
         Ok(info)
     }
@@ -131,9 +131,9 @@ impl VerbsNic {
         match e.raw_os_error() {
             Some(libc::EFAULT) => Error::UnmappedRange { addr, len },
             Some(libc::ENOMEM) if !odp => {
-                let requested = crate::sys::page_span(addr, len).1;
+                let requested = pagewire_sys::page_span(addr, len).1;
                 let pinned = self.counters.pinned_now.load(Relaxed);
-                match crate::sys::memlock_rlimit() {
+                match pagewire_sys::memlock_rlimit() {
                     Some(limit) if pinned.saturating_add(requested) > limit => {
                         Error::MemlockLimit {
                             requested,

@@ -1,5 +1,7 @@
-//! The verbs provider: the [`Nic`] trait over rdma-core's libibverbs (cargo feature `verbs`,
-//! docs/architecture.md), bound to the system rdma-core through `rdma-sys`.
+//! The verbs provider: the [`Nic`] trait over rdma-core's libibverbs, bound to the system
+//! rdma-core through `rdma-sys` (docs/verbs.md). Everything here is behind the feature
+//! `rdma-core` (pagewire-transport's `verbs`): without it the crate is empty, so
+//! the workspace builds on machines without rdma-core's headers.
 //!
 //! **Status: built, clippy-checked and unit-tested on a machine without RDMA hardware.
 //! Nothing in this module has run against a device.** What does run here is the no-device
@@ -46,6 +48,10 @@
 //! `PAGEWIRE_FORK_SAFE` ([`VerbsConfig`]). The locked-memory limit is the kernel's
 //! `RLIMIT_MEMLOCK` (`ulimit -l`); `PAGEWIRE_MEMLOCK_LIMIT` is the soft provider's and has no
 //! effect here.
+// Without the feature this text documents an empty crate: its links have nothing to name.
+#![cfg_attr(not(feature = "rdma-core"), allow(rustdoc::broken_intra_doc_links))]
+#![cfg(feature = "rdma-core")]
+#![deny(missing_docs)]
 #![deny(unsafe_code)]
 
 mod advise;
@@ -79,12 +85,12 @@ use std::time::Instant;
 use parking_lot::{Mutex, RwLock};
 use rdma_sys::{ibv_qp_cap, ibv_wc};
 
-use crate::boot::Bootstrap;
-use crate::error::{Error, Result};
-use crate::nic::{
+use pagewire_boot::Bootstrap;
+use pagewire_nic::{
     Access, Advice, Capabilities, Completion, Counters, CountersSnapshot, Endpoint, Nic, QpCaps,
     RecvWr, RegionInfo, SendWr, WcOpcode, WcStatus, PAGE_SIZE,
 };
+use pagewire_sys::error::{Error, Result};
 
 use caps::DeviceLimits;
 use config::{GidKind, GidProbe, PortProbe};

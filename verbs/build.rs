@@ -1,5 +1,4 @@
-//! Build script of `pagewire-transport` (it lives with the verbs provider because that is all
-//! it is for). Without the `verbs` feature it does nothing.
+//! Build script of `pagewire-verbs`. Without the `rdma-core` feature it does nothing.
 //!
 //! With the feature it asks pkg-config (as rdma-sys's build script does) which rdma-core
 //! `libibverbs` is installed and stops the build with one line when it is older than the
@@ -8,7 +7,7 @@
 //! (`PAGEWIRE_RDMA_CORE_RELEASE`), which check that the symbols looked up at run time are
 //! found exactly where that release has them.
 
-#[path = "rdma_core_version.rs"]
+#[path = "src/rdma_core_version.rs"]
 mod rdma_core_version;
 
 use std::process::{Command, ExitCode};
@@ -16,8 +15,8 @@ use std::process::{Command, ExitCode};
 use rdma_core_version::{rdma_core_release, MIN_RDMA_CORE};
 
 fn main() -> ExitCode {
-    println!("cargo:rerun-if-changed=src/nic/verbs/build.rs");
-    println!("cargo:rerun-if-changed=src/nic/verbs/rdma_core_version.rs");
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=src/rdma_core_version.rs");
     for var in [
         "PKG_CONFIG",
         "PKG_CONFIG_PATH",
@@ -26,7 +25,7 @@ fn main() -> ExitCode {
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    if std::env::var_os("CARGO_FEATURE_VERBS").is_none() {
+    if std::env::var_os("CARGO_FEATURE_RDMA_CORE").is_none() {
         return ExitCode::SUCCESS;
     }
     let pkg_config = std::env::var("PKG_CONFIG").unwrap_or_else(|_| "pkg-config".into());

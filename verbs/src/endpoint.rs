@@ -18,8 +18,8 @@
 //! | 18..34 | GID (zero when flag bit 0 is clear) |
 #![forbid(unsafe_code)]
 
-use crate::error::{Error, Result};
-use crate::nic::Endpoint;
+use pagewire_nic::Endpoint;
+use pagewire_sys::error::{Error, Result};
 
 use super::config::LinkLayer;
 

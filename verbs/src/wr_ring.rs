@@ -3,7 +3,7 @@
 //!
 //! **Why bookkeeping.** `ibv_poll_cq(3)`: "If the completion status is other than
 //! IBV_WC_SUCCESS, only the following attributes are valid: wr_id, status, qp_num, and
-//! vendor_err." The trait's [`Completion`](crate::nic::Completion) always carries an opcode,
+//! vendor_err." The trait's [`Completion`](pagewire_nic::Completion) always carries an opcode,
 //! so each queue pair keeps a ring per queue ([`WrRing`]) holding the caller's `wr_id` and the
 //! opcode of every posted request, and the NIC is given the ring's sequence number as `wr_id`
 //! instead (bit 63 set for the receive queue, `wr::RECV_BIT`). RC queues complete in order, so
@@ -12,7 +12,7 @@
 //! queue.
 #![forbid(unsafe_code)]
 
-use crate::nic::WcOpcode;
+use pagewire_nic::WcOpcode;
 
 /// One posted work request, by ring sequence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -294,8 +294,8 @@ pub(crate) fn rts_attr(sq_psn: u32, rnr_retry: u8, max_rd_atomic: u8) -> (ibv_qp
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nic::verbs::config::LinkLayer;
-    use crate::nic::verbs::ffi::gid_bytes;
+    use crate::config::LinkLayer;
+    use crate::ffi::gid_bytes;
 
     fn remote(gid: Option<[u8; 16]>) -> QpAddress {
         QpAddress {

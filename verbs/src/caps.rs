@@ -28,7 +28,7 @@ use rdma_sys::{
     ibv_odp_transport_cap_bits as T,
 };
 
-use crate::nic::{Access, Capabilities};
+use pagewire_nic::{Access, Capabilities};
 
 /// Inline sizes tried at start-up, largest first; the first queue pair created tells.
 pub(crate) const INLINE_PROBES: [u32; 7] = [1024, 512, 256, 128, 64, 32, 0];
@@ -204,7 +204,7 @@ pub(crate) fn limits(attr: &ibv_device_attr_ex) -> DeviceLimits {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nic::verbs::ffi::zeroed;
+    use crate::ffi::zeroed;
 
     /// A constructed `ibv_device_attr_ex` with values of the kind `ibv_devinfo -v` prints for
     /// an mlx5 device (the fields pagewire reads; the rest zero). Not captured from hardware:

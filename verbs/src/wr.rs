@@ -13,8 +13,8 @@ use rdma_sys::{
     atomic_t, ibv_recv_wr, ibv_send_flags as F, ibv_send_wr, ibv_sge, ibv_wr_opcode as W, rdma_t,
 };
 
-use crate::error::{Error, Result};
-use crate::nic::{Capabilities, Opcode, RecvWr, SendWr, ATOMIC_BYTES};
+use pagewire_nic::{Capabilities, Opcode, RecvWr, SendWr, ATOMIC_BYTES};
+use pagewire_sys::error::{Error, Result};
 
 use super::ffi::zeroed;
 
@@ -32,7 +32,7 @@ pub(super) const EMPTY_SGE: ibv_sge = ibv_sge {
 
 /// Copies `sgl` into `sges`; `Err` when it has more entries than the queue allows.
 fn fill_sges(
-    sgl: &[crate::nic::Sge],
+    sgl: &[pagewire_nic::Sge],
     sges: &mut [ibv_sge; MAX_SGE],
     max_sge: u32,
 ) -> Result<usize> {
@@ -227,8 +227,8 @@ pub(super) fn recv_wr(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nic::verbs::ffi::{send_wr_atomic, send_wr_imm_raw, send_wr_rdma};
-    use crate::nic::Sge;
+    use crate::ffi::{send_wr_atomic, send_wr_imm_raw, send_wr_rdma};
+    use pagewire_nic::Sge;
 
     const LIMITS: QueueLimits = QueueLimits {
         max_send_sge: 4,
