@@ -91,7 +91,7 @@ pub type MpiError = Error;
 /// its fields' (see `pagewire-derive`).
 #[cfg(feature = "derive")]
 pub use pagewire_derive::Equivalence;
-pub use pagewire_transport::{boot, buffer_mode, msg, nic, sys, Error, Result};
+pub use pagewire_transport::{boot, buffer_mode, msg, nic, sys, Error, ErrorClass, Result};
 pub use point_to_point::{
     AnyProcess, Destination, MatchedReceiveVec, Message, Process, Source, Status,
 };

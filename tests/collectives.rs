@@ -15,7 +15,7 @@ use std::time::Instant;
 use pagewire::collective::{Count, Element, Operation};
 use pagewire::datatype::{Partition, PartitionMut};
 use pagewire::traits::*;
-use pagewire::{Error, SimpleCommunicator, SystemOperation, UserOperation};
+use pagewire::{Error, ErrorClass, SimpleCommunicator, SystemOperation, UserOperation};
 use pagewire_collectives::Op;
 use pagewire_test_support::facade::{jobs, launch};
 use pagewire_test_support::ROLE;
@@ -795,7 +795,8 @@ fn still_works(world: &SimpleCommunicator) {
 
 fn expect_err(r: pagewire::Result<()>, needles: &[&str], what: &str) -> String {
     match r {
-        Err(Error::InvalidArgument(m)) => {
+        Err(e @ (Error::InvalidArgument(_) | Error::Invalid { .. })) => {
+            let m = e.to_string();
             for n in needles {
                 assert!(m.contains(n), "{what}: {m:?} does not mention {n:?}");
             }
@@ -1006,6 +1007,10 @@ fn mismatches(u: &pagewire::Universe) {
     if me == 1 {
         let mut recv = vec![0u32; p];
         let r = root.try_gather_into_root(&send[..], &mut recv[..]);
+        assert!(
+            matches!(&r, Err(e) if e.class() == ErrorClass::Root),
+            "{r:?}"
+        );
         expect_err(
             r,
             &["rank 1 called gather_into_root but the root is rank 0"],

@@ -7,7 +7,7 @@
 
 use pagewire::traits::*;
 use pagewire::window::{Attachment, Window};
-use pagewire::{Error, SystemOperation};
+use pagewire::{Error, ErrorClass, SystemOperation};
 use pagewire_test_support::facade::jobs;
 
 /// The value rank `r` puts at element `i`.
@@ -279,16 +279,16 @@ fn attach_errors(u: &pagewire::Universe) {
     let fixed = Window::<u32>::allocate(4, &world);
     assert!(matches!(
         win.try_attach(Vec::new()),
-        Err(Error::InvalidArgument(_))
+        Err(e) if e.class() == ErrorClass::RmaAttach
     ));
     assert!(matches!(
         fixed.try_attach(vec![1]),
-        Err(Error::InvalidArgument(_))
+        Err(e) if e.class() == ErrorClass::RmaFlavor
     ));
     let a = win.attach(vec![1, 2, 3]);
     let b = other.attach(vec![4]);
     let b = match win.try_detach(b) {
-        Err(Error::InvalidArgument(_)) => other.detach(other.attach(vec![5])),
+        Err(e) if e.class() == ErrorClass::RmaAttach => other.detach(other.attach(vec![5])),
         r => panic!("a region of another window detached: {r:?}"),
     };
     assert_eq!(b, vec![5]);

@@ -3,7 +3,7 @@
 
 use pagewire::request;
 use pagewire::traits::*;
-use pagewire::Error;
+use pagewire::{Error, ErrorClass};
 use pagewire_test_support::facade::{launch, launch_wrapped, ranks, ranks_alone};
 use pagewire_test_support::{pattern, ROLE};
 
@@ -209,6 +209,7 @@ fn probe_and_truncation(u: &pagewire::Universe) {
             // past the receive buffer are untouched.
             let mut buf = vec![0xeeu8; n / 2 + 64];
             let r = peer.try_receive_into_with_tag(&mut buf[..n / 2], Some(6));
+            assert!(matches!(&r, Err(e) if e.class() == ErrorClass::Truncate));
             match r {
                 Err(Error::Truncated {
                     message_bytes,
@@ -669,6 +670,8 @@ fn peer_dies(u: &pagewire::Universe) {
             matches!(r, Err(Error::Communication { peer: 1, .. })),
             "{r:?}"
         );
+        // What an MPI program tests: the peer aborted.
+        assert!(matches!(&r, Err(e) if e.class() == ErrorClass::ProcAborted));
         assert!(start.elapsed() < std::time::Duration::from_secs(20));
         // Later operations with the dead peer fail at once.
         assert!(peer.try_send_with_tag(&buf[..8], 0).is_err());

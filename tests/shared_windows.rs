@@ -5,7 +5,7 @@
 
 use pagewire::traits::*;
 use pagewire::window::Window;
-use pagewire::{Error, SystemOperation};
+use pagewire::{Error, ErrorClass, SystemOperation};
 use pagewire_test_support::facade::jobs;
 
 fn shared(u: &pagewire::Universe) {
@@ -95,11 +95,11 @@ fn shared(u: &pagewire::Universe) {
     let plain = Window::from_vec(vec![0u64; 2], &world);
     assert!(matches!(
         plain.shared_query(0),
-        Err(Error::InvalidArgument(_))
+        Err(e) if e.class() == ErrorClass::Win
     ));
     assert!(matches!(
         plain.try_with_shared(0, |_| ()),
-        Err(Error::InvalidArgument(_))
+        Err(e) if e.class() == ErrorClass::Win
     ));
     let e = win
         .try_with_shared(next, |_| win.try_put(next, 0, &[1]))

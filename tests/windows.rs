@@ -5,7 +5,7 @@
 
 use pagewire::traits::*;
 use pagewire::window::Window;
-use pagewire::{Error, SystemOperation};
+use pagewire::{Error, ErrorClass, SystemOperation};
 use pagewire_test_support::facade::jobs;
 
 /// The value rank `r` puts at element `i`.
@@ -366,7 +366,7 @@ fn typed(u: &pagewire::Universe) {
     world.barrier();
     assert!(matches!(
         win.try_put_typed(next, 0, &mine[..5], column, 1),
-        Err(Error::InvalidArgument(_))
+        Err(e) if e.class() == ErrorClass::Type
     ));
     assert!(matches!(
         win.try_put_typed(next, 4, &mine[..], column, 1),
@@ -381,7 +381,7 @@ fn typed(u: &pagewire::Universe) {
             (ints.type_map(), 1),
             SystemOperation::sum()
         ),
-        Err(Error::InvalidArgument(_))
+        Err(e) if e.class() == ErrorClass::Type
     ));
     win.fence();
     win.with_local(|m| assert_eq!(m, &before[..], "a refused operation changed the part"));
@@ -434,7 +434,7 @@ fn gapped(u: &pagewire::Universe) {
     assert!(e.to_string().contains("a type with gaps"), "{e}");
     assert!(matches!(
         win.try_accumulate(next, 0, &mine[..1], SystemOperation::sum()),
-        Err(Error::InvalidArgument(_))
+        Err(e) if e.class() == ErrorClass::Type
     ));
     win.fence();
 }

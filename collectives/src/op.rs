@@ -11,6 +11,7 @@
 
 use crate::element::{Element, Integer};
 use crate::{Error, Result};
+use pagewire_transport::ErrorClass;
 
 /// The predefined reduction operations (`MPI_SUM` … `MPI_BXOR`). Valid for every
 /// [`Element`], except that the bitwise ones are rejected for floats when the collective
@@ -239,18 +240,24 @@ impl<T: Element> Operation<T> for Op {
     }
     fn check(&self) -> Result<()> {
         if self.is_one_sided_only() {
-            return Err(Error::InvalidArgument(format!(
-                "{} is for one-sided accumulates (windows) only, not for reductions",
-                self.mpi_name()
-            )));
+            return Err(Error::invalid(
+                ErrorClass::Op,
+                format!(
+                    "{} is for one-sided accumulates (windows) only, not for reductions",
+                    self.mpi_name()
+                ),
+            ));
         }
         if self.is_bitwise() && !T::IS_INTEGER {
-            return Err(Error::InvalidArgument(format!(
-                "{} is a bitwise operation, defined for integers only, not for {} (use \
+            return Err(Error::invalid(
+                ErrorClass::Op,
+                format!(
+                    "{} is a bitwise operation, defined for integers only, not for {} (use \
                  BitOp to have this checked at compile time)",
-                self.mpi_name(),
-                T::RUST_NAME
-            )));
+                    self.mpi_name(),
+                    T::RUST_NAME
+                ),
+            ));
         }
         Ok(())
     }

@@ -253,7 +253,7 @@ impl BufferMode for OdpMode {
         // a lease: this does. The plan is one chunk, the whole buffer (`begin`).
         let buffer = t.pipeline.chunk;
         if offset.checked_add(len).is_none_or(|end| end > buffer) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Internal(format!(
                 "an odp lease of {len} bytes at offset {offset} reaches outside its {buffer}-byte buffer"
             )));
         }

@@ -310,7 +310,7 @@ impl BufferMode for PindownMode {
 
     fn start(&mut self, nic: &dyn Nic) -> Result<()> {
         if self.cache.is_none() {
-            return Err(TransportError::InvalidArgument(
+            return Err(TransportError::Internal(
                 "pindown mode started without attach".into(),
             ));
         }
@@ -393,7 +393,7 @@ impl BufferMode for PindownMode {
                 .as_ref()
                 .and_then(|p| p.keys(t.token & !POOL))
                 .ok_or_else(|| {
-                    TransportError::InvalidArgument(
+                    TransportError::Internal(
                         "key-pool registration vanished during its transfer".into(),
                     )
                 })?;
@@ -410,9 +410,7 @@ impl BufferMode for PindownMode {
             .lock()
             .keys(LeaseHandle::from_token(t.token))
             .ok_or_else(|| {
-                TransportError::InvalidArgument(
-                    "pin-down lease vanished during its transfer".into(),
-                )
+                TransportError::Internal("pin-down lease vanished during its transfer".into())
             })?;
         Ok(Some(Lease {
             addr: user_addr + offset as u64,

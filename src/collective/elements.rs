@@ -8,6 +8,7 @@ use crate::datatype::{
     packed, Buffer, BufferMut, Count, DatatypeRef, Landing, Primitive, UncommittedDatatype,
 };
 use crate::error::{Error, Result};
+use crate::ErrorClass;
 use pagewire_collectives::{self as coll, Element};
 
 /// Runs `f` on the bytes `landing` receives: its memory, or a scratch message (aligned for
@@ -96,11 +97,14 @@ pub(crate) fn elements_mut<T: bytemuck::Pod>(bytes: &mut [u8]) -> Result<&mut [T
 }
 
 fn unit_error<T>(n: usize) -> Error {
-    Error::InvalidArgument(format!(
-        "a buffer of {n} bytes is not a whole number of {} (the datatypes of the ranks \
+    Error::invalid(
+        ErrorClass::Type,
+        format!(
+            "a buffer of {n} bytes is not a whole number of {} (the datatypes of the ranks \
          or of the send and receive buffers differ)",
-        std::any::type_name::<T>()
-    ))
+            std::any::type_name::<T>()
+        ),
+    )
 }
 
 /// Byte lengths as counts of elements of `T`.
@@ -112,7 +116,10 @@ pub(crate) fn counts_of<T>(lens: &[usize]) -> Result<Vec<Count>> {
                 return Err(unit_error::<T>(n));
             }
             Count::try_from(n / unit).map_err(|_| {
-                Error::InvalidArgument(format!("a block of {n} bytes: too many elements"))
+                Error::invalid(
+                    ErrorClass::Count,
+                    format!("a block of {n} bytes: too many elements"),
+                )
             })
         })
         .collect()
@@ -137,7 +144,12 @@ fn run_reduction<T: Element>(
     recv: Option<&mut [T]>,
     op: &Adapter<'_, T>,
 ) -> Result<()> {
-    let none = || Error::InvalidArgument("a reduction result needs a receive buffer".into());
+    let none = || {
+        Error::invalid(
+            ErrorClass::Buffer,
+            "a reduction result needs a receive buffer",
+        )
+    };
     match call {
         ReduceCall::AllReduce => backend.all_reduce(send, recv.ok_or_else(none)?, op),
         ReduceCall::Reduce { root, .. } => backend.reduce(root, send, recv, op),
@@ -198,7 +210,7 @@ where
             return run_reduction::<T>(backend, call, s, None, &adapter);
         }
         let Some(landing) = landing.as_mut() else {
-            return Err(Error::InvalidArgument("a reduction result needs a receive buffer".into()));
+            return Err(Error::invalid(ErrorClass::Buffer, "a reduction result needs a receive buffer"));
         };
         let direct = landing
             .contiguous()

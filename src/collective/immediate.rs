@@ -16,6 +16,7 @@ use crate::datatype::{packed, Buffer, Landing, UncommittedDatatype};
 use crate::error::{Error, Result};
 use crate::request::{OwnedReceive, OwnedSend, Pending};
 use crate::status::Status;
+use crate::ErrorClass;
 
 /// What completes a collective once its messages have arrived: the blocks received, by
 /// source rank.
@@ -234,7 +235,10 @@ pub(crate) fn gather<'a>(
         );
     }
     let mut landing = landing.ok_or_else(|| {
-        Error::InvalidArgument("the root of a gather passes a receive buffer".into())
+        Error::invalid(
+            ErrorClass::Buffer,
+            "the root of a gather passes a receive buffer",
+        )
     })?;
     let lens = shares(&landing, size);
     let receives = others(backend).map(|r| (r, lens[r])).collect();
@@ -264,7 +268,10 @@ pub(crate) fn scatter<'a>(
         return start(backend, vec![(root, len)], Vec::new(), finish);
     }
     let (bytes, lens) = send.ok_or_else(|| {
-        Error::InvalidArgument("the root of a scatter passes a send buffer".into())
+        Error::invalid(
+            ErrorClass::Buffer,
+            "the root of a scatter passes a send buffer",
+        )
     })?;
     let mut blocks = Vec::with_capacity(lens.len());
     let mut at = 0;

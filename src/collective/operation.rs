@@ -18,6 +18,7 @@ use crate::datatype::{
 };
 use crate::error::{fatal, Error, Result};
 use crate::ffi::{MPI_Datatype, MPI_User_function};
+use crate::ErrorClass;
 
 /// A reduction operation (rsmpi's `Operation`).
 pub trait Operation {
@@ -252,10 +253,13 @@ impl<T: Element> coll::Operation<T> for Adapter<'_, T> {
     fn check(&self) -> Result<()> {
         match self.reduction {
             Reduction::System(op) => match self.datatype.type_map().primitive() {
-                Some(Primitive::Bool) if !is_logical(op) => Err(Error::InvalidArgument(format!(
-                    "{} is not defined for bool; the logical operations are",
-                    op.mpi_name()
-                ))),
+                Some(Primitive::Bool) if !is_logical(op) => Err(Error::invalid(
+                    ErrorClass::Op,
+                    format!(
+                        "{} is not defined for bool; the logical operations are",
+                        op.mpi_name()
+                    ),
+                )),
                 _ => coll::Operation::<T>::check(&op),
             },
             _ => Ok(()),
@@ -348,7 +352,7 @@ macro_rules! with_element {
                 $body
             }
             Primitive::Complex32 | Primitive::Complex64 => {
-                return Err(Error::InvalidArgument(
+                return Err(Error::NotSupported(
                     "reductions of complex numbers are not supported".into(),
                 ))
             }
@@ -365,11 +369,14 @@ pub(crate) use with_element;
 pub(crate) fn unit_of(map: &TypeMap, reduction: Reduction<'_>) -> Result<Primitive> {
     match (reduction, map.primitive()) {
         (Reduction::System(_), Some(p)) => Ok(p),
-        (Reduction::System(op), None) => Err(Error::InvalidArgument(format!(
-            "{} needs a datatype made of one primitive type (a number or bool); this one \
+        (Reduction::System(op), None) => Err(Error::invalid(
+            ErrorClass::Type,
+            format!(
+                "{} needs a datatype made of one primitive type (a number or bool); this one \
              mixes several (a user operation can combine it)",
-            op.mpi_name()
-        ))),
+                op.mpi_name()
+            ),
+        )),
         (_, Some(Primitive::Complex32)) => Ok(Primitive::F32),
         (_, Some(Primitive::Complex64)) => Ok(Primitive::F64),
         (_, Some(p)) => Ok(p),
@@ -432,7 +439,7 @@ pub(crate) fn combine_bytes(
         for part in lower.iter().rev() {
             let left: Vec<T> = elements_of(part);
             if left.len() != acc.len() {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid(ErrorClass::Count, format!(
                     "reduction contributions of {} and {} elements",
                     left.len(),
                     acc.len()

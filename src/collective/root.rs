@@ -16,6 +16,7 @@ use crate::error::{fatal, Error, Result};
 use crate::request::{persistent, PersistentRequest, Request, Scope};
 use crate::topology::communicator::Process;
 use crate::topology::{Communicator, InterCommunicator, Rank};
+use crate::ErrorClass;
 use std::process::Command;
 
 /// Rooted collectives, called on the root process of the communicator by every rank
@@ -270,11 +271,14 @@ impl Process<'_> {
     fn must_be_root(&self, what: &str) -> Result<()> {
         let me = self.comm.rank();
         if me != self.rank {
-            return Err(Error::InvalidArgument(format!(
-                "rank {me} called {what} but the root is rank {}; non-roots call the variant \
+            return Err(Error::invalid(
+                ErrorClass::Root,
+                format!(
+                    "rank {me} called {what} but the root is rank {}; non-roots call the variant \
                  without `_root`",
-                self.rank
-            )));
+                    self.rank
+                ),
+            ));
         }
         Ok(())
     }

@@ -20,6 +20,7 @@
 use super::*;
 use crate::backend::CommunicatorBackend;
 use crate::datatype::{Buffer, BufferMut};
+use crate::ErrorClass;
 use pagewire_transport::buffer_mode::Direction;
 use pagewire_transport::msg::PreparedBuffer;
 
@@ -96,11 +97,12 @@ impl<'a, D: ?Sized, S: Scope<'a> + Copy> PersistentRequest<'a, D, S> {
     }
 
     /// [`PersistentRequest::start`], returning errors: a start while the previous one is
-    /// still running is [`Error::InvalidArgument`].
+    /// still running is an [`Error::Invalid`] of class `MPI_ERR_REQUEST`.
     pub fn try_start(&mut self) -> Result<()> {
         if self.active.is_some() {
-            return Err(Error::InvalidArgument(
-                "start of a persistent request that is active (wait for it first)".into(),
+            return Err(Error::invalid(
+                ErrorClass::Request,
+                "start of a persistent request that is active (wait for it first)",
             ));
         }
         let op = (self.starter)()?;
@@ -114,13 +116,14 @@ impl<'a, D: ?Sized, S: Scope<'a> + Copy> PersistentRequest<'a, D, S> {
         fatal(self.try_wait())
     }
 
-    /// [`PersistentRequest::wait`], returning errors (a wait without a start is
-    /// [`Error::InvalidArgument`]).
+    /// [`PersistentRequest::wait`], returning errors (a wait without a start is an
+    /// [`Error::Invalid`] of class `MPI_ERR_REQUEST`).
     pub fn try_wait(&mut self) -> Result<Status> {
         match self.active.take() {
             Some(r) => r.try_wait(),
-            None => Err(Error::InvalidArgument(
-                "wait on a persistent request that is not started".into(),
+            None => Err(Error::invalid(
+                ErrorClass::Request,
+                "wait on a persistent request that is not started",
             )),
         }
     }

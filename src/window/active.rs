@@ -115,7 +115,7 @@ impl ActiveUpdates {
         let comms = [comm.try_duplicate()?, comm.try_duplicate()?];
         let context = |c: &SimpleCommunicator| {
             c.as_simple().backend().message_context().ok_or_else(|| {
-                Error::InvalidArgument("a window's accumulates need pagewire's transport".into())
+                Error::NotSupported("a window's accumulates need pagewire's transport".into())
             })
         };
         let (requests, replies) = (context(&comms[0])?, context(&comms[1])?);

@@ -12,6 +12,7 @@ use super::memory::WindowMemory;
 use super::{with_layer, word_span, Carrier, DynamicState, Held, Span, Window, LOCK_WORD};
 use crate::datatype::Equivalence;
 use crate::error::{fatal, Error, Result};
+use crate::ErrorClass;
 
 impl<T: Equivalence + Send + Sync> Window<T> {
     /// Attaches `data` to this rank's part of a dynamic window (`MPI_Win_attach`), which
@@ -35,15 +36,15 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             ));
         }
         if data.is_empty() {
-            return Err(Error::InvalidArgument(
+            return Err(Error::invalid(
+                ErrorClass::RmaAttach,
                 "attach of an empty region: a dynamic window holds regions of one element or \
-                 more"
-                    .into(),
+                 more",
             ));
         }
         let mut attached = dynamic.attached.borrow_mut();
         if attached.len() == capacity(control.len()) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(ErrorClass::RmaAttach, format!(
                 "rank {} has {} regions attached to the window, the most its table holds:                  detach one first",
                 self.rank,
                 attached.len()
@@ -117,8 +118,9 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             .iter()
             .position(|a| a.id == attachment.id && a.region.addr == attachment.address as u64)
         else {
-            return Err(Error::InvalidArgument(
-                "detach of a region that is not attached to this window".into(),
+            return Err(Error::invalid(
+                ErrorClass::RmaAttach,
+                "detach of a region that is not attached to this window",
             ));
         };
         let me = self.rank;
@@ -210,8 +212,9 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             .iter()
             .find(|a| a.id == attachment.id && a.region.addr == attachment.address as u64)
             .ok_or_else(|| {
-                Error::InvalidArgument(
-                    "local access to a region that is not attached to this window".into(),
+                Error::invalid(
+                    ErrorClass::RmaAttach,
+                    "local access to a region that is not attached to this window",
                 )
             })?;
         self.local_access(lock, || f(&a.memory))
@@ -221,9 +224,10 @@ impl<T: Equivalence + Send + Sync> Window<T> {
     pub(super) fn dynamic_parts(&self, what: &str) -> Result<(&DynamicState<T>, &AnonMapping)> {
         match (&self.dynamic, &self.carrier) {
             (Some(d), Carrier::Nic { control, .. }) => Ok((d, control)),
-            _ => Err(Error::InvalidArgument(format!(
-                "{what} needs a dynamic window (Window::create_dynamic)"
-            ))),
+            _ => Err(Error::invalid(
+                ErrorClass::RmaFlavor,
+                format!("{what} needs a dynamic window (Window::create_dynamic)"),
+            )),
         }
     }
 

@@ -148,7 +148,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         #[cfg(feature = "mpi")]
         if let Some(host) = comm.as_simple().backend().host_mpi() {
             if dynamic {
-                return Err(Error::InvalidArgument(
+                return Err(Error::NotSupported(
                     "dynamic windows run on pagewire's own transport; under \
                      PAGEWIRE_TRANSPORT=mpi the host MPI's MPI_Win_create_dynamic is not wired \
                      up yet"

@@ -14,6 +14,7 @@ use pagewire_transport::sys::SharedSegment;
 
 use crate::datatype::{Equivalence, TypeMap, UncommittedDatatype};
 use crate::error::{Error, Result};
+use crate::ErrorClass;
 
 /// The elements of a window on this rank (or of one region attached to a dynamic window).
 pub(crate) struct WindowMemory<T> {
@@ -317,13 +318,16 @@ impl<T: Equivalence> ElementBytes<T> {
         let map = T::equivalent_datatype().type_map().clone();
         let size = std::mem::size_of::<T>();
         if map.extent() != size || map.lower_bound() != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "a window of {}: its datatype spans {} bytes from {}, the type {size} from 0; \
+            return Err(Error::invalid(
+                ErrorClass::Type,
+                format!(
+                    "a window of {}: its datatype spans {} bytes from {}, the type {size} from 0; \
                  a window's elements are laid out as the type is",
-                std::any::type_name::<T>(),
-                map.extent(),
-                map.lower_bound()
-            )));
+                    std::any::type_name::<T>(),
+                    map.extent(),
+                    map.lower_bound()
+                ),
+            ));
         }
         let gapless = map.is_contiguous() && map.size() == size;
         Ok((gapless.then_some(ElementBytes(PhantomData)), map))

@@ -98,6 +98,7 @@ use crate::datatype::{Equivalence, Primitive, TypeMap};
 use crate::error::{fatal, Error, Result};
 use crate::topology::{Communicator, Rank, SimpleCommunicator};
 
+use crate::ErrorClass;
 use dynamic::{Attached, RegionView};
 use memory::{ElementBytes, WindowMemory};
 
@@ -442,11 +443,14 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         op: SystemOperation,
     ) -> Result<()> {
         if result.len() != data.len() {
-            return Err(Error::InvalidArgument(format!(
-                "get_accumulate of {} elements into a result of {}",
-                data.len(),
-                result.len()
-            )));
+            return Err(Error::invalid(
+                ErrorClass::Count,
+                format!(
+                    "get_accumulate of {} elements into a result of {}",
+                    data.len(),
+                    result.len()
+                ),
+            ));
         }
         let bytes = self.gapless("get_accumulate")?;
         let result = bytes.of_mut(result);
@@ -794,21 +798,27 @@ impl<T: Equivalence + Send + Sync> Window<T> {
     /// The proof that elements are their bytes, or why `what` needs it.
     fn gapless(&self, what: &str) -> Result<&ElementBytes<T>> {
         self.bytes.as_ref().ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "{what} on a window of {}, a type with gaps: put, get and accumulate move its \
+            Error::invalid(
+                ErrorClass::Type,
+                format!(
+                    "{what} on a window of {}, a type with gaps: put, get and accumulate move its \
                  blocks, the other operations need a type without gaps",
-                std::any::type_name::<T>()
-            ))
+                    std::any::type_name::<T>()
+                ),
+            )
         })
     }
 
     /// The one primitive the elements are made of, for `op`.
     fn primitive(&self, op: Op) -> Result<Primitive> {
         self.map.primitive().ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "{} needs a datatype made of one primitive type (a number or bool)",
-                op.mpi_name()
-            ))
+            Error::invalid(
+                ErrorClass::Type,
+                format!(
+                    "{} needs a datatype made of one primitive type (a number or bool)",
+                    op.mpi_name()
+                ),
+            )
         })
     }
 
@@ -893,8 +903,8 @@ fn with_layer<R>(
         .backend()
         .with_message_layer(f)
         .map_err(|e| match e {
-            Error::InvalidArgument(why) if why.starts_with("PAGEWIRE_TRANSPORT=mpi") => {
-                Error::InvalidArgument(
+            Error::NotSupported(why) if why.starts_with("PAGEWIRE_TRANSPORT=mpi") => {
+                Error::NotSupported(
                     "windows run on pagewire's own transport; under PAGEWIRE_TRANSPORT=mpi the \
                      host MPI's windows are not wired up yet"
                         .into(),

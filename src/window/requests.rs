@@ -18,6 +18,7 @@ use crate::error::{fatal, Error, Result};
 use crate::request::{start_one_sided, OneSidedBuf, Pending, Request, Scope};
 use crate::status::Status;
 use crate::topology::Rank;
+use crate::ErrorClass;
 
 /// A put or get in flight in the message layer, for the window it accesses.
 struct OneSided<'a, T: Equivalence + Send + Sync> {
@@ -192,7 +193,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         match &self.carrier {
             Carrier::Nic { .. } => Ok(()),
             #[cfg(feature = "mpi")]
-            Carrier::HostMpi(_) => Err(Error::InvalidArgument(format!(
+            Carrier::HostMpi(_) => Err(Error::NotSupported(format!(
                 "{what} runs on pagewire's own transport; under PAGEWIRE_TRANSPORT=mpi the host \
                  MPI's request-based operations are not wired up yet"
             ))),
@@ -223,9 +224,10 @@ struct Applied(Option<Status>);
 
 impl Pending for Applied {
     fn wait(&mut self) -> Result<Status> {
-        self.0
-            .take()
-            .ok_or(Error::InvalidArgument("a request waited for twice".into()))
+        self.0.take().ok_or(Error::invalid(
+            ErrorClass::Request,
+            "a request waited for twice",
+        ))
     }
     fn test(&mut self) -> Result<Option<Status>> {
         self.wait().map(Some)

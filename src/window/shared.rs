@@ -16,6 +16,7 @@ use crate::collective::{CommunicatorCollectives, Root};
 use crate::datatype::Equivalence;
 use crate::error::{fatal, Error, Result};
 use crate::topology::{Communicator, Rank};
+use crate::ErrorClass;
 
 /// Bytes of a segment's name, as rank 0 broadcasts it.
 const NAME_BYTES: usize = 128;
@@ -67,11 +68,14 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             .chunks_exact(HOST_KEY_BYTES)
             .position(|k| k != &keys[..HOST_KEY_BYTES])
         {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(
+                ErrorClass::Comm,
+                format!(
                 "allocate_shared needs every rank of the communicator on one host; ranks 0 and \
                  {other} are on different hosts (split the communicator with split_shared \
                  first)"
-            )));
+            ),
+            ));
         }
         let mut counts = vec![0u64; size];
         comm.try_all_gather_into(&(count as u64), &mut counts[..])?;
@@ -166,10 +170,10 @@ impl<T: Equivalence + Send + Sync> Window<T> {
 
     fn shared_parts(&self) -> Result<&SharedParts<T>> {
         self.shared.as_ref().ok_or_else(|| {
-            Error::InvalidArgument(
+            Error::invalid(
+                ErrorClass::Win,
                 "load/store access to peers' parts needs a shared-memory window \
-                 (Window::allocate_shared)"
-                    .into(),
+                 (Window::allocate_shared)",
             )
         })
     }

@@ -12,6 +12,7 @@ use crate::datatype::Equivalence;
 use crate::error::{fatal, Error, Result};
 use crate::point_to_point::{Destination, Source};
 use crate::topology::{Communicator, Group, Rank};
+use crate::ErrorClass;
 
 impl<T: Equivalence + Send + Sync> Window<T> {
     /// Ends an epoch and starts the next (`MPI_Win_fence`): every rank's operations of the
@@ -389,9 +390,10 @@ impl<T: Equivalence + Send + Sync> Window<T> {
                     .iter()
                     .position(|p| p.world == *w)
                     .ok_or_else(|| {
-                        Error::InvalidArgument(format!(
-                            "world rank {w} of the group is not in the window"
-                        ))
+                        Error::invalid(
+                            ErrorClass::Group,
+                            format!("world rank {w} of the group is not in the window"),
+                        )
                     })
             })
             .collect()

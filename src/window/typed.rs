@@ -20,6 +20,7 @@ use crate::datatype::{
 };
 use crate::error::{fatal, Error, Result};
 use crate::topology::Rank;
+use crate::ErrorClass;
 
 impl<T: Equivalence + Send + Sync> Window<T> {
     /// Writes the blocks of `origin` into rank `target`'s part, laid out as `target_count`
@@ -37,7 +38,7 @@ impl<T: Equivalence + Send + Sync> Window<T> {
     }
 
     /// [`Window::put_typed`], returning errors: the type signatures differ
-    /// ([`Error::InvalidArgument`]), or a block lies outside the target's part
+    /// ([`Error::Invalid`], `MPI_ERR_TYPE`), or a block lies outside the target's part
     /// ([`Error::OutOfWindow`], [`Error::NotAttached`]); nothing moved then.
     pub fn try_put_typed<B: Buffer + ?Sized>(
         &self,
@@ -162,11 +163,14 @@ impl<T: Equivalence + Send + Sync> Window<T> {
         let datatype = origin.as_datatype();
         for (side, map) in [("origin", datatype.type_map()), ("target", target_type)] {
             if map.size() > 0 && map.primitive() != Some(unit) {
-                return Err(Error::InvalidArgument(format!(
-                    "{} of a window of {unit:?}: the {side} datatype's blocks hold {:?}",
-                    op.mpi_name(),
-                    map.primitive()
-                )));
+                return Err(Error::invalid(
+                    ErrorClass::Type,
+                    format!(
+                        "{} of a window of {unit:?}: the {side} datatype's blocks hold {:?}",
+                        op.mpi_name(),
+                        map.primitive()
+                    ),
+                ));
             }
         }
         let bytes = packed(origin);
@@ -215,11 +219,14 @@ impl<T: Equivalence + Send + Sync> Window<T> {
 fn target_runs(map: &TypeMap, count: usize, bytes: usize) -> Result<Vec<(i64, usize)>> {
     let total = map.size() * count;
     if total != bytes {
-        return Err(Error::InvalidArgument(format!(
-            "the origin moves {bytes} bytes and the target layout ({count} elements of a \
+        return Err(Error::invalid(
+            ErrorClass::Type,
+            format!(
+                "the origin moves {bytes} bytes and the target layout ({count} elements of a \
              {}-byte datatype) {total}: the type signatures must match",
-            map.size()
-        )));
+                map.size()
+            ),
+        ));
     }
     let mut runs: Vec<(i64, usize)> = Vec::new();
     for i in 0..count as i64 {

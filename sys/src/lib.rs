@@ -17,7 +17,7 @@ pub mod env;
 pub mod error;
 
 pub use completion::WcStatus;
-pub use error::{Error, Result};
+pub use error::{Error, ErrorClass, Result};
 
 mod file_mapping;
 mod guarded_copy;

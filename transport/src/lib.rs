@@ -17,7 +17,7 @@ pub mod nic;
 /// The layer below: system calls, shared memory, the error type, the completion status and
 /// the settings (the `pagewire-sys` crate), under the names the modules here use.
 pub use pagewire_sys as sys;
-pub use pagewire_sys::{env, error, Error, Result};
+pub use pagewire_sys::{env, error, Error, ErrorClass, Result};
 
 /// The address-space change monitor (the `pagewire-memmon` crate).
 pub use pagewire_memmon as memmon;

@@ -8,6 +8,7 @@ use pagewire_collectives::{Element, Op};
 use super::{ffi, reduction, HostMpi};
 use crate::datatype::Count;
 use crate::error::{Error, Result};
+use crate::ErrorClass;
 
 impl HostMpi {
     // ---- data movement (bytes) ---------------------------------------------------------------
@@ -258,10 +259,13 @@ impl HostMpi {
         if got == want {
             Ok(())
         } else {
-            Err(Error::InvalidArgument(format!(
-                "{what} has {got} elements, expected {want} (rank {} of {})",
-                self.rank, self.size
-            )))
+            Err(Error::invalid(
+                ErrorClass::Count,
+                format!(
+                    "{what} has {got} elements, expected {want} (rank {} of {})",
+                    self.rank, self.size
+                ),
+            ))
         }
     }
 
@@ -288,9 +292,12 @@ fn layout(what: &str, counts: &[Count], size: usize, elem: usize) -> Result<Layo
         )));
     }
     let too_big = || {
-        Error::InvalidArgument(format!(
-            "{what}: counts {counts:?} of {elem}-byte elements exceed MPI's int range in bytes"
-        ))
+        Error::invalid(
+            ErrorClass::Count,
+            format!(
+                "{what}: counts {counts:?} of {elem}-byte elements exceed MPI's int range in bytes"
+            ),
+        )
     };
     let mut out = Layout {
         counts: Vec::with_capacity(size),
@@ -301,7 +308,10 @@ fn layout(what: &str, counts: &[Count], size: usize, elem: usize) -> Result<Layo
     let mut at = 0usize;
     for &c in counts {
         let n = usize::try_from(c).map_err(|_| {
-            Error::InvalidArgument(format!("{what}: negative count {c} in {counts:?}"))
+            Error::invalid(
+                ErrorClass::Count,
+                format!("{what}: negative count {c} in {counts:?}"),
+            )
         })?;
         let b = n.checked_mul(elem).ok_or_else(too_big)?;
         out.displs.push(Count::try_from(at).map_err(|_| too_big())?);

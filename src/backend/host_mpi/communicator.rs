@@ -164,7 +164,7 @@ impl CommunicatorBackend for HostMpiComm {
     }
 
     fn with_message_layer<R>(&self, _f: impl FnOnce(&mut PointToPoint) -> R) -> Result<R> {
-        Err(Error::InvalidArgument(
+        Err(Error::NotSupported(
             "PAGEWIRE_TRANSPORT=mpi: the host MPI library moves the data, so pagewire's \
              message layer (its counters, buffer mode and NIC) is not running"
                 .into(),

@@ -26,6 +26,7 @@ use pagewire_transport::msg::Status;
 
 use crate::datatype::Count;
 use crate::error::{Error, Result};
+use crate::ErrorClass;
 
 /// Runs `$body` with `$u` the concrete primitive type that the generic `$t` is, so that
 /// rsmpi's typed calls see the right MPI datatype; `Err` for a type MPI has no datatype for.
@@ -53,10 +54,13 @@ pub(super) fn has_datatype<T: Element>() -> bool {
 }
 
 fn no_datatype<T: Element>() -> Error {
-    Error::InvalidArgument(format!(
-        "{}: MPI has no datatype for it; the host-MPI backend cannot reduce it",
-        T::RUST_NAME
-    ))
+    Error::invalid(
+        ErrorClass::Type,
+        format!(
+            "{}: MPI has no datatype for it; the host-MPI backend cannot reduce it",
+            T::RUST_NAME
+        ),
+    )
 }
 
 /// `s` as `U`, which [`typed!`] has found to be `T` itself.
@@ -192,7 +196,7 @@ pub(super) fn spawn(
 ) -> Result<PeerComm> {
     use std::ffi::CString;
     if let Some(c) = commands.iter().find(|c| c.get_envs().len() > 0) {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::NotSupported(format!(
             "spawn of {c:?}: environment variables on the command are not passed to spawned \
              processes (rsmpi has no way to either); set them before mpirun"
         )));
@@ -378,6 +382,7 @@ pub(super) fn check(call: &'static str, code: c_int) -> Result<()> {
         Err(Error::Mpi {
             call,
             code,
+            class: super::error_class::from_host(error_class(code)),
             message: error_string(code),
         })
     }
@@ -394,6 +399,7 @@ fn received(call: &'static str, code: c_int, st: &ffi::MPI_Status, cap: usize) -
             return Err(Error::Mpi {
                 call,
                 code,
+                class: ErrorClass::Truncate,
                 message: format!(
                     "message truncated: rank {} sent more than the {cap}-byte receive \
                      buffer holds with tag {} (MPI does not say how much more)",
@@ -417,9 +423,10 @@ fn status(s: &mpi::point_to_point::Status) -> Status {
 
 fn count(len: usize) -> Result<c_int> {
     c_int::try_from(len).map_err(|_| {
-        Error::InvalidArgument(format!(
-            "{len} bytes exceed MPI's int count; split the message"
-        ))
+        Error::invalid(
+            ErrorClass::Count,
+            format!("{len} bytes exceed MPI's int count; split the message"),
+        )
     })
 }
 

@@ -36,7 +36,7 @@
 //! (`u8` → `MPI_UINT8_T`, …, `f64` → `MPI_DOUBLE`; `usize`/`isize` → 64-bit) and [`Op`] to
 //! the predefined `MPI_Op` (`Sum` → `MPI_SUM`, …, `BitXor` → `MPI_BXOR`). MPI defines
 //! logical and bitwise reductions only for integers, and has no 128-bit integers: those
-//! combinations are rejected with [`Error::InvalidArgument`] (pagewire's own collectives do
+//! combinations are rejected with an [`Error::Invalid`] of class `MPI_ERR_OP` (pagewire's own collectives do
 //! reduce them; so does the facade on this backend, see [`reduces_natively`]). User-defined
 //! operations are not forwarded (rsmpi needs libffi for them).
 //!
@@ -72,6 +72,7 @@
 mod collective;
 mod combine;
 pub(crate) mod communicator;
+mod error_class;
 mod ffi;
 mod reduction;
 mod request;

@@ -7,29 +7,36 @@ use pagewire_collectives::{Element, Op};
 
 use super::ffi;
 use crate::error::{Error, Result};
+use crate::ErrorClass;
 
 /// Fails unless MPI defines `op` for `T`'s type class (integers, floats).
 pub(super) fn check<T: Element>(op: Op) -> Result<()> {
     if op.is_one_sided_only() {
-        return Err(Error::InvalidArgument(format!(
-            "{} is for one-sided accumulates (windows) only, not for reductions",
-            op.mpi_name()
-        )));
+        return Err(Error::invalid(
+            ErrorClass::Op,
+            format!(
+                "{} is for one-sided accumulates (windows) only, not for reductions",
+                op.mpi_name()
+            ),
+        ));
     }
     let integer_only = !matches!(op, Op::Sum | Op::Product | Op::Min | Op::Max);
     if integer_only && !T::IS_INTEGER {
-        return Err(Error::InvalidArgument(format!(
-            "{} on {}: MPI defines logical and bitwise reductions for integers only",
-            op.mpi_name(),
-            T::RUST_NAME
-        )));
+        return Err(Error::invalid(
+            ErrorClass::Op,
+            format!(
+                "{} on {}: MPI defines logical and bitwise reductions for integers only",
+                op.mpi_name(),
+                T::RUST_NAME
+            ),
+        ));
     }
     Ok(())
 }
 
 /// Whether [`HostMpi`](super::HostMpi)'s reductions take `op` on `T`s: MPI has a datatype
 /// for `T` and defines `op` for its type class. Otherwise they return
-/// [`Error::InvalidArgument`], and a caller that needs the reduction anyway moves the data
+/// an [`Error::Invalid`] of class `MPI_ERR_OP`, and a caller that needs the reduction anyway moves the data
 /// with MPI and combines it itself (as the facade does).
 ///
 /// Minimum and maximum of unsigned integers are not handed to MPI either: MPICH 4.0.2 as

@@ -21,6 +21,7 @@ use pagewire_collectives::Op;
 use super::ffi::{check, mpi_op, PeerComm};
 use crate::datatype::Primitive;
 use crate::error::{Error, Result};
+use crate::ErrorClass;
 
 /// Bytes of each rank's control window (its lock word and a spare word).
 const CONTROL_BYTES: usize = 16;
@@ -54,7 +55,7 @@ fn datatype(p: Primitive) -> Result<ffi::MPI_Datatype> {
         Primitive::F32 => f32::equivalent_datatype().as_raw(),
         Primitive::F64 => f64::equivalent_datatype().as_raw(),
         Primitive::Complex32 | Primitive::Complex64 => {
-            return Err(Error::InvalidArgument(
+            return Err(Error::NotSupported(
                 "one-sided accumulates of complex numbers are not supported".into(),
             ))
         }
@@ -65,7 +66,7 @@ fn datatype(p: Primitive) -> Result<ffi::MPI_Datatype> {
 /// bindings, so they are refused here.
 fn rma_op(op: Op) -> Result<ffi::MPI_Op> {
     if op.is_one_sided_only() {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::NotSupported(format!(
             "{} on a window of the host MPI library (PAGEWIRE_TRANSPORT=mpi): its handle is \
              not among rsmpi's bindings; pagewire's own transport has it",
             op.mpi_name()
@@ -76,7 +77,10 @@ fn rma_op(op: Op) -> Result<ffi::MPI_Op> {
 
 fn count(n: usize) -> Result<c_int> {
     c_int::try_from(n).map_err(|_| {
-        Error::InvalidArgument(format!("{n} elements exceed MPI's int count; split it"))
+        Error::invalid(
+            ErrorClass::Count,
+            format!("{n} elements exceed MPI's int count; split it"),
+        )
     })
 }
 

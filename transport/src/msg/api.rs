@@ -2,6 +2,7 @@
 //! probe and receive, test, wait, cancel (MPI-3.1 sections 3.7-3.8).
 
 use super::*;
+use crate::ErrorClass;
 
 /// What a probe reports about an unexpected message.
 pub(super) fn unexpected_status(env: &Envelope, u: &Unexpected) -> Status {
@@ -217,7 +218,10 @@ impl PointToPoint {
     /// Starts receiving the message a matched probe returned into `buf` (`MPI_Imrecv`).
     pub fn imrecv(&mut self, msg: MessageHandle, buf: UserBufMut) -> Result<RequestId> {
         let (env, u) = self.matcher.claim(msg).ok_or_else(|| {
-            Error::InvalidArgument("unknown or already received matched message".into())
+            Error::invalid(
+                ErrorClass::Request,
+                "unknown or already received matched message",
+            )
         })?;
         let at_sender = matches!(u, Unexpected::Rts { .. } | Unexpected::LocalRts { .. });
         if let (Some(status), true) = (self.peers[env.source].dead, at_sender) {
@@ -256,8 +260,9 @@ impl PointToPoint {
             self.fail_request(id, e, false);
         }
         match self.reqs.get(id) {
-            None => Err(Error::InvalidArgument(
-                "unknown or already completed request".into(),
+            None => Err(Error::invalid(
+                ErrorClass::Request,
+                "unknown or already completed request",
             )),
             Some(Req::Done(_)) => match self.reqs.remove(id) {
                 Some(Req::Done(r)) => Ok(Some(r)),

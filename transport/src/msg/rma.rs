@@ -113,7 +113,7 @@ impl PointToPoint {
     /// any mapped address under this key. Deregister it with [`Self::unexpose`].
     pub fn expose_address_space(&mut self) -> Result<RegionInfo> {
         if !self.mode.exposes_on_demand() {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::NotSupported(format!(
                 "the {} buffer mode pins what it exposes: it cannot expose the whole address \
                  space",
                 self.mode.name()

@@ -13,6 +13,7 @@
 use super::*;
 use crate::buffer_mode::{Direction, Transfer};
 use crate::sys::{self, CmaDirection, Extent};
+use crate::ErrorClass;
 
 /// The most bytes one RDMA WRITE or READ of a put or get moves (the NICs carry up to
 /// 2 GiB per work request).
@@ -125,8 +126,9 @@ impl PointToPoint {
             }
         }
         match self.rma.ops.get(r.0) {
-            None => Err(Error::InvalidArgument(
-                "unknown or already completed one-sided request".into(),
+            None => Err(Error::invalid(
+                ErrorClass::Request,
+                "unknown or already completed one-sided request",
             )),
             Some(RmaEntry::Done(_)) => match self.rma.ops.remove(r.0) {
                 Some(RmaEntry::Done(outcome)) => Ok(Some(outcome)),

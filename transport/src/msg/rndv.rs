@@ -258,7 +258,7 @@ impl PointToPoint {
                 .mode
                 .lease(&*self.nic, &t, buf.addr(), 0, buf.span(), Direction::Source)?
                 .ok_or_else(|| {
-                    Error::InvalidArgument("a zero-copy mode refused a lease of its buffer".into())
+                    Error::Internal("a zero-copy mode refused a lease of its buffer".into())
                 })?;
             let fit = (self.cfg.eager_limit / wire::CHUNK_DESC_BYTES) as u32;
             for k in 0..n.min(fit) {
