@@ -11,7 +11,8 @@ use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-use super::{count_syscall, iovecs, Extent};
+use crate::cma::iovecs;
+use crate::{count_syscall, Extent};
 
 /// At most this many extents go to one `sendmsg`/`recvmsg` (the kernel's `UIO_MAXIOV`).
 pub const MAX_IOV: usize = 1024;
