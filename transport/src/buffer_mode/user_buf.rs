@@ -184,6 +184,19 @@ pub struct UserMemory {
 }
 
 impl UserMemory {
+    /// The geometry of a buffer at `addr` (its runs laid out by `layout` when it has gaps,
+    /// else `len` contiguous bytes), without the right to touch it: what the protocols'
+    /// tests describe buffers by. Reading or writing takes a [`UserBuf`] or [`UserBufMut`],
+    /// whose constructors carry the safety contract.
+    #[cfg(test)]
+    pub(crate) fn describing(addr: u64, len: usize, layout: Option<Arc<Layout>>) -> UserMemory {
+        UserMemory {
+            addr,
+            len: layout.as_ref().map_or(len, |l| l.len() as usize),
+            layout,
+        }
+    }
+
     /// Start address (the lowest byte of a buffer with gaps).
     pub fn addr(&self) -> u64 {
         self.addr

@@ -39,6 +39,7 @@ pub mod rma;
 mod rma_transfer;
 mod rndv;
 mod rndv_get;
+mod rndv_io;
 mod rndv_local;
 mod rndv_put;
 mod rndv_split;

@@ -90,6 +90,28 @@ pub(crate) struct RndvSend {
     pub scatter_gather: bool,
 }
 
+/// Removes and returns the lease held under `key` (a chunk number or a piece's key).
+fn take_lease(leases: &mut Vec<(u64, Lease)>, key: u64) -> Option<Lease> {
+    let i = leases.iter().position(|(k, _)| *k == key)?;
+    Some(leases.swap_remove(i).1)
+}
+
+impl RndvSend {
+    /// Removes and returns the lease held under `key`.
+    pub(crate) fn take_lease(&mut self, key: u64) -> Option<Lease> {
+        take_lease(&mut self.leases, key)
+    }
+
+    /// Whether nothing of the send is left: the receiver takes nothing more, and no lease,
+    /// WRITE or region asked for is outstanding.
+    pub(crate) fn is_finished(&self) -> bool {
+        self.all_done
+            && self.leases.is_empty()
+            && self.writes_out == 0
+            && self.pending_cts.is_empty()
+    }
+}
+
 /// The receiving side of a rendezvous.
 pub(crate) struct RndvRecv {
     pub t: Transfer,
@@ -132,6 +154,13 @@ pub(crate) struct RndvRecv {
     /// RGET: the sender announced its runs all at once (`SCATTER_GATHER`); it needs no
     /// ChunkDone but the last.
     pub peer_scatter_gather: bool,
+}
+
+impl RndvRecv {
+    /// Removes and returns the lease held under `key`.
+    pub(crate) fn take_lease(&mut self, key: u64) -> Option<Lease> {
+        take_lease(&mut self.leases, key)
+    }
 }
 
 /// Chunk `k` of `total` bytes cut in `chunk`-byte pieces: (offset, length).
@@ -513,7 +542,7 @@ impl PointToPoint {
         let SendState::Rndv(rs) = &s.state else {
             return;
         };
-        if rs.all_done && rs.leases.is_empty() && rs.writes_out == 0 && rs.pending_cts.is_empty() {
+        if rs.is_finished() {
             let status = self.sent_status(s.tag, rs.size);
             self.complete(id, Ok(status));
         }
@@ -548,23 +577,6 @@ impl PointToPoint {
         if let Some(t) = t {
             self.mode.end(&*self.nic, t);
         }
-    }
-
-    /// Removes and returns the lease with `key` held by request `id`.
-    pub(crate) fn take_lease(&mut self, id: RequestId, key: u64) -> Option<Lease> {
-        let leases = match self.reqs.get_mut(id)? {
-            Req::Send(s) => match &mut s.state {
-                SendState::Rndv(rs) => &mut rs.leases,
-                _ => return None,
-            },
-            Req::Recv(r) => match &mut r.state {
-                RecvState::Rndv(rv) => &mut rv.leases,
-                _ => return None,
-            },
-            Req::Done(_) => return None,
-        };
-        let i = leases.iter().position(|(c, _)| *c == key)?;
-        Some(leases.swap_remove(i).1)
     }
 
     /// Drives every active rendezvous as far as leases and queue room allow.

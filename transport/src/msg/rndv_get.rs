@@ -7,13 +7,225 @@
 //! lease for its next chunk and announces it with ChunkReady. The ChunkDone that completes
 //! the receive carries ALL_DONE, which ends the send. NFS-RDMA calls this the Read-Read
 //! design.
+//!
+//! Each side is a machine over its own state ([`RndvSend`], [`RndvRecv`]), moved by the
+//! events of the protocol (a pass of progress, a ChunkReady, a ChunkDone, a READ completed)
+//! against [`RendezvousIo`] alone; the [`PointToPoint`] methods at the end hand it the
+//! request's state and the layer's I/O, and do what ends or fails the request.
 
-use super::rndv::{chunking, side_chunk, side_piece, NO_CHUNK};
+use super::rndv::{chunking, side_chunk, side_piece, RndvRecv, RndvSend, NO_CHUNK};
+use super::rndv_io::RendezvousIo;
 use super::wire::{self, Header, MsgKind};
-use super::{ChunkDesc, PointToPoint, RdmaOp, RecvState, Req, RequestId, SendState};
-use crate::buffer_mode::Direction;
+use super::{ChunkDesc, PointToPoint, RdmaOp, RequestId};
+use crate::buffer_mode::UserMemory;
 use crate::error::Result;
 use crate::nic::Opcode;
+
+impl RndvSend {
+    /// RGET sender, a pass: announces further chunks as leases free up, once the receiver
+    /// has introduced itself. Returns the chunks announced.
+    pub(crate) fn advance_get(
+        &mut self,
+        id: RequestId,
+        buf: &UserMemory,
+        io: &mut impl RendezvousIo,
+    ) -> Result<usize> {
+        let mut events = 0;
+        let Some(rreq) = self.rreq else {
+            return Ok(0);
+        };
+        let (chunk, depth) = chunking(&self.t, self.scatter_gather);
+        while !self.all_done && self.next < self.n && self.leases.len() < depth {
+            let k = self.next;
+            let (off, mem, len) = side_chunk(buf, self.scatter_gather, k, chunk, self.size);
+            let mut h = Header::new(MsgKind::ChunkReady);
+            if self.scatter_gather {
+                // A run of the span the RTS's lease made readable.
+                let Some((_, span)) = self.leases.first() else {
+                    return Ok(events);
+                };
+                h.addr = span.addr + mem as u64;
+                h.rkey = span.rkey;
+            } else {
+                let Some(lease) = io.lease(&self.t, mem, len)? else {
+                    return Ok(events);
+                };
+                io.stage(&lease, off, len);
+                h.addr = lease.addr;
+                h.rkey = lease.rkey;
+                self.leases.push((k as u64, lease));
+            }
+            h.chunk = k;
+            h.size = off as u64; // the chunk's offset in the message
+            h.len = len as u64;
+            h.sreq = id.0;
+            h.rreq = rreq;
+            self.next += 1;
+            io.send_control(h)?;
+            events += 1;
+        }
+        Ok(events)
+    }
+
+    /// RGET sender: the receiver read chunk `h.chunk` (its lease is free again), or
+    /// introduced itself (`NO_CHUNK`), or wants nothing more (`ALL_DONE`: every lease goes
+    /// back). The caller then ends the send if nothing is left, or announces more.
+    pub(crate) fn on_chunk_done(&mut self, h: &Header, io: &mut impl RendezvousIo) {
+        if h.chunk != NO_CHUNK {
+            if let Some(lease) = self.take_lease(h.chunk as u64) {
+                io.release(lease);
+            }
+        }
+        self.rreq = Some(h.rreq);
+        if h.flags & wire::ALL_DONE != 0 {
+            self.all_done = true;
+            for (_, lease) in std::mem::take(&mut self.leases) {
+                io.release(lease);
+            }
+        }
+    }
+}
+
+impl RndvRecv {
+    /// RGET receiver, a pass: reads the announced chunks in pieces of its own granularity,
+    /// as far as leases, its depth and the send queue allow. Returns the READs posted.
+    pub(crate) fn advance_get(
+        &mut self,
+        rid: RequestId,
+        buf: &UserMemory,
+        io: &mut impl RendezvousIo,
+    ) -> Result<usize> {
+        let mut events = 0;
+        let (chunk, depth) = chunking(&self.t, self.scatter_gather);
+        while self.leases.len() < depth {
+            let Some(desc) = self.announced.front().copied() else {
+                return Ok(events);
+            };
+            let end = (desc.offset + desc.len).min(self.read_end as u64);
+            let piece_off = desc.offset + self.issued;
+            if piece_off >= end {
+                // Past what a short receive buffer (or this side of a split) takes, or
+                // fully posted.
+                let posted_some = self.issued > 0;
+                self.next_announced(desc.chunk, posted_some);
+                continue;
+            }
+            let (mem, piece_len) = side_piece(
+                buf,
+                self.scatter_gather,
+                piece_off,
+                (chunk as u64).min(end - piece_off),
+            );
+            let Some(lease) = io.lease(&self.t, mem, piece_len as usize)? else {
+                return Ok(events);
+            };
+            let read = Opcode::RdmaRead {
+                remote_addr: desc.addr + (piece_off - desc.offset),
+                rkey: desc.rkey,
+            };
+            self.next_key += 1;
+            let key = self.next_key;
+            let op = RdmaOp {
+                req: rid,
+                key,
+                chunk: desc.chunk,
+                offset: piece_off as usize,
+                len: piece_len as usize,
+            };
+            if !io.post_rdma(op, &lease, read)? {
+                io.release(lease);
+                return Ok(events);
+            }
+            self.leases.push((key, lease));
+            self.issued += piece_len;
+            match self.pieces.iter_mut().find(|p| p.0 == desc.chunk) {
+                Some(p) => p.1 += 1,
+                None => self.pieces.push((desc.chunk, 1, false)),
+            }
+            if piece_off + piece_len == end {
+                self.next_announced(desc.chunk, true);
+            }
+            events += 1;
+        }
+        Ok(events)
+    }
+
+    /// The front announced chunk is fully posted (or not needed): move to the next.
+    fn next_announced(&mut self, chunk: u32, posted_some: bool) {
+        self.announced.pop_front();
+        self.issued = 0;
+        if posted_some {
+            if let Some(p) = self.pieces.iter_mut().find(|p| p.0 == chunk) {
+                p.2 = true;
+            }
+        }
+    }
+
+    /// RGET receiver: the READ `op` landed. Stages it in, gives its lease back, and tells
+    /// the sender when a chunk is read whole (ChunkDone) or the receive has everything
+    /// (ChunkDone with ALL_DONE). Returns whether the receive has everything; a READ this
+    /// side holds no lease for (one of a request that failed meanwhile) changes nothing.
+    pub(crate) fn on_read_done(
+        &mut self,
+        rid: RequestId,
+        op: &RdmaOp,
+        io: &mut impl RendezvousIo,
+    ) -> Result<bool> {
+        let Some(lease) = self.take_lease(op.key) else {
+            return Ok(false);
+        };
+        self.landed += op.len;
+        let mut chunk_done = false;
+        if let Some(i) = self.pieces.iter().position(|p| p.0 == op.chunk) {
+            self.pieces[i].1 -= 1;
+            if self.pieces[i].1 == 0 && self.pieces[i].2 {
+                self.pieces.swap_remove(i);
+                chunk_done = true;
+            }
+        }
+        let finished = self.landed == self.eff;
+        // A scatter-gather sender needs no ChunkDone but the last.
+        let chunk_done = chunk_done && !self.peer_scatter_gather;
+        io.stage(&lease, op.offset, op.len);
+        io.release(lease);
+        if chunk_done || finished {
+            let mut h = Header::new(MsgKind::ChunkDone);
+            h.chunk = if chunk_done { op.chunk } else { NO_CHUNK };
+            h.sreq = self.sreq;
+            h.rreq = rid.0;
+            if finished {
+                h.flags |= wire::ALL_DONE;
+            }
+            io.send_control(h)?;
+        }
+        Ok(finished)
+    }
+
+    /// RGET receiver: the sender made another chunk readable. A chunk outside the message,
+    /// or chunks adding up to more than it, break the protocol: `Err(why)`, and nothing of
+    /// the announcement is kept.
+    pub(crate) fn on_chunk_ready(&mut self, h: &Header) -> std::result::Result<(), &'static str> {
+        if h.size
+            .checked_add(h.len)
+            .is_none_or(|end| end > self.size as u64)
+        {
+            return Err("a chunk outside the message");
+        }
+        // At most `size` (checked above) plus `size`: no overflow.
+        if self.announced_bytes + h.len > self.size as u64 {
+            return Err("chunks adding up to more than the message");
+        }
+        self.announced_bytes += h.len;
+        self.announced.push_back(ChunkDesc {
+            chunk: h.chunk,
+            offset: h.size,
+            addr: h.addr,
+            rkey: h.rkey,
+            len: h.len,
+        });
+        Ok(())
+    }
+}
 
 impl PointToPoint {
     /// Sender: announces further chunks as leases free up.
@@ -22,60 +234,8 @@ impl PointToPoint {
             // A failed request starts no more work.
             return Ok(0);
         }
-        let mut events = 0;
-        loop {
-            let Some(Req::Send(s)) = self.reqs.get(id) else {
-                return Ok(events);
-            };
-            let SendState::Rndv(rs) = &s.state else {
-                return Ok(events);
-            };
-            let Some(rreq) = rs.rreq else {
-                return Ok(events);
-            };
-            let (chunk, depth) = chunking(&rs.t, rs.scatter_gather);
-            if rs.all_done || rs.next >= rs.n || rs.leases.len() >= depth {
-                return Ok(events);
-            }
-            let (k, buf, peer, t) = (rs.next, s.buf.clone(), s.peer, rs.t);
-            let (off, mem, len) = side_chunk(&buf, rs.scatter_gather, k, chunk, rs.size);
-            let mut h = Header::new(MsgKind::ChunkReady);
-            if rs.scatter_gather {
-                // A run of the span the RTS's lease made readable.
-                let Some((_, span)) = rs.leases.first() else {
-                    return Ok(events);
-                };
-                h.addr = span.addr + mem as u64;
-                h.rkey = span.rkey;
-            } else {
-                let Some(lease) =
-                    self.mode
-                        .lease(&*self.nic, &t, buf.addr(), mem, len, Direction::Source)?
-                else {
-                    return Ok(events);
-                };
-                self.mode.stage_out(&lease, &buf, off);
-                h.addr = lease.addr;
-                h.rkey = lease.rkey;
-                if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
-                    if let SendState::Rndv(rs) = &mut s.state {
-                        rs.leases.push((k as u64, lease));
-                    }
-                }
-            }
-            h.chunk = k;
-            h.size = off as u64; // the chunk's offset in the message
-            h.len = len as u64;
-            h.sreq = id.0;
-            h.rreq = rreq;
-            if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
-                if let SendState::Rndv(rs) = &mut s.state {
-                    rs.next += 1;
-                }
-            }
-            self.send_control(peer, h)?;
-            events += 1;
-        }
+        self.step_rndv_send(id, |rs, buf, io| rs.advance_get(id, buf, io))
+            .unwrap_or(Ok(0))
     }
 
     /// Receiver: reads announced chunks, in pieces of its own granularity.
@@ -84,185 +244,36 @@ impl PointToPoint {
             // A failed request starts no more work.
             return Ok(0);
         }
-        let mut events = 0;
-        loop {
-            let Some(Req::Recv(r)) = self.reqs.get(rid) else {
-                return Ok(events);
-            };
-            let RecvState::Rndv(rv) = &r.state else {
-                return Ok(events);
-            };
-            let (chunk, depth) = chunking(&rv.t, rv.scatter_gather);
-            if rv.leases.len() >= depth {
-                return Ok(events);
-            }
-            let Some(desc) = rv.announced.front().copied() else {
-                return Ok(events);
-            };
-            let (peer, buf, t, read_end, issued, sg) = (
-                rv.peer,
-                r.buf.clone(),
-                rv.t,
-                rv.read_end as u64,
-                rv.issued,
-                rv.scatter_gather,
-            );
-            let end = (desc.offset + desc.len).min(read_end);
-            let piece_off = desc.offset + issued;
-            if piece_off >= end {
-                // Past what a short receive buffer (or this side of a split) takes, or
-                // fully posted.
-                self.next_announced(rid, desc.chunk, issued > 0);
-                continue;
-            }
-            let (mem, piece_len) =
-                side_piece(&buf, sg, piece_off, (chunk as u64).min(end - piece_off));
-            let Some(lease) = self.mode.lease(
-                &*self.nic,
-                &t,
-                buf.addr(),
-                mem,
-                piece_len as usize,
-                Direction::Sink,
-            )?
-            else {
-                return Ok(events);
-            };
-            let read = Opcode::RdmaRead {
-                remote_addr: desc.addr + (piece_off - desc.offset),
-                rkey: desc.rkey,
-            };
-            let key = self.next_key_recv(rid);
-            let op = RdmaOp {
-                req: rid,
-                key,
-                chunk: desc.chunk,
-                offset: piece_off as usize,
-                len: piece_len as usize,
-            };
-            if !self.post_rdma(peer, op, &lease, read)? {
-                self.mode.release(&*self.nic, lease);
-                return Ok(events);
-            }
-            if let Some(Req::Recv(r)) = self.reqs.get_mut(rid) {
-                if let RecvState::Rndv(rv) = &mut r.state {
-                    rv.leases.push((key, lease));
-                    rv.issued += piece_len;
-                    match rv.pieces.iter_mut().find(|p| p.0 == desc.chunk) {
-                        Some(p) => p.1 += 1,
-                        None => rv.pieces.push((desc.chunk, 1, false)),
-                    }
-                }
-            }
-            if piece_off + piece_len == end {
-                self.next_announced(rid, desc.chunk, true);
-            }
-            events += 1;
-        }
-    }
-
-    fn next_key_recv(&mut self, rid: RequestId) -> u64 {
-        match self.reqs.get_mut(rid) {
-            Some(Req::Recv(r)) => match &mut r.state {
-                RecvState::Rndv(rv) => {
-                    rv.next_key += 1;
-                    rv.next_key
-                }
-                _ => 0,
-            },
-            _ => 0,
-        }
-    }
-
-    /// The front announced chunk is fully posted (or not needed): move to the next.
-    fn next_announced(&mut self, rid: RequestId, chunk: u32, posted_some: bool) {
-        if let Some(Req::Recv(r)) = self.reqs.get_mut(rid) {
-            if let RecvState::Rndv(rv) = &mut r.state {
-                rv.announced.pop_front();
-                rv.issued = 0;
-                if posted_some {
-                    if let Some(p) = rv.pieces.iter_mut().find(|p| p.0 == chunk) {
-                        p.2 = true;
-                    }
-                }
-            }
-        }
+        self.step_rndv_recv(rid, |rv, buf, io| rv.advance_get(rid, buf, io))
+            .unwrap_or(Ok(0))
     }
 
     /// Receiver: a piece was read.
     pub(crate) fn on_read_done(&mut self, op: RdmaOp) -> Result<()> {
         let rid = op.req;
-        let Some(lease) = self.take_lease(rid, op.key) else {
-            return Ok(());
-        };
-        let Some(Req::Recv(r)) = self.reqs.get_mut(rid) else {
-            return Ok(());
-        };
-        let RecvState::Rndv(rv) = &mut r.state else {
-            return Ok(());
-        };
-        rv.landed += op.len;
-        let mut chunk_done = false;
-        if let Some(i) = rv.pieces.iter().position(|p| p.0 == op.chunk) {
-            rv.pieces[i].1 -= 1;
-            if rv.pieces[i].1 == 0 && rv.pieces[i].2 {
-                rv.pieces.swap_remove(i);
-                chunk_done = true;
+        match self.step_rndv_recv(rid, |rv, _, io| rv.on_read_done(rid, &op, io)) {
+            Some(Ok(true)) => {
+                self.finish_recv(rid);
+                Ok(())
             }
+            Some(Err(e)) => Err(e),
+            Some(Ok(false)) | None => Ok(()),
         }
-        let finished = rv.landed == rv.eff;
-        // A scatter-gather sender needs no ChunkDone but the last.
-        let chunk_done = chunk_done && !rv.peer_scatter_gather;
-        let (peer, sreq, buf) = (rv.peer, rv.sreq, r.buf.clone());
-        self.mode.stage_in(&lease, &buf, op.offset, op.len);
-        self.mode.release(&*self.nic, lease);
-        if chunk_done || finished {
-            let mut h = Header::new(MsgKind::ChunkDone);
-            h.chunk = if chunk_done { op.chunk } else { NO_CHUNK };
-            h.sreq = sreq;
-            h.rreq = rid.0;
-            if finished {
-                h.flags |= wire::ALL_DONE;
-            }
-            self.send_control(peer, h)?;
-        }
-        if finished {
-            self.finish_recv(rid);
-        }
-        Ok(())
     }
 
     /// Receiver: the sender made another chunk readable.
     ///
     /// The chunk must lie inside the message: one outside it is a protocol violation.
     pub(crate) fn on_chunk_ready(&mut self, peer: usize, h: Header) -> Result<()> {
-        if !self.is_rndv_recv_from(RequestId(h.rreq), peer) {
+        let rid = RequestId(h.rreq);
+        if !self.is_rndv_recv_from(rid, peer) {
             return Ok(());
         }
-        if let Some(Req::Recv(r)) = self.reqs.get_mut(RequestId(h.rreq)) {
-            if let RecvState::Rndv(rv) = &mut r.state {
-                if h.size
-                    .checked_add(h.len)
-                    .is_none_or(|end| end > rv.size as u64)
-                {
-                    self.protocol_violation(peer, "a chunk outside the message");
-                    return Ok(());
-                }
-                rv.announced_bytes += h.len; // at most `size` (checked above) plus `size`
-                if rv.announced_bytes > rv.size as u64 {
-                    self.protocol_violation(peer, "chunks adding up to more than the message");
-                    return Ok(());
-                }
-                rv.announced.push_back(ChunkDesc {
-                    chunk: h.chunk,
-                    offset: h.size,
-                    addr: h.addr,
-                    rkey: h.rkey,
-                    len: h.len,
-                });
-            }
+        if let Some(Err(why)) = self.step_rndv_recv(rid, |rv, _, _| rv.on_chunk_ready(&h)) {
+            self.protocol_violation(peer, why);
+            return Ok(());
         }
-        self.advance_get_recv(RequestId(h.rreq)).map(|_| ())
+        self.advance_get_recv(rid).map(|_| ())
     }
 
     /// Sender: the receiver read a chunk (or wants nothing more).
@@ -271,25 +282,11 @@ impl PointToPoint {
         if !self.is_rndv_send_to(id, peer) {
             return Ok(());
         }
-        if h.chunk != NO_CHUNK {
-            if let Some(lease) = self.take_lease(id, h.chunk as u64) {
-                self.mode.release(&*self.nic, lease);
-            }
-        }
-        let mut rest = Vec::new();
-        if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
-            if let SendState::Rndv(rs) = &mut s.state {
-                rs.rreq = Some(h.rreq);
-                if h.flags & wire::ALL_DONE != 0 {
-                    rs.all_done = true;
-                    rest = std::mem::take(&mut rs.leases);
-                }
-            }
-        }
-        for (_, l) in rest {
-            self.mode.release(&*self.nic, l);
-        }
+        self.step_rndv_send(id, |rs, _, io| rs.on_chunk_done(&h, io));
         self.maybe_finish_send(id);
         self.advance_get_send(id).map(|_| ())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -6,46 +6,34 @@
 //! full, sends FIN on the same queue pair, so FIN arrives after the data. The receiver stages
 //! the chunk in and asks for the next. The last CTS carries ALL_DONE. NFS-RDMA calls this
 //! the Read-Write design's write half.
+//!
+//! As in RGET, each side is a machine over its own state, moved by the protocol's events
+//! (a pass of progress, a CTS, a FIN, a WRITE completed) against [`RendezvousIo`] alone;
+//! the [`PointToPoint`] methods at the end hand it the request's state and the layer's I/O.
 
-use super::rndv::{chunking, side_chunk, side_piece, Cts};
+use super::rndv::{chunking, side_chunk, side_piece, Cts, RndvRecv, RndvSend};
+use super::rndv_io::RendezvousIo;
 use super::wire::{self, Header, MsgKind};
-use super::{PointToPoint, RdmaOp, RecvState, Req, RequestId, SendState};
-use crate::buffer_mode::Direction;
+use super::{PointToPoint, RdmaOp, RequestId};
+use crate::buffer_mode::UserMemory;
 use crate::error::Result;
 use crate::nic::Opcode;
 
-impl PointToPoint {
-    /// Receiver: asks for chunks while landing leases are available.
-    pub(crate) fn advance_put_recv(&mut self, rid: RequestId) -> Result<usize> {
-        if self.is_failing(rid) {
-            // A failed request starts no more work.
-            return Ok(0);
-        }
+impl RndvRecv {
+    /// RPUT receiver, a pass: asks for chunks (a CTS each, the last with ALL_DONE) while
+    /// landing leases are available. Returns the CTS sent.
+    pub(crate) fn advance_put(
+        &mut self,
+        rid: RequestId,
+        buf: &UserMemory,
+        io: &mut impl RendezvousIo,
+    ) -> Result<usize> {
         let mut events = 0;
-        loop {
-            let Some(Req::Recv(r)) = self.reqs.get(rid) else {
-                return Ok(events);
-            };
-            let RecvState::Rndv(rv) = &r.state else {
-                return Ok(events);
-            };
-            let (chunk, depth) = chunking(&rv.t, rv.scatter_gather);
-            if rv.next >= rv.n || rv.leases.len() >= depth {
-                return Ok(events);
-            }
-            let (k, peer, sreq, buf, last, t) = (
-                rv.next,
-                rv.peer,
-                rv.sreq,
-                r.buf.clone(),
-                rv.next + 1 == rv.n,
-                rv.t,
-            );
-            let (off, mem, len) = side_chunk(&buf, rv.scatter_gather, k, chunk, rv.eff);
-            let Some(lease) =
-                self.mode
-                    .lease(&*self.nic, &t, buf.addr(), mem, len, Direction::Sink)?
-            else {
+        let (chunk, depth) = chunking(&self.t, self.scatter_gather);
+        while self.next < self.n && self.leases.len() < depth {
+            let k = self.next;
+            let (off, mem, len) = side_chunk(buf, self.scatter_gather, k, chunk, self.eff);
+            let Some(lease) = io.lease(&self.t, mem, len)? else {
                 return Ok(events);
             };
             let mut h = Header::new(MsgKind::Cts);
@@ -54,52 +42,166 @@ impl PointToPoint {
             h.addr = lease.addr;
             h.rkey = lease.rkey;
             h.len = len as u64;
-            h.sreq = sreq;
+            h.sreq = self.sreq;
             h.rreq = rid.0;
-            if last {
+            if k + 1 == self.n {
                 h.flags |= wire::ALL_DONE;
             }
-            if let Some(Req::Recv(r)) = self.reqs.get_mut(rid) {
-                if let RecvState::Rndv(rv) = &mut r.state {
-                    rv.leases.push((k as u64, lease));
-                    rv.next += 1;
-                }
-            }
-            self.send_control(peer, h)?;
+            self.leases.push((k as u64, lease));
+            self.next += 1;
+            io.send_control(h)?;
             events += 1;
         }
+        Ok(events)
+    }
+
+    /// RPUT receiver: the sender wrote region `chunk` whole (its FIN). Stages it in and gives
+    /// its lease back; returns whether the receive has everything, or `None` for a FIN of a
+    /// region this side holds no lease for (which changes nothing).
+    pub(crate) fn on_fin(
+        &mut self,
+        chunk: u32,
+        buf: &UserMemory,
+        io: &mut impl RendezvousIo,
+    ) -> Option<bool> {
+        let lease = self.take_lease(chunk as u64)?;
+        let (size, _) = chunking(&self.t, self.scatter_gather);
+        let (off, _, len) = side_chunk(buf, self.scatter_gather, chunk, size, self.eff);
+        self.done += 1;
+        self.landed += len;
+        io.stage(&lease, off, len);
+        io.release(lease);
+        Some(self.done == self.n)
+    }
+}
+
+impl RndvSend {
+    /// RPUT sender: whether the region a CTS names lies inside the message (checked
+    /// arithmetic). One outside it breaks the protocol: nothing of it may be written.
+    pub(crate) fn cts_inside_message(&self, h: &Header) -> bool {
+        h.size
+            .checked_add(h.len)
+            .is_some_and(|end| end <= self.size as u64)
+    }
+
+    /// RPUT sender: the receiver is ready for a region (a CTS inside the message). Queues
+    /// it, and tells the mode which bytes are about to move.
+    pub(crate) fn on_cts(&mut self, h: &Header, buf: &UserMemory, io: &mut impl RendezvousIo) {
+        debug_assert!(self.cts_inside_message(h));
+        self.rreq = Some(h.rreq);
+        self.pending_cts.push_back(Cts {
+            chunk: h.chunk,
+            offset: h.size,
+            len: h.len,
+            addr: h.addr,
+            rkey: h.rkey,
+            rreq: h.rreq,
+            last: h.flags & wire::ALL_DONE != 0,
+        });
+        // This side writes the region now.
+        let (lo, hi) = buf.bounds(h.size as usize, h.len as usize);
+        io.about_to_move(&self.t, lo, hi.saturating_sub(lo));
+    }
+
+    /// RPUT sender, a pass: writes the regions asked for, in pieces of its own granularity,
+    /// and sends each region's FIN once it is written whole. Returns the WRITEs posted.
+    pub(crate) fn advance_put(
+        &mut self,
+        id: RequestId,
+        buf: &UserMemory,
+        io: &mut impl RendezvousIo,
+    ) -> Result<usize> {
+        let mut events = 0;
+        let (chunk, depth) = chunking(&self.t, self.scatter_gather);
+        while let Some(cts) = self.pending_cts.front().copied() {
+            let end = cts.offset + cts.len;
+            let piece_off = cts.offset + self.issued;
+            if cts.len > 0 {
+                if self.leases.len() >= depth {
+                    break;
+                }
+                let (mem, piece_len) = side_piece(
+                    buf,
+                    self.scatter_gather,
+                    piece_off,
+                    (chunk as u64).min(end - piece_off),
+                );
+                let Some(lease) = io.lease(&self.t, mem, piece_len as usize)? else {
+                    break;
+                };
+                io.stage(&lease, piece_off as usize, piece_len as usize);
+                self.next_key += 1;
+                let key = self.next_key;
+                let write = Opcode::RdmaWrite {
+                    remote_addr: cts.addr + (piece_off - cts.offset),
+                    rkey: cts.rkey,
+                };
+                let op = RdmaOp {
+                    req: id,
+                    key,
+                    chunk: cts.chunk,
+                    offset: piece_off as usize,
+                    len: piece_len as usize,
+                };
+                if !io.post_rdma(op, &lease, write)? {
+                    io.release(lease);
+                    break;
+                }
+                self.leases.push((key, lease));
+                self.writes_out += 1;
+                self.issued += piece_len;
+                events += 1;
+                if piece_off + piece_len < end {
+                    continue;
+                }
+                let mut fin = Header::new(MsgKind::Fin);
+                fin.chunk = cts.chunk;
+                fin.sreq = id.0;
+                fin.rreq = cts.rreq;
+                io.send_control(fin)?;
+            }
+            self.pending_cts.pop_front();
+            self.issued = 0;
+            self.all_done |= cts.last;
+        }
+        Ok(events)
+    }
+
+    /// RPUT sender: the WRITE with `key` completed; its lease is free.
+    pub(crate) fn on_write_done(&mut self, key: u64, io: &mut impl RendezvousIo) {
+        if let Some(lease) = self.take_lease(key) {
+            io.release(lease);
+        }
+        self.writes_out -= 1;
+    }
+}
+
+impl PointToPoint {
+    /// Receiver: asks for chunks while landing leases are available.
+    pub(crate) fn advance_put_recv(&mut self, rid: RequestId) -> Result<usize> {
+        if self.is_failing(rid) {
+            // A failed request starts no more work.
+            return Ok(0);
+        }
+        self.step_rndv_recv(rid, |rv, buf, io| rv.advance_put(rid, buf, io))
+            .unwrap_or(Ok(0))
     }
 
     /// Receiver: a region was written.
     pub(crate) fn on_fin(&mut self, peer: usize, h: Header) -> Result<()> {
-        if !self.is_rndv_recv_from(RequestId(h.rreq), peer) {
+        let rid = RequestId(h.rreq);
+        if !self.is_rndv_recv_from(rid, peer) {
             return Ok(());
         }
         if h.chunk == super::rndv_split::SPLIT_CHUNK {
             return self.on_split_fin(h);
         }
-        let rid = RequestId(h.rreq);
-        let Some(lease) = self.take_lease(rid, h.chunk as u64) else {
-            return Ok(());
-        };
-        let Some(Req::Recv(r)) = self.reqs.get_mut(rid) else {
-            return Ok(());
-        };
-        let RecvState::Rndv(rv) = &mut r.state else {
-            return Ok(());
-        };
-        let (chunk, _) = chunking(&rv.t, rv.scatter_gather);
-        let buf = r.buf.clone();
-        let (off, _, len) = side_chunk(&buf, rv.scatter_gather, h.chunk, chunk, rv.eff);
-        rv.done += 1;
-        rv.landed += len;
-        let finished = rv.done == rv.n;
-        self.mode.stage_in(&lease, &buf, off, len);
-        self.mode.release(&*self.nic, lease);
-        if finished {
-            self.finish_recv(rid);
-        } else {
-            self.advance_put_recv(rid)?;
+        match self.step_rndv_recv(rid, |rv, buf, io| rv.on_fin(h.chunk, buf, io)) {
+            Some(Some(true)) => self.finish_recv(rid),
+            Some(Some(false)) => {
+                self.advance_put_recv(rid)?;
+            }
+            Some(None) | None => {}
         }
         Ok(())
     }
@@ -113,38 +215,14 @@ impl PointToPoint {
         if !self.is_rndv_send_to(id, peer) {
             return Ok(());
         }
-        let size = match self.reqs.get(id) {
-            Some(Req::Send(s)) => s.buf.len() as u64,
-            _ => 0,
-        };
-        if h.size.checked_add(h.len).is_none_or(|end| end > size) {
+        if self.step_rndv_send(id, |rs, _, _| rs.cts_inside_message(&h)) != Some(true) {
             self.protocol_violation(peer, "a CTS for bytes outside the message");
             return Ok(());
         }
         if h.chunk == super::rndv_split::SPLIT_CHUNK && self.write_split_tail(id, &h)? {
             return Ok(());
         }
-        let mut ready = None;
-        if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
-            let (addr, (lo, hi)) = (s.buf.addr(), s.buf.bounds(h.size as usize, h.len as usize));
-            if let SendState::Rndv(rs) = &mut s.state {
-                ready = Some((rs.t, addr, lo, hi.saturating_sub(lo)));
-                rs.rreq = Some(h.rreq);
-                rs.pending_cts.push_back(Cts {
-                    chunk: h.chunk,
-                    offset: h.size,
-                    len: h.len,
-                    addr: h.addr,
-                    rkey: h.rkey,
-                    rreq: h.rreq,
-                    last: h.flags & wire::ALL_DONE != 0,
-                });
-            }
-        }
-        if let Some((t, addr, lo, len)) = ready {
-            // This side writes the region now.
-            self.mode.about_to_move(&*self.nic, &t, addr, lo, len);
-        }
+        self.step_rndv_send(id, |rs, buf, io| rs.on_cts(&h, buf, io));
         self.advance_put_send(id).map(|_| ())
     }
 
@@ -154,105 +232,20 @@ impl PointToPoint {
             // A failed request starts no more work.
             return Ok(0);
         }
-        let mut events = 0;
-        loop {
-            let Some(Req::Send(s)) = self.reqs.get(id) else {
-                return Ok(events);
-            };
-            let SendState::Rndv(rs) = &s.state else {
-                return Ok(events);
-            };
-            let Some(cts) = rs.pending_cts.front().copied() else {
-                break;
-            };
-            let (buf, peer, t, issued) = (s.buf.clone(), s.peer, rs.t, rs.issued);
-            let (chunk, depth) = chunking(&t, rs.scatter_gather);
-            let sg = rs.scatter_gather;
-            let end = cts.offset + cts.len;
-            let piece_off = cts.offset + issued;
-            if cts.len > 0 {
-                if rs.leases.len() >= depth {
-                    break;
-                }
-                let (mem, piece_len) =
-                    side_piece(&buf, sg, piece_off, (chunk as u64).min(end - piece_off));
-                let Some(lease) = self.mode.lease(
-                    &*self.nic,
-                    &t,
-                    buf.addr(),
-                    mem,
-                    piece_len as usize,
-                    Direction::Source,
-                )?
-                else {
-                    break;
-                };
-                self.mode.stage_out(&lease, &buf, piece_off as usize);
-                let key = match self.reqs.get_mut(id) {
-                    Some(Req::Send(s)) => match &mut s.state {
-                        SendState::Rndv(rs) => {
-                            rs.next_key += 1;
-                            rs.next_key
-                        }
-                        _ => 0,
-                    },
-                    _ => 0,
-                };
-                let write = Opcode::RdmaWrite {
-                    remote_addr: cts.addr + (piece_off - cts.offset),
-                    rkey: cts.rkey,
-                };
-                let op = RdmaOp {
-                    req: id,
-                    key,
-                    chunk: cts.chunk,
-                    offset: piece_off as usize,
-                    len: piece_len as usize,
-                };
-                if !self.post_rdma(peer, op, &lease, write)? {
-                    self.mode.release(&*self.nic, lease);
-                    break;
-                }
-                if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
-                    if let SendState::Rndv(rs) = &mut s.state {
-                        rs.leases.push((key, lease));
-                        rs.writes_out += 1;
-                        rs.issued += piece_len;
-                    }
-                }
-                events += 1;
-                if piece_off + piece_len < end {
-                    continue;
-                }
-                let mut fin = Header::new(MsgKind::Fin);
-                fin.chunk = cts.chunk;
-                fin.sreq = id.0;
-                fin.rreq = cts.rreq;
-                self.send_control(peer, fin)?;
-            }
-            if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
-                if let SendState::Rndv(rs) = &mut s.state {
-                    rs.pending_cts.pop_front();
-                    rs.issued = 0;
-                    rs.all_done |= cts.last;
-                }
-            }
-        }
+        let events = self
+            .step_rndv_send(id, |rs, buf, io| rs.advance_put(id, buf, io))
+            .unwrap_or(Ok(0))?;
         self.maybe_finish_send(id);
         Ok(events)
     }
 
     /// Sender: a piece's write completed; its lease is free.
     pub(crate) fn on_write_done(&mut self, op: RdmaOp) -> Result<()> {
-        if let Some(lease) = self.take_lease(op.req, op.key) {
-            self.mode.release(&*self.nic, lease);
-        }
-        if let Some(Req::Send(s)) = self.reqs.get_mut(op.req) {
-            if let SendState::Rndv(rs) = &mut s.state {
-                rs.writes_out -= 1;
-            }
-        }
+        self.step_rndv_send(op.req, |rs, _, io| rs.on_write_done(op.key, io));
         self.maybe_finish_send(op.req);
         self.advance_put_send(op.req).map(|_| ())
     }
 }
+
+#[cfg(test)]
+mod tests;
