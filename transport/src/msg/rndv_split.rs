@@ -14,10 +14,10 @@
 
 use std::collections::VecDeque;
 
-use super::rndv::{takes_nothing_more, NO_CHUNK};
+use super::rndv::{takes_nothing_more, RndvRecv, RndvSend, NO_CHUNK};
+use super::rndv_io::RendezvousIo;
 use super::wire::{Header, MsgKind};
-use super::{ChunkDesc, PointToPoint, RecvState, Req, RequestId};
-use crate::buffer_mode::Direction;
+use super::{ChunkDesc, PointToPoint, RdmaOp, RequestId};
 use crate::error::Result;
 use crate::nic::{Opcode, PAGE_SIZE};
 
@@ -39,46 +39,114 @@ fn split_point(eff: usize) -> usize {
     (eff / 2) & !(PAGE_SIZE as usize - 1)
 }
 
-impl PointToPoint {
-    /// Receiver: leases the tail of receive `rid` and asks the sender to write it; the front
-    /// is read as in RGET.
-    pub(crate) fn start_split(&mut self, rid: RequestId) -> Result<()> {
-        let Some(Req::Recv(r)) = self.reqs.get(rid) else {
-            return Ok(());
-        };
-        let RecvState::Rndv(rv) = &r.state else {
-            return Ok(());
-        };
-        let (buf, t, eff, peer, sreq) = (r.buf.clone(), rv.t, rv.eff, rv.peer, rv.sreq);
-        let half = split_point(eff);
-        let Some(lease) = self.mode.lease(
-            &*self.nic,
-            &t,
-            buf.addr(),
-            half,
-            eff - half,
-            Direction::Sink,
-        )?
-        else {
-            return Ok(()); // no lease now: plain RGET
+impl RndvRecv {
+    /// Split receiver: leases the tail `[half, eff)` and asks the sender to write it (a CTS
+    /// for [`SPLIT_CHUNK`]); the front is read as in RGET. `false` when the mode has no lease
+    /// for the tail now: the receive stays a plain RGET.
+    pub(crate) fn start_split(
+        &mut self,
+        rid: RequestId,
+        io: &mut impl RendezvousIo,
+    ) -> Result<bool> {
+        let half = split_point(self.eff);
+        let Some(lease) = io.lease(&self.t, half, self.eff - half)? else {
+            return Ok(false);
         };
         let mut h = Header::new(MsgKind::Cts);
         h.chunk = SPLIT_CHUNK;
         h.size = half as u64;
         h.addr = lease.addr;
         h.rkey = lease.rkey;
-        h.len = (eff - half) as u64;
-        h.sreq = sreq;
+        h.len = (self.eff - half) as u64;
+        h.sreq = self.sreq;
         h.rreq = rid.0;
-        if let Some(Req::Recv(r)) = self.reqs.get_mut(rid) {
-            if let RecvState::Rndv(rv) = &mut r.state {
-                rv.read_end = half;
-                rv.split_tail = Some((half, eff - half));
-                rv.tail_lease = Some(lease);
-            }
+        self.read_end = half;
+        self.split_tail = Some((half, self.eff - half));
+        self.tail_lease = Some(lease);
+        io.send_control(h)?;
+        Ok(true)
+    }
+
+    /// Split receiver: the sender wrote the tail (its FIN). Stages it in and gives its lease
+    /// back; once the front is read too, tells the sender it takes nothing more. Returns
+    /// whether the receive has everything.
+    pub(crate) fn on_split_fin(
+        &mut self,
+        rid: RequestId,
+        io: &mut impl RendezvousIo,
+    ) -> Result<bool> {
+        let (Some((off, len)), Some(lease)) = (self.split_tail, self.tail_lease.take()) else {
+            return Ok(false);
+        };
+        self.landed += len;
+        io.stage(&lease, off, len);
+        io.release(lease);
+        let finished = self.landed == self.eff;
+        if finished {
+            io.send_control(takes_nothing_more(true, NO_CHUNK, self.sreq, rid.0))?;
         }
-        self.counters.rndv_split += 1;
-        self.send_control(peer, h)
+        Ok(finished)
+    }
+}
+
+impl RndvSend {
+    /// Split sender: the receiver asked for the tail (`h`, a CTS for [`SPLIT_CHUNK`]). Writes
+    /// it now, next to the receiver's read, and sends FIN; `false` if that cannot be done at
+    /// once (a region outside the message, no lease, no room in the send queue: it then
+    /// takes the RPUT path, which refuses the first and waits for the others).
+    pub(crate) fn write_split_tail(
+        &mut self,
+        id: RequestId,
+        h: &Header,
+        io: &mut impl RendezvousIo,
+    ) -> Result<bool> {
+        let (off, len) = (h.size as usize, h.len as usize);
+        if off.checked_add(len).is_none_or(|end| end > self.size) {
+            return Ok(false);
+        }
+        io.about_to_move(&self.t, off, len);
+        let Some(lease) = io.lease(&self.t, off, len)? else {
+            return Ok(false);
+        };
+        io.stage(&lease, off, len);
+        let op = RdmaOp {
+            req: id,
+            key: TAIL_LEASE,
+            chunk: SPLIT_CHUNK,
+            offset: off,
+            len,
+        };
+        let write = Opcode::RdmaWrite {
+            remote_addr: h.addr,
+            rkey: h.rkey,
+        };
+        if !io.post_rdma(op, &lease, write)? {
+            io.release(lease);
+            return Ok(false);
+        }
+        self.leases.push((TAIL_LEASE, lease));
+        self.writes_out += 1;
+        self.rreq = Some(h.rreq);
+        let mut fin = Header::new(MsgKind::Fin);
+        fin.chunk = SPLIT_CHUNK;
+        fin.sreq = id.0;
+        fin.rreq = h.rreq;
+        io.send_control(fin)?;
+        Ok(true)
+    }
+}
+
+impl PointToPoint {
+    /// Receiver: leases the tail of receive `rid` and asks the sender to write it; the front
+    /// is read as in RGET.
+    pub(crate) fn start_split(&mut self, rid: RequestId) -> Result<()> {
+        let started = self
+            .step_rndv_recv(rid, |rv, _, io| rv.start_split(rid, io))
+            .transpose()?;
+        if started == Some(true) {
+            self.counters.rndv_split += 1;
+        }
+        Ok(())
     }
 
     /// Sender: the receiver asked for the tail. Writes it now, next to the receiver's read,
@@ -88,75 +156,18 @@ impl PointToPoint {
         if self.is_failing(id) {
             return Ok(true); // a failed request writes nothing more
         }
-        let Some(Req::Send(s)) = self.reqs.get(id) else {
-            return Ok(true);
-        };
-        let super::SendState::Rndv(rs) = &s.state else {
-            return Ok(true);
-        };
-        let (buf, peer, t) = (s.buf.clone(), s.peer, rs.t);
-        let (off, len) = (h.size as usize, h.len as usize);
-        if off.checked_add(len).is_none_or(|end| end > rs.size) {
-            return Ok(false); // not a region of this message: the RPUT path refuses it
-        }
-        self.mode
-            .about_to_move(&*self.nic, &t, buf.addr(), off, len);
-        let Some(lease) =
-            self.mode
-                .lease(&*self.nic, &t, buf.addr(), off, len, Direction::Source)?
-        else {
-            return Ok(false);
-        };
-        self.mode.stage_out(&lease, &buf, off);
-        let key = TAIL_LEASE;
-        let op = super::RdmaOp {
-            req: id,
-            key,
-            chunk: SPLIT_CHUNK,
-            offset: off,
-            len,
-        };
-        let write = Opcode::RdmaWrite {
-            remote_addr: h.addr,
-            rkey: h.rkey,
-        };
-        if !self.post_rdma(peer, op, &lease, write)? {
-            self.mode.release(&*self.nic, lease);
-            return Ok(false);
-        }
-        if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
-            if let super::SendState::Rndv(rs) = &mut s.state {
-                rs.leases.push((key, lease));
-                rs.writes_out += 1;
-                rs.rreq = Some(h.rreq);
-            }
-        }
-        let mut fin = Header::new(MsgKind::Fin);
-        fin.chunk = SPLIT_CHUNK;
-        fin.sreq = id.0;
-        fin.rreq = h.rreq;
-        self.send_control(peer, fin)?;
-        Ok(true)
+        self.step_rndv_send(id, |rs, _, io| rs.write_split_tail(id, h, io))
+            .unwrap_or(Ok(true))
     }
 
     /// Receiver: the tail was written.
     pub(crate) fn on_split_fin(&mut self, h: Header) -> Result<()> {
         let rid = RequestId(h.rreq);
-        let Some(Req::Recv(r)) = self.reqs.get_mut(rid) else {
-            return Ok(());
-        };
-        let RecvState::Rndv(rv) = &mut r.state else {
-            return Ok(());
-        };
-        let (Some((off, len)), Some(lease)) = (rv.split_tail, rv.tail_lease.take()) else {
-            return Ok(());
-        };
-        rv.landed += len;
-        let (finished, buf, peer, sreq) = (rv.landed == rv.eff, r.buf.clone(), rv.peer, rv.sreq);
-        self.mode.stage_in(&lease, &buf, off, len);
-        self.mode.release(&*self.nic, lease);
-        if finished {
-            self.send_control(peer, takes_nothing_more(true, NO_CHUNK, sreq, rid.0))?;
+        if self
+            .step_rndv_recv(rid, |rv, _, io| rv.on_split_fin(rid, io))
+            .transpose()?
+            == Some(true)
+        {
             self.finish_recv(rid);
         }
         Ok(())
@@ -196,6 +207,140 @@ mod tests {
         two.push_back(two[0]);
         assert!(!splittable(&two, 1 << 20, 64 << 10));
         assert!(!splittable(&chunk(1 << 20), 1 << 20, usize::MAX), "off");
+    }
+
+    use super::super::rndv_io::fake::{
+        buffer, receiver, sender, FakeIo, LEASE_BASE, RECEIVER, SENDER,
+    };
+    use super::super::wire;
+
+    /// A split receive of 64 KiB: the whole buffer announced as one chunk, read in 16 KiB
+    /// pieces.
+    fn split_receive(io: &mut FakeIo) -> RndvRecv {
+        let whole = ChunkDesc {
+            chunk: 0,
+            offset: 0,
+            addr: 0xa000_0000,
+            rkey: 77,
+            len: 65_536,
+        };
+        let mut rv = receiver(true, 65_536, 65_536, 16_384, 8, &[whole]);
+        assert!(rv.start_split(RECEIVER, io).unwrap());
+        rv
+    }
+
+    #[test]
+    fn the_receiver_reads_the_front_and_asks_for_the_tail() {
+        let mut io = FakeIo::default();
+        let mut rv = split_receive(&mut io);
+        let cts = io.sent[0];
+        assert_eq!(
+            (cts.kind(), cts.chunk, cts.size, cts.len, cts.addr),
+            (
+                Some(MsgKind::Cts),
+                SPLIT_CHUNK,
+                32_768,
+                32_768,
+                LEASE_BASE + 32_768
+            )
+        );
+        assert_eq!(rv.read_end, 32_768);
+        assert_eq!(
+            rv.advance_get(RECEIVER, &buffer(65_536), &mut io).unwrap(),
+            2
+        );
+        let reads: Vec<_> = io.posted.iter().map(|p| (p.offset, p.len)).collect();
+        assert_eq!(reads, [(0, 16_384), (16_384, 16_384)], "the front only");
+    }
+
+    #[test]
+    fn the_receive_ends_with_the_later_of_the_front_and_the_tail() {
+        // The tail's FIN first: the last READ ends the receive.
+        let mut io = FakeIo::default();
+        let mut rv = split_receive(&mut io);
+        rv.advance_get(RECEIVER, &buffer(65_536), &mut io).unwrap();
+        assert!(!rv.on_split_fin(RECEIVER, &mut io).unwrap());
+        let reads = std::mem::take(&mut io.posted);
+        assert!(!rv
+            .on_read_done(RECEIVER, &reads[0].op(RECEIVER), &mut io)
+            .unwrap());
+        assert!(rv
+            .on_read_done(RECEIVER, &reads[1].op(RECEIVER), &mut io)
+            .unwrap());
+        let last = io.sent.last().unwrap();
+        assert_ne!(last.flags & wire::ALL_DONE, 0);
+        assert!(io.out.is_empty(), "every lease went back, the tail's too");
+        // The front first: the FIN ends it, with ChunkDone(ALL_DONE) for no chunk.
+        let mut io = FakeIo::default();
+        let mut rv = split_receive(&mut io);
+        rv.advance_get(RECEIVER, &buffer(65_536), &mut io).unwrap();
+        for p in std::mem::take(&mut io.posted) {
+            assert!(!rv.on_read_done(RECEIVER, &p.op(RECEIVER), &mut io).unwrap());
+        }
+        assert!(rv.on_split_fin(RECEIVER, &mut io).unwrap());
+        let last = io.sent.last().unwrap();
+        assert_eq!(
+            (last.kind(), last.chunk),
+            (Some(MsgKind::ChunkDone), NO_CHUNK)
+        );
+        assert_ne!(last.flags & wire::ALL_DONE, 0);
+        assert_eq!(
+            io.staged.last(),
+            Some(&(LEASE_BASE + 32_768, 32_768, 32_768))
+        );
+        // A second FIN changes nothing.
+        assert!(!rv.on_split_fin(RECEIVER, &mut io).unwrap());
+    }
+
+    #[test]
+    fn without_a_lease_for_the_tail_the_receive_stays_plain_rget() {
+        let mut io = FakeIo {
+            leases_left: Some(0),
+            ..FakeIo::default()
+        };
+        let mut rv = receiver(true, 65_536, 65_536, 16_384, 8, &[]);
+        assert!(!rv.start_split(RECEIVER, &mut io).unwrap());
+        assert_eq!((rv.read_end, rv.split_tail), (65_536, None));
+        assert!(io.sent.is_empty());
+    }
+
+    fn tail_cts() -> Header {
+        let mut h = Header::new(MsgKind::Cts);
+        (h.chunk, h.size, h.len, h.addr, h.rkey) = (SPLIT_CHUNK, 32_768, 32_768, 0xc000, 5);
+        (h.sreq, h.rreq) = (SENDER.0, RECEIVER.0);
+        h
+    }
+
+    #[test]
+    fn the_sender_writes_the_tail_at_once_and_fins_it() {
+        let mut io = FakeIo::default();
+        let mut rs = sender(true, 65_536, usize::MAX, 1, 0, &mut io);
+        assert!(rs.write_split_tail(SENDER, &tail_cts(), &mut io).unwrap());
+        assert_eq!(io.moving, [(32_768, 32_768)]);
+        let w = &io.posted[0];
+        assert_eq!(
+            (w.write, w.offset, w.len, w.remote_addr, w.rkey),
+            (true, 32_768, 32_768, 0xc000, 5)
+        );
+        let fin = io.sent[0];
+        assert_eq!((fin.kind(), fin.chunk), (Some(MsgKind::Fin), SPLIT_CHUNK));
+        assert_eq!((rs.writes_out, rs.rreq), (1, Some(RECEIVER.0)));
+        rs.on_write_done(TAIL_LEASE, &mut io);
+        assert!(io.out.is_empty() && rs.writes_out == 0);
+    }
+
+    #[test]
+    fn a_tail_that_cannot_go_at_once_is_left_to_the_rput_path() {
+        let mut io = FakeIo::default();
+        let mut rs = sender(true, 65_536, usize::MAX, 1, 0, &mut io);
+        // Outside the message: refused here, and as a violation by the RPUT path.
+        let mut outside = tail_cts();
+        outside.len = 32_769;
+        assert!(!rs.write_split_tail(SENDER, &outside, &mut io).unwrap());
+        // No room in the send queue: the lease goes back.
+        io.post_room = Some(0);
+        assert!(!rs.write_split_tail(SENDER, &tail_cts(), &mut io).unwrap());
+        assert!(io.out.is_empty() && io.sent.is_empty() && rs.writes_out == 0);
     }
 
     #[test]
