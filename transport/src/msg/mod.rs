@@ -42,6 +42,7 @@ mod rndv_get;
 mod rndv_io;
 mod rndv_local;
 mod rndv_put;
+mod rndv_rts;
 mod rndv_split;
 mod state;
 pub mod wire;
