@@ -116,7 +116,7 @@ impl PointToPoint {
         let p = &self.peers[dest];
         if buf.len() > self.eager_limit_on(local)
             || p.has_queued()
-            || (!local && p.credits == 0)
+            || (!local && !p.credits.can_send())
             || p.dead.is_some()
         {
             return Ok(false);
@@ -125,7 +125,7 @@ impl PointToPoint {
             return Ok(false);
         }
         if !local {
-            self.peers[dest].credits -= 1;
+            self.peers[dest].credits.spend();
         }
         Ok(true)
     }

@@ -10,6 +10,8 @@
 //! the budget plus the credits of unexpected data from one peer before it receives any of it
 //! waits for ever, as the MPI standard allows for programs that rely on buffering.
 //! Control messages (CTS, FIN, chunk notices, acknowledgements) use extra slots and no credit.
+//! The accounting of credits and unexpected bytes is a type of its own, `Credits`
+//! (`credits.rs`), unit-tested alone.
 
 use super::matching::Envelope;
 use super::raw::UserBuf;
@@ -36,7 +38,7 @@ impl PointToPoint {
         let local = self.is_local(peer);
         let eager_limit = self.eager_limit_on(local);
         while let Some(&id) = self.peers[peer].queued.front() {
-            if !local && self.peers[peer].credits == 0 {
+            if !local && !self.peers[peer].credits.can_send() {
                 self.counters.credit_waits += 1;
                 break;
             }
@@ -67,7 +69,7 @@ impl PointToPoint {
                 break;
             }
             if !local {
-                self.peers[peer].credits -= 1;
+                self.peers[peer].credits.spend();
             }
             self.peers[peer].queued.pop_front();
         }
@@ -104,7 +106,7 @@ impl PointToPoint {
     /// carried them.
     pub(crate) fn return_credits(&mut self, peer: usize) -> Result<()> {
         let p = &self.peers[peer];
-        if p.to_return >= self.cfg.credits / 2 && p.control.is_empty() && p.dead.is_none() {
+        if p.credits.owes_half() && p.control.is_empty() && p.dead.is_none() {
             self.send_message(peer, Header::new(MsgKind::Credit), Payload::None)?;
         }
         Ok(())
@@ -131,16 +133,9 @@ impl PointToPoint {
             }
         };
         // A peer returns at most the credits it was given.
-        match self.peers[peer]
-            .credits
-            .checked_add(h.credits as u32)
-            .filter(|&c| c <= self.cfg.credits)
-        {
-            Some(c) => self.peers[peer].credits = c,
-            None => {
-                self.protocol_violation(peer, "more credits returned than were given");
-                return Ok(());
-            }
+        if let Err(why) = self.peers[peer].credits.returned(h.credits) {
+            self.protocol_violation(peer, why);
+            return Ok(());
         }
         let env = Envelope {
             source: peer,
@@ -178,13 +173,13 @@ impl PointToPoint {
                         // MPI's shared-memory paths do: its ring moves on.
                         let data = match at {
                             Arrival::Slot(slot)
-                                if p.unexpected_bytes + size > self.cfg.unexpected_budget =>
+                                if !p.credits.unexpected_fits(size, self.cfg.unexpected_budget) =>
                             {
                                 self.counters.held_slots += 1;
                                 EagerData::Held { slot }
                             }
                             _ => {
-                                p.unexpected_bytes += size;
+                                p.credits.copied_out(size);
                                 EagerData::Owned(
                                     self.arrived_bytes(peer, at)[body..body + size].to_vec(),
                                 )
@@ -308,8 +303,7 @@ impl PointToPoint {
 
     fn repost_data_slot(&mut self, peer: usize, slot: usize) -> Result<()> {
         self.post_slot(peer, slot)?;
-        self.peers[peer].to_return += 1;
-        if self.peers[peer].to_return >= self.cfg.credits / 2 {
+        if self.peers[peer].credits.slot_reposted() {
             self.needs_service(peer);
         }
         Ok(())
@@ -395,7 +389,7 @@ impl PointToPoint {
             } => {
                 match data {
                     EagerData::Owned(bytes) => {
-                        self.peers[env.source].unexpected_bytes -= size;
+                        self.peers[env.source].credits.delivered(size);
                         self.deliver_eager(rid, env, &bytes);
                     }
                     EagerData::Held { slot } => {

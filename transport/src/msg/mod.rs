@@ -25,6 +25,7 @@
 mod active_message;
 mod api;
 mod config;
+mod credits;
 mod eager;
 mod failure;
 mod liveness;
@@ -77,6 +78,7 @@ use crate::nic::{
 };
 use crate::sys::AnonMapping;
 
+use credits::Credits;
 use failure::Failing;
 use matching::Matcher;
 use raw::{UserBuf, UserBufMut};
@@ -277,12 +279,10 @@ impl PointToPoint {
             .iter()
             .map(|&qpn| Peer {
                 qpn,
-                credits: cfg.credits,
-                to_return: 0,
+                credits: Credits::new(cfg.credits),
                 queued: VecDeque::new(),
                 control: VecDeque::new(),
                 in_flight: 0,
-                unexpected_bytes: 0,
                 local_copies_out: 0,
                 dead: None,
                 in_service: false,
@@ -496,7 +496,7 @@ impl PointToPoint {
             self.drain_queued(peer)?;
             self.return_credits(peer)?;
             let p = &mut self.peers[peer];
-            let done = !p.has_queued() && (p.to_return < self.cfg.credits / 2 || p.dead.is_some());
+            let done = !p.has_queued() && (!p.credits.owes_half() || p.dead.is_some());
             if done {
                 p.in_service = false;
                 self.service.swap_remove(i);

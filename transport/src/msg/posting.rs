@@ -74,8 +74,8 @@ impl PointToPoint {
             Payload::User(_, _, len) => len,
             Payload::Bytes(b) => b.len(),
         };
-        let credits = p.to_return.min(u16::MAX as u32);
-        h.credits = credits as u16;
+        let credits = p.credits.to_carry();
+        h.credits = credits;
         let total = HEADER_BYTES + payload;
         // Inline takes one run of user memory; a payload spread over runs of a buffer with
         // gaps is gathered into a send slot instead.
@@ -134,7 +134,7 @@ impl PointToPoint {
             raw::post_send(&*self.nic, p.qpn, &wr)?;
         }
         let p = &mut self.peers[peer];
-        p.to_return -= credits;
+        p.credits.carried(credits);
         p.in_flight += 1;
         Ok(true)
     }

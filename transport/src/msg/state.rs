@@ -157,18 +157,15 @@ pub(crate) struct RdmaOp {
 
 pub(crate) struct Peer {
     pub qpn: u32,
-    /// Data messages we may still send to this peer.
-    pub credits: u32,
-    /// Credits we owe this peer (slots reposted since we last told it).
-    pub to_return: u32,
+    /// The eager protocol's flow control with this peer: credits both ways, and its
+    /// unexpected bytes.
+    pub credits: Credits,
     /// Data sends waiting for a credit or a slot, in order.
     pub queued: VecDeque<RequestId>,
     /// Control messages waiting for send-queue room.
     pub control: VecDeque<Header>,
     /// Send work requests outstanding on the queue pair.
     pub in_flight: u32,
-    /// Bytes of unexpected eager data copied out for this peer.
-    pub unexpected_bytes: usize,
     /// Local rendezvous sends to this peer whose data it has not yet copied (it is busy
     /// with them: `rndv_local.rs` does not ask it to share a copy meanwhile).
     pub local_copies_out: u32,
