@@ -10,22 +10,25 @@
 //! packed into a contiguous message on the sending side and unpacked on the receiving side,
 //! so the bytes between blocks are never read nor written.
 //!
-//! Files: this one holds the type maps and datatypes, `buffer.rs` the buffer traits, views,
-//! partitions and the packing (the module's `unsafe`: it reads and writes memory through
-//! the addresses that buffers give).
+//! Files: this one holds the type maps and datatypes, `buffer.rs` the buffer traits, views
+//! and partitions, `dyn_buffer.rs` the buffers of user reductions, `packing.rs` the packing
+//! (these three are the module's `unsafe`: they read and write memory through the addresses
+//! that buffers give).
 
 mod buffer;
+mod dyn_buffer;
+mod packing;
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
-pub(crate) use buffer::{
-    lend_gapped, packed, packed_partition, vec_from_packed, with_user_elements, Landing,
-};
 pub use buffer::{
-    AsDatatype, Buffer, BufferMut, Collection, DynBuffer, DynBufferMut, MutView, Partition,
-    PartitionMut, Partitioned, PartitionedBuffer, PartitionedBufferMut, Pointer, PointerMut, View,
+    AsDatatype, Buffer, BufferMut, Collection, MutView, Partition, PartitionMut, Partitioned,
+    PartitionedBuffer, PartitionedBufferMut, Pointer, PointerMut, View,
 };
+pub(crate) use dyn_buffer::with_user_elements;
+pub use dyn_buffer::{DynBuffer, DynBufferMut};
+pub(crate) use packing::{lend_gapped, packed, packed_partition, vec_from_packed, Landing};
 
 /// A count of elements, as rsmpi types it (`int` in MPI).
 pub type Count = i32;
