@@ -15,6 +15,8 @@ mod completion;
 pub mod env;
 #[deny(unsafe_code)]
 pub mod error;
+#[deny(unsafe_code)]
+mod error_class;
 
 pub use completion::WcStatus;
 pub use error::{Error, ErrorClass, Result};
