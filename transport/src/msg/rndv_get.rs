@@ -230,22 +230,12 @@ impl RndvRecv {
 impl PointToPoint {
     /// Sender: announces further chunks as leases free up.
     pub(crate) fn advance_get_send(&mut self, id: RequestId) -> Result<usize> {
-        if self.is_failing(id) {
-            // A failed request starts no more work.
-            return Ok(0);
-        }
-        self.step_rndv_send(id, |rs, buf, io| rs.advance_get(id, buf, io))
-            .unwrap_or(Ok(0))
+        self.advance_rndv_send(id, |rs, buf, io| rs.advance_get(id, buf, io))
     }
 
     /// Receiver: reads announced chunks, in pieces of its own granularity.
     pub(crate) fn advance_get_recv(&mut self, rid: RequestId) -> Result<usize> {
-        if self.is_failing(rid) {
-            // A failed request starts no more work.
-            return Ok(0);
-        }
-        self.step_rndv_recv(rid, |rv, buf, io| rv.advance_get(rid, buf, io))
-            .unwrap_or(Ok(0))
+        self.advance_rndv_recv(rid, |rv, buf, io| rv.advance_get(rid, buf, io))
     }
 
     /// Receiver: a piece was read.

@@ -133,6 +133,31 @@ impl PointToPoint {
         Some(out)
     }
 
+    /// A pass of `advance` over the rendezvous state of send `id`, unless the request failed
+    /// (a failed request starts no more work). Returns what the pass started.
+    pub(super) fn advance_rndv_send(
+        &mut self,
+        id: RequestId,
+        advance: impl FnOnce(&mut RndvSend, &UserMemory, &mut LayerIo<'_>) -> Result<usize>,
+    ) -> Result<usize> {
+        if self.is_failing(id) {
+            return Ok(0);
+        }
+        self.step_rndv_send(id, advance).unwrap_or(Ok(0))
+    }
+
+    /// [`Self::advance_rndv_send`] for receive `rid`.
+    pub(super) fn advance_rndv_recv(
+        &mut self,
+        rid: RequestId,
+        advance: impl FnOnce(&mut RndvRecv, &UserMemory, &mut LayerIo<'_>) -> Result<usize>,
+    ) -> Result<usize> {
+        if self.is_failing(rid) {
+            return Ok(0);
+        }
+        self.step_rndv_recv(rid, advance).unwrap_or(Ok(0))
+    }
+
     /// [`Self::step_rndv_send`] for the rendezvous state of receive `rid`.
     pub(super) fn step_rndv_recv<T>(
         &mut self,

@@ -179,12 +179,7 @@ impl RndvSend {
 impl PointToPoint {
     /// Receiver: asks for chunks while landing leases are available.
     pub(crate) fn advance_put_recv(&mut self, rid: RequestId) -> Result<usize> {
-        if self.is_failing(rid) {
-            // A failed request starts no more work.
-            return Ok(0);
-        }
-        self.step_rndv_recv(rid, |rv, buf, io| rv.advance_put(rid, buf, io))
-            .unwrap_or(Ok(0))
+        self.advance_rndv_recv(rid, |rv, buf, io| rv.advance_put(rid, buf, io))
     }
 
     /// Receiver: a region was written.
@@ -229,12 +224,10 @@ impl PointToPoint {
     /// Sender: writes the regions asked for, in pieces of its own granularity.
     pub(crate) fn advance_put_send(&mut self, id: RequestId) -> Result<usize> {
         if self.is_failing(id) {
-            // A failed request starts no more work.
+            // A failed request starts no more work, and ends as `failure.rs` says.
             return Ok(0);
         }
-        let events = self
-            .step_rndv_send(id, |rs, buf, io| rs.advance_put(id, buf, io))
-            .unwrap_or(Ok(0))?;
+        let events = self.advance_rndv_send(id, |rs, buf, io| rs.advance_put(id, buf, io))?;
         self.maybe_finish_send(id);
         Ok(events)
     }
