@@ -1,7 +1,7 @@
 //! What a rendezvous side needs from the layer around it, and nothing more: leases of its
 //! buffer from the buffer mode, the bytes staged between lease and buffer, RDMA operations
-//! posted to its peer, control messages sent to it. The protocol machines
-//! ([`super::rndv_get`]) are written against [`RendezvousIo`] alone, so their unit tests
+//! posted to its peer, control messages sent to it. The protocol machines (`rndv_get.rs`,
+//! `rndv_put.rs`, `rndv_split.rs`) are written against [`RendezvousIo`] alone, so their tests
 //! drive them with a fake of it, as the pin-down cache's tests drive it with a fake
 //! registrar; [`LayerIo`] is the real one, over the buffer mode, the NIC and the
 //! layer's control path.
