@@ -342,20 +342,35 @@ mod tests {
         }
     }
 
+    /// A page of `m` made inaccessible (`PROT_NONE`): a fault for every access, and, unlike a
+    /// hole unmapped in it, never handed to another thread's mapping while a test runs
+    /// (the tests run in parallel, and the kernel fills a one-page hole first).
+    fn guard_page(m: &AnonMapping, at: usize) -> u64 {
+        let page = crate::PAGE_SIZE as usize;
+        let addr = m.addr() + at as u64;
+        // SAFETY: a page of our own mapping; no reference into it is held.
+        let rc = unsafe { libc::mprotect(addr as *mut libc::c_void, page, libc::PROT_NONE) };
+        assert_eq!(rc, 0);
+        addr
+    }
+
     #[test]
     fn a_fault_on_either_side_is_an_error_not_a_crash() {
         let page = crate::PAGE_SIZE as usize;
         let mut m = AnonMapping::new(3 * page).unwrap();
         m.as_mut_slice().fill(0x5a);
-        let hole = m.unmap_range(page, page).unwrap();
+        let guard = guard_page(&m, page);
         let mut buf = vec![0u8; 2 * page];
-        // Reading across into the hole: the first page's bytes may land, then EFAULT.
-        // SAFETY: buf is ours; the source is our (partly unmapped) mapping.
-        let e = unsafe { guarded_copy(buf.as_mut_ptr() as u64, hole.addr(), 2 * page) };
+        // Reading across into the guard page: the first page's bytes may land, then EFAULT.
+        // SAFETY: buf is ours; the source is our (partly inaccessible) mapping.
+        let e = unsafe { guarded_copy(buf.as_mut_ptr() as u64, m.addr(), 2 * page) };
         assert_eq!(e.unwrap_err().raw_os_error(), Some(libc::EFAULT));
-        // Writing into the hole.
-        // SAFETY: the destination is unmapped memory of ours; nothing references it.
-        let e = unsafe { guarded_copy(hole.hole_addr(), buf.as_ptr() as u64, 16) };
+        // Writing into it, and into memory that is never mapped.
+        // SAFETY: the destination is inaccessible memory of ours; nothing references it.
+        let e = unsafe { guarded_copy(guard, buf.as_ptr() as u64, 16) };
+        assert_eq!(e.unwrap_err().raw_os_error(), Some(libc::EFAULT));
+        // SAFETY: nothing is mapped there (NEVER_MAPPED).
+        let e = unsafe { guarded_copy(crate::NEVER_MAPPED, buf.as_ptr() as u64, 16) };
         assert_eq!(e.unwrap_err().raw_os_error(), Some(libc::EFAULT));
         // Null and a kernel address.
         // SAFETY: as above; neither is mapped.
@@ -364,7 +379,7 @@ mod tests {
         assert!(unsafe { guarded_copy(u64::MAX - 4095, buf.as_ptr() as u64, 8) }.is_err());
         // The process goes on, and copies still work.
         // SAFETY: both are ours.
-        unsafe { guarded_copy(buf.as_mut_ptr() as u64, hole.addr(), 8) }.unwrap();
+        unsafe { guarded_copy(buf.as_mut_ptr() as u64, m.addr(), 8) }.unwrap();
         assert_eq!(&buf[..8], &[0x5a; 8]);
     }
 
@@ -422,13 +437,15 @@ mod tests {
     #[test]
     fn atomics_on_unmapped_or_read_only_memory_are_errors() {
         let page = crate::PAGE_SIZE as usize;
-        let m = AnonMapping::new(3 * page).unwrap();
-        let hole = m.unmap_range(page, page).unwrap();
-        // SAFETY: the word is unmapped memory of ours; nothing references it.
-        let e = unsafe { guarded_fetch_add(hole.hole_addr(), 1) };
+        // SAFETY: nothing is mapped there (NEVER_MAPPED).
+        let e = unsafe { guarded_fetch_add(crate::NEVER_MAPPED, 1) };
         assert_eq!(e.unwrap_err().raw_os_error(), Some(libc::EFAULT));
         // SAFETY: as above.
-        assert!(unsafe { guarded_cmp_swap(hole.hole_addr(), 0, 1) }.is_err());
+        assert!(unsafe { guarded_cmp_swap(crate::NEVER_MAPPED, 0, 1) }.is_err());
+        let m = AnonMapping::new(page).unwrap();
+        let guard = guard_page(&m, 0);
+        // SAFETY: inaccessible memory of ours; nothing references it.
+        assert!(unsafe { guarded_fetch_add(guard, 1) }.is_err());
         let ro = AnonMapping::new(page).unwrap();
         // SAFETY: our own mapping, made read-only; nothing writes it.
         assert_eq!(
