@@ -95,6 +95,35 @@ fn take_lease(leases: &mut Vec<(u64, Lease)>, key: u64) -> Option<Lease> {
 }
 
 impl RndvSend {
+    /// The send as its RTS leaves: `size` bytes under plan `t`, by RGET (`get`) or RPUT, in
+    /// `n` chunks of this side; `leases` are the chunks the RTS made readable (RGET), and
+    /// `announced` how many chunks (runs, when `scatter_gather`) it described.
+    pub(crate) fn new(
+        t: Transfer,
+        size: usize,
+        get: bool,
+        n: u32,
+        announced: u32,
+        leases: Vec<(u64, Lease)>,
+        scatter_gather: bool,
+    ) -> Self {
+        Self {
+            t,
+            size,
+            get,
+            n,
+            next: announced,
+            leases,
+            pending_cts: VecDeque::new(),
+            issued: 0,
+            all_done: false,
+            writes_out: 0,
+            rreq: None,
+            next_key: 0,
+            scatter_gather,
+        }
+    }
+
     /// Removes and returns the lease held under `key`.
     pub(crate) fn take_lease(&mut self, key: u64) -> Option<Lease> {
         take_lease(&mut self.leases, key)
@@ -155,6 +184,45 @@ pub(crate) struct RndvRecv {
 }
 
 impl RndvRecv {
+    /// The receive as the RTS `rts` from `peer` matched it: this side takes `eff` bytes
+    /// under plan `t`, in `n` chunks of its own (RPUT), moving its buffer in place when
+    /// `scatter_gather`; `announced` are the chunks the RTS described (RGET).
+    pub(crate) fn new(
+        t: Transfer,
+        peer: usize,
+        rts: &Header,
+        eff: usize,
+        n: u32,
+        announced: VecDeque<ChunkDesc>,
+        scatter_gather: bool,
+    ) -> Self {
+        let get = rts.flags & wire::GET != 0;
+        Self {
+            t,
+            peer,
+            sreq: rts.sreq,
+            tag: rts.tag,
+            size: rts.size as usize,
+            eff,
+            get,
+            n,
+            next: 0,
+            done: 0,
+            leases: Vec::new(),
+            announced_bytes: announced.iter().map(|c| c.len).sum(),
+            announced,
+            issued: 0,
+            pieces: Vec::new(),
+            landed: 0,
+            next_key: 0,
+            read_end: eff,
+            split_tail: None,
+            tail_lease: None,
+            scatter_gather,
+            peer_scatter_gather: get && rts.flags & wire::SCATTER_GATHER != 0,
+        }
+    }
+
     /// Removes and returns the lease held under `key`.
     pub(crate) fn take_lease(&mut self, key: u64) -> Option<Lease> {
         take_lease(&mut self.leases, key)

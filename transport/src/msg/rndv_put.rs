@@ -13,11 +13,25 @@
 
 use super::rndv::{chunking, side_chunk, side_piece, Cts, RndvRecv, RndvSend};
 use super::rndv_io::RendezvousIo;
+use super::rndv_split::SPLIT_CHUNK;
 use super::wire::{self, Header, MsgKind};
 use super::{PointToPoint, RdmaOp, RequestId};
 use crate::buffer_mode::UserMemory;
 use crate::error::Result;
 use crate::nic::Opcode;
+
+/// What became of a CTS at the sender.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CtsTaken {
+    /// The region lies outside the message: the receiver broke the protocol.
+    OutsideMessage,
+    /// It was the split tail, written and FIN sent at once.
+    TailWritten,
+    /// It waits its turn in the RPUT pipeline.
+    Queued,
+    /// The send has failed: nothing more of it is written.
+    Dropped,
+}
 
 impl RndvRecv {
     /// RPUT receiver, a pass: asks for chunks (a CTS each, the last with ALL_DONE) while
@@ -84,10 +98,23 @@ impl RndvSend {
             .is_some_and(|end| end <= self.size as u64)
     }
 
-    /// RPUT sender: the receiver is ready for a region (a CTS inside the message). Queues
-    /// it, and tells the mode which bytes are about to move.
-    pub(crate) fn on_cts(&mut self, h: &Header, buf: &UserMemory, io: &mut impl RendezvousIo) {
-        debug_assert!(self.cts_inside_message(h));
+    /// RPUT sender: the receiver is ready for a region. A region outside the message breaks
+    /// the protocol and nothing of it is written; the tail of a split rendezvous is written
+    /// at once when it can be ([`RndvSend::write_split_tail`]); any other region is queued
+    /// for [`RndvSend::advance_put`], and the mode told which bytes are about to move.
+    pub(crate) fn take_cts(
+        &mut self,
+        id: RequestId,
+        h: &Header,
+        buf: &UserMemory,
+        io: &mut impl RendezvousIo,
+    ) -> Result<CtsTaken> {
+        if !self.cts_inside_message(h) {
+            return Ok(CtsTaken::OutsideMessage);
+        }
+        if h.chunk == SPLIT_CHUNK && self.write_split_tail(id, h, io)? {
+            return Ok(CtsTaken::TailWritten);
+        }
         self.rreq = Some(h.rreq);
         self.pending_cts.push_back(Cts {
             chunk: h.chunk,
@@ -98,9 +125,9 @@ impl RndvSend {
             rreq: h.rreq,
             last: h.flags & wire::ALL_DONE != 0,
         });
-        // This side writes the region now.
         let (lo, hi) = buf.bounds(h.size as usize, h.len as usize);
         io.about_to_move(&self.t, lo, hi.saturating_sub(lo));
+        Ok(CtsTaken::Queued)
     }
 
     /// RPUT sender, a pass: writes the regions asked for, in pieces of its own granularity,
@@ -210,15 +237,22 @@ impl PointToPoint {
         if !self.is_rndv_send_to(id, peer) {
             return Ok(());
         }
-        if self.step_rndv_send(id, |rs, _, _| rs.cts_inside_message(&h)) != Some(true) {
-            self.protocol_violation(peer, "a CTS for bytes outside the message");
-            return Ok(());
+        // A failed request writes nothing more, but a CTS outside the message still breaks
+        // the protocol.
+        let failing = self.is_failing(id);
+        let taken = self.step_rndv_send(id, |rs, buf, io| match failing {
+            false => rs.take_cts(id, &h, buf, io),
+            true if rs.cts_inside_message(&h) => Ok(CtsTaken::Dropped),
+            true => Ok(CtsTaken::OutsideMessage),
+        });
+        match taken.transpose()? {
+            Some(CtsTaken::OutsideMessage) => {
+                self.protocol_violation(peer, "a CTS for bytes outside the message");
+                Ok(())
+            }
+            Some(CtsTaken::Queued) => self.advance_put_send(id).map(|_| ()),
+            Some(CtsTaken::TailWritten | CtsTaken::Dropped) | None => Ok(()),
         }
-        if h.chunk == super::rndv_split::SPLIT_CHUNK && self.write_split_tail(id, &h)? {
-            return Ok(());
-        }
-        self.step_rndv_send(id, |rs, buf, io| rs.on_cts(&h, buf, io));
-        self.advance_put_send(id).map(|_| ())
     }
 
     /// Sender: writes the regions asked for, in pieces of its own granularity.

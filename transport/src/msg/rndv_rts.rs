@@ -5,8 +5,6 @@
 //! and who it is when the sender has more to announce. From there each side is the machine
 //! of its protocol (`rndv_get`, `rndv_put`, `rndv_split`).
 
-use std::collections::VecDeque;
-
 use super::rndv::{
     chunk_range, chunking, side_chunk, side_chunk_count, takes_nothing_more, RndvRecv, RndvSend,
     NO_CHUNK,
@@ -123,21 +121,15 @@ impl PointToPoint {
         }
         let next = if sg { descs.len() } else { leases.len() } as u32;
         if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
-            s.state = SendState::Rndv(Box::new(RndvSend {
+            s.state = SendState::Rndv(Box::new(RndvSend::new(
                 t,
-                size: buf.len(),
+                buf.len(),
                 get,
                 n,
                 next,
                 leases,
-                pending_cts: VecDeque::new(),
-                issued: 0,
-                all_done: false,
-                writes_out: 0,
-                rreq: None,
-                next_key: 0,
-                scatter_gather: sg,
-            }));
+                sg,
+            )));
             if sg {
                 self.counters.rndv_scatter_gather += 1;
             }
@@ -216,37 +208,13 @@ impl PointToPoint {
         )?;
         let sg = sg && t.zero_copy;
         let (chunk, _) = chunking(&t, sg);
-        let get = h.flags & wire::GET != 0;
-        let peer_sg = get && h.flags & wire::SCATTER_GATHER != 0;
         let n = side_chunk_count(&buf, sg, chunk, eff);
         let nothing_announced = chunks.is_empty();
-        let state = RndvRecv {
-            t,
-            peer,
-            sreq: h.sreq,
-            tag: h.tag,
-            size,
-            eff,
-            get,
-            n,
-            next: 0,
-            done: 0,
-            leases: Vec::new(),
-            announced_bytes: chunks.iter().map(|c| c.len).sum(),
-            announced: chunks.into_iter().collect(),
-            issued: 0,
-            pieces: Vec::new(),
-            landed: 0,
-            next_key: 0,
-            read_end: eff,
-            split_tail: None,
-            tail_lease: None,
-            scatter_gather: sg,
-            peer_scatter_gather: peer_sg,
-        };
+        let state = RndvRecv::new(t, peer, &h, eff, n, chunks.into_iter().collect(), sg);
+        let (get, peer_sg) = (state.get, state.peer_scatter_gather);
         let split = get
             && self.cfg.rndv == RndvProtocol::Auto
-            && t.zero_copy
+            && state.t.zero_copy
             && !sg
             && !peer_sg
             && super::rndv_split::splittable(&state.announced, eff, self.cfg.split_min);

@@ -149,17 +149,6 @@ impl PointToPoint {
         Ok(())
     }
 
-    /// Sender: the receiver asked for the tail. Writes it now, next to the receiver's read,
-    /// and sends FIN; false if that cannot be done at once (it then waits its turn in the
-    /// RPUT pipeline).
-    pub(crate) fn write_split_tail(&mut self, id: RequestId, h: &Header) -> Result<bool> {
-        if self.is_failing(id) {
-            return Ok(true); // a failed request writes nothing more
-        }
-        self.step_rndv_send(id, |rs, _, io| rs.write_split_tail(id, h, io))
-            .unwrap_or(Ok(true))
-    }
-
     /// Receiver: the tail was written.
     pub(crate) fn on_split_fin(&mut self, h: Header) -> Result<()> {
         let rid = RequestId(h.rreq);

@@ -2,10 +2,8 @@
 //! NIC and the control path as one side sees them, every call recorded, leases and
 //! send-queue room limited on request, and a peer that can be gone.
 
-use std::collections::VecDeque;
-
 use super::super::rndv::{RndvRecv, RndvSend};
-use super::super::wire::Header;
+use super::super::wire::{self, Header, MsgKind};
 use super::super::{ChunkDesc, RdmaOp, RequestId};
 use super::RendezvousIo;
 use crate::buffer_mode::{Lease, Pipeline, Transfer, UserMemory};
@@ -179,30 +177,16 @@ pub(crate) fn receiver(
     announced: &[ChunkDesc],
 ) -> RndvRecv {
     let eff = size.min(cap);
-    RndvRecv {
-        t: plan(piece, depth),
-        peer: 1,
-        sreq: SENDER.0,
-        tag: 5,
-        size,
-        eff,
-        get,
-        n: if get { 0 } else { eff.div_ceil(piece) as u32 },
-        next: 0,
-        done: 0,
-        leases: Vec::new(),
-        announced: announced.iter().copied().collect(),
-        announced_bytes: announced.iter().map(|c| c.len).sum(),
-        issued: 0,
-        pieces: Vec::new(),
-        landed: 0,
-        next_key: 0,
-        read_end: eff,
-        split_tail: None,
-        tail_lease: None,
-        scatter_gather: false,
-        peer_scatter_gather: false,
+    let mut rts = Header::new(MsgKind::Rts);
+    rts.sreq = SENDER.0;
+    rts.tag = 5;
+    rts.size = size as u64;
+    if get {
+        rts.flags |= wire::GET;
     }
+    let n = if get { 0 } else { eff.div_ceil(piece) as u32 };
+    let announced = announced.iter().copied().collect();
+    RndvRecv::new(plan(piece, depth), 1, &rts, eff, n, announced, false)
 }
 
 /// A rendezvous send (RGET if `get`, else RPUT) of `size` bytes in chunks of `chunk` with
@@ -224,21 +208,7 @@ pub(crate) fn sender(
             (k as u64, lease.unwrap().unwrap())
         })
         .collect();
-    RndvSend {
-        t: plan(chunk, depth),
-        size,
-        get,
-        n,
-        next: announced,
-        leases,
-        pending_cts: VecDeque::new(),
-        issued: 0,
-        all_done: false,
-        writes_out: 0,
-        rreq: None,
-        next_key: 0,
-        scatter_gather: false,
-    }
+    RndvSend::new(plan(chunk, depth), size, get, n, announced, leases, false)
 }
 
 /// A contiguous buffer of `len` bytes (its geometry: nothing touches it).

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::super::rndv_io::fake::{buffer, receiver, sender, FakeIo, LEASE_BASE, RECEIVER, SENDER};
 use super::super::wire::{self, Header, MsgKind};
+use super::CtsTaken;
 use crate::buffer_mode::{Layout, UserMemory};
 use crate::error::Error;
 
@@ -144,11 +145,28 @@ fn a_cts_outside_the_message_is_refused() {
 }
 
 #[test]
+fn a_cts_outside_the_message_is_neither_queued_nor_written() {
+    let mut io = FakeIo::default();
+    let mut rs = sender(false, 8192, 4096, 2, 0, &mut io);
+    let buf = buffer(8192);
+    for bad in [cts(1, 4096, 4097, false), cts(1, u64::MAX, 2, false)] {
+        let taken = rs.take_cts(SENDER, &bad, &buf, &mut io).unwrap();
+        assert_eq!(taken, CtsTaken::OutsideMessage);
+    }
+    assert!(rs.pending_cts.is_empty() && rs.rreq.is_none());
+    assert!(io.moving.is_empty() && io.posted.is_empty() && io.sent.is_empty());
+}
+
+#[test]
 fn the_sender_writes_a_region_in_pieces_and_fins_it_after_the_last() {
     let mut io = FakeIo::default();
     let mut rs = sender(false, 8192, 4096, 4, 0, &mut io);
     let buf = buffer(8192);
-    rs.on_cts(&cts(0, 0, 8192, true), &buf, &mut io);
+    assert_eq!(
+        rs.take_cts(SENDER, &cts(0, 0, 8192, true), &buf, &mut io)
+            .unwrap(),
+        CtsTaken::Queued
+    );
     assert_eq!(rs.rreq, Some(RECEIVER.0));
     assert_eq!(
         io.moving,
@@ -191,7 +209,11 @@ fn depth_and_queue_room_bound_the_writes() {
     let mut io = FakeIo::default();
     let mut rs = sender(false, 8192, 4096, 1, 0, &mut io);
     let buf = buffer(8192);
-    rs.on_cts(&cts(0, 0, 8192, true), &buf, &mut io);
+    assert_eq!(
+        rs.take_cts(SENDER, &cts(0, 0, 8192, true), &buf, &mut io)
+            .unwrap(),
+        CtsTaken::Queued
+    );
     assert_eq!(rs.advance_put(SENDER, &buf, &mut io).unwrap(), 1);
     assert!(io.sent.is_empty(), "no FIN before the region's last WRITE");
     let first = io.posted.remove(0);
@@ -211,7 +233,11 @@ fn an_empty_region_is_taken_without_a_write() {
     let mut io = FakeIo::default();
     let mut rs = sender(false, 0, 4096, 2, 0, &mut io);
     let buf = buffer(0);
-    rs.on_cts(&cts(0, 0, 0, true), &buf, &mut io);
+    assert_eq!(
+        rs.take_cts(SENDER, &cts(0, 0, 0, true), &buf, &mut io)
+            .unwrap(),
+        CtsTaken::Queued
+    );
     assert_eq!(rs.advance_put(SENDER, &buf, &mut io).unwrap(), 0);
     assert!(io.posted.is_empty() && io.sent.is_empty());
     assert!(rs.is_finished());
@@ -222,7 +248,11 @@ fn a_fin_to_a_gone_receiver_fails_the_step() {
     let mut io = FakeIo::default();
     let mut rs = sender(false, 4096, 4096, 2, 0, &mut io);
     let buf = buffer(4096);
-    rs.on_cts(&cts(0, 0, 4096, true), &buf, &mut io);
+    assert_eq!(
+        rs.take_cts(SENDER, &cts(0, 0, 4096, true), &buf, &mut io)
+            .unwrap(),
+        CtsTaken::Queued
+    );
     io.peer_gone = true;
     let e = rs.advance_put(SENDER, &buf, &mut io).unwrap_err();
     assert!(matches!(e, Error::Communication { peer: 1, .. }), "{e}");
@@ -243,7 +273,11 @@ fn a_gapped_send_buffer_writes_run_by_run() {
     let mut io = FakeIo::default();
     let mut rs = sender(false, 4000, usize::MAX, 1, 0, &mut io);
     rs.scatter_gather = true;
-    rs.on_cts(&cts(0, 0, 4000, true), &buf, &mut io);
+    assert_eq!(
+        rs.take_cts(SENDER, &cts(0, 0, 4000, true), &buf, &mut io)
+            .unwrap(),
+        CtsTaken::Queued
+    );
     assert_eq!(
         io.moving,
         [(0, 12_288 + 1000)],
