@@ -247,8 +247,11 @@ impl PresentWatch {
             self.has_volatile.store(true, Relaxed);
         }
         // Retry check: an invalidation of this range delivered while it was being made
-        // present may have cleared nothing; its bits must not stay set.
-        monitor.flush();
+        // present may have cleared nothing; its bits must not stay set. One delivered
+        // after the bits were set clears them itself. No flush here: this runs under the
+        // engine, which a sink may be waiting for (a pin-down cache deregistering a region),
+        // and the changes the application made before its last entry into the NIC, the
+        // only ones a peer may act on, were delivered then (the module's doc).
         if self.shared.invalidated_since(since, start, end) {
             bits.clear(addr, len);
         }
