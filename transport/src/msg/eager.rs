@@ -11,8 +11,12 @@
 //! waits for ever, as the MPI standard allows for programs that rely on buffering.
 //! Control messages (CTS, FIN, chunk notices, acknowledgements) use extra slots and no credit.
 //! The accounting of credits and unexpected bytes is a type of its own, `Credits`
-//! (`credits.rs`), unit-tested alone.
+//! (`credits.rs`), and what the receiver does with an eager message a machine of its own
+//! (`eager_recv.rs`), each unit-tested alone; this file is the sending side and the layer's
+//! handling of every message that arrives.
 
+use super::credits::Credits;
+use super::eager_recv::{self, eager_result, EagerArrival, EagerBytes, EagerIo};
 use super::matching::Envelope;
 use super::raw::UserBuf;
 use super::wire::{self, Header, MsgKind};
@@ -155,52 +159,24 @@ impl PointToPoint {
                 Ok(())
             }
             MsgKind::Eager => {
-                // The decoder checked that the payload is `size` bytes.
-                let size = h.size as usize;
-                let sync = h.flags & wire::SYNC != 0;
-                match self.matcher.take_posted(&env) {
-                    Some(rid) => {
-                        self.deliver_eager_from_slot(rid, env, peer, at, size);
-                        self.put_back_data(peer, at)?;
-                        if sync {
-                            self.sync_ack(peer, h.sreq)?;
-                        }
-                    }
-                    None => {
-                        self.counters.unexpected += 1;
-                        let p = &mut self.peers[peer];
-                        // A cell of the local path is always copied out, as MPICH's and Open
-                        // MPI's shared-memory paths do: its ring moves on.
-                        let data = match at {
-                            Arrival::Slot(slot)
-                                if !p.credits.unexpected_fits(size, self.cfg.unexpected_budget) =>
-                            {
-                                self.counters.held_slots += 1;
-                                EagerData::Held { slot }
-                            }
-                            _ => {
-                                p.credits.copied_out(size);
-                                EagerData::Owned(
-                                    self.arrived_bytes(peer, at)[body..body + size].to_vec(),
-                                )
-                            }
-                        };
-                        let owned = matches!(data, EagerData::Owned(_));
-                        self.matcher.push_unexpected(
-                            env,
-                            Unexpected::Eager {
-                                data,
-                                size,
-                                sync,
-                                sreq: h.sreq,
-                            },
-                        );
-                        if owned {
-                            self.put_back_data(peer, at)?;
-                        }
-                    }
-                }
-                Ok(())
+                let arrival = EagerArrival {
+                    env,
+                    // The decoder checked that the payload is `size` bytes.
+                    size: h.size as usize,
+                    sync: h.flags & wire::SYNC != 0,
+                    sreq: h.sreq,
+                    slot: match at {
+                        Arrival::Slot(slot) => Some(slot),
+                        Arrival::Cell(_) | Arrival::ShortCell(_) => None,
+                    },
+                };
+                let budget = self.cfg.unexpected_budget;
+                let mut io = ArrivalIo {
+                    p2p: self,
+                    peer,
+                    at: Some(at),
+                };
+                arrival.land(budget, &mut io)
             }
             MsgKind::Rts if h.flags & wire::LOCAL_COPY != 0 => {
                 let payload = &self.arrived_bytes(peer, at)[body..len];
@@ -315,37 +291,6 @@ impl PointToPoint {
         self.send_control(peer, h)
     }
 
-    /// Copies the eager payload of `size` bytes that arrived at `at` from `peer` into
-    /// receive `rid` and completes it (straight from the slot or cell: one copy).
-    fn deliver_eager_from_slot(
-        &mut self,
-        rid: RequestId,
-        env: Envelope,
-        peer: usize,
-        at: Arrival,
-        size: usize,
-    ) {
-        let Some(Req::Recv(r)) = self.reqs.get(rid) else {
-            return;
-        };
-        let buf = r.buf.clone();
-        let (n, body) = (size.min(buf.len()), at.header_bytes());
-        buf.write(0, &self.arrived_bytes(peer, at)[body..body + n]);
-        self.complete_eager(rid, env, size, buf.len());
-    }
-
-    /// Copies an eager payload into receive `rid` and completes it; a payload longer than
-    /// the buffer delivers the prefix and completes with `Error::Truncated`.
-    fn deliver_eager(&mut self, rid: RequestId, env: Envelope, payload: &[u8]) {
-        let Some(Req::Recv(r)) = self.reqs.get(rid) else {
-            return;
-        };
-        let n = payload.len().min(r.buf.len());
-        r.buf.write(0, &payload[..n]);
-        let len = r.buf.len();
-        self.complete_eager(rid, env, payload.len(), len);
-    }
-
     /// Completes eager receive `rid` of a `size`-byte message into a `buffer_bytes` buffer:
     /// its status, or `Error::Truncated` when the message was longer.
     pub(crate) fn complete_eager(
@@ -355,22 +300,7 @@ impl PointToPoint {
         size: usize,
         buffer_bytes: usize,
     ) {
-        let n = size.min(buffer_bytes);
-        let result = if size > buffer_bytes {
-            Err(Error::Truncated {
-                source_rank: env.source,
-                tag: env.tag,
-                message_bytes: size,
-                buffer_bytes,
-            })
-        } else {
-            Ok(Status {
-                source: env.source,
-                tag: env.tag,
-                count: n,
-            })
-        };
-        self.complete(rid, result);
+        self.complete(rid, eager_result(env, size, buffer_bytes));
     }
 
     /// A new receive `rid` matched an unexpected message.
@@ -387,21 +317,16 @@ impl PointToPoint {
                 sync,
                 sreq,
             } => {
-                match data {
-                    EagerData::Owned(bytes) => {
-                        self.peers[env.source].credits.delivered(size);
-                        self.deliver_eager(rid, env, &bytes);
-                    }
-                    EagerData::Held { slot } => {
-                        let at = Arrival::Slot(slot);
-                        self.deliver_eager_from_slot(rid, env, env.source, at, size);
-                        self.repost_data_slot(env.source, slot)?;
-                    }
-                }
-                if sync {
-                    self.sync_ack(env.source, sreq)?;
-                }
-                Ok(())
+                let at = match data {
+                    EagerData::Held { slot } => Some(Arrival::Slot(slot)),
+                    EagerData::Owned(_) => None,
+                };
+                let mut io = ArrivalIo {
+                    p2p: self,
+                    peer: env.source,
+                    at,
+                };
+                eager_recv::deliver_unexpected(rid, env, &data, size, sync.then_some(sreq), &mut io)
             }
             Unexpected::Rts { header, chunks } => {
                 self.start_rndv_recv(rid, env.source, header, chunks)
@@ -410,5 +335,87 @@ impl PointToPoint {
                 self.local_rndv_recv(rid, env.source, header, &source)
             }
         }
+    }
+}
+
+/// The layer as the eager receive machine sees it: one message from `peer`, in its slot or
+/// cell `at` (`None`: copied out when it arrived, so nothing is read or given back).
+struct ArrivalIo<'a> {
+    p2p: &'a mut PointToPoint,
+    peer: usize,
+    at: Option<Arrival>,
+}
+
+impl ArrivalIo<'_> {
+    /// The payload's first `n` bytes where the message arrived.
+    fn arrived_payload(&self, n: usize) -> &[u8] {
+        let at = self
+            .at
+            .expect("the machine reads only a message in its slot or cell");
+        let body = at.header_bytes();
+        &self.p2p.arrived_bytes(self.peer, at)[body..body + n]
+    }
+}
+
+impl EagerIo for ArrivalIo<'_> {
+    #[inline]
+    fn take_posted(&mut self, env: &Envelope) -> Option<RequestId> {
+        let rid = self.p2p.matcher.take_posted(env);
+        if rid.is_none() {
+            self.p2p.counters.unexpected += 1;
+        }
+        rid
+    }
+
+    #[inline]
+    fn write_receive(&mut self, rid: RequestId, size: usize, from: EagerBytes) -> Option<usize> {
+        let Some(Req::Recv(r)) = self.p2p.reqs.get(rid) else {
+            return None;
+        };
+        let n = size.min(r.buf.len());
+        match from {
+            EagerBytes::Arrived => r.buf.write(0, self.arrived_payload(n)),
+            EagerBytes::Owned(bytes) => r.buf.write(0, &bytes[..n]),
+        }
+        Some(r.buf.len())
+    }
+
+    fn copy_out(&mut self, size: usize) -> Vec<u8> {
+        self.arrived_payload(size).to_vec()
+    }
+
+    #[inline]
+    fn complete(&mut self, rid: RequestId, result: Result<Status>) {
+        self.p2p.complete(rid, result);
+    }
+
+    #[inline]
+    fn put_back(&mut self) -> Result<()> {
+        match self.at {
+            Some(at) => self.p2p.put_back_data(self.peer, at),
+            None => Ok(()),
+        }
+    }
+
+    fn sync_ack(&mut self, sreq: u64) -> Result<()> {
+        self.p2p.sync_ack(self.peer, sreq)
+    }
+
+    fn push_unexpected(&mut self, env: Envelope, message: Unexpected) {
+        if matches!(
+            message,
+            Unexpected::Eager {
+                data: EagerData::Held { .. },
+                ..
+            }
+        ) {
+            self.p2p.counters.held_slots += 1;
+        }
+        self.p2p.matcher.push_unexpected(env, message);
+    }
+
+    #[inline]
+    fn credits(&mut self) -> &mut Credits {
+        &mut self.p2p.peers[self.peer].credits
     }
 }

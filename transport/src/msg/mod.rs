@@ -27,6 +27,7 @@ mod api;
 mod config;
 mod credits;
 mod eager;
+mod eager_recv;
 mod failure;
 mod liveness;
 mod local_barrier;
