@@ -10,10 +10,19 @@
 //! tests, and its wait only finishes it. The first error ends the pipeline once nothing of
 //! it is in flight, so the buffer is never used after the operation reports.
 
-use super::*;
-use crate::buffer_mode::{Direction, Transfer};
+use std::collections::VecDeque;
+
+use super::raw::{UserBuf, UserBufMut};
+use super::rndv_io::{LayerIo, LeaseIo, SideBuf};
+use super::{PointToPoint, RequestId};
+use crate::buffer_mode::{Direction, Lease, Transfer};
+use crate::error::{Error, Result};
+use crate::nic::{Opcode, Sge, WcStatus};
 use crate::sys::{self, CmaDirection, Extent};
 use crate::ErrorClass;
+
+#[cfg(test)]
+mod tests;
 
 /// The most bytes one RDMA WRITE or READ of a put or get moves (the NICs carry up to
 /// 2 GiB per work request).
@@ -40,16 +49,61 @@ pub(crate) enum RmaEntry {
     Done(Result<()>),
 }
 
-/// One put or get on its way.
+/// One put or get on its way: the origin's buffer and the pipeline moving it.
 pub(crate) struct RmaOp {
+    buf: RmaBuf,
+    pipe: RmaPipeline,
+}
+
+impl RmaOp {
+    /// Whether nothing more will be posted and nothing is in flight.
+    fn finished(&self) -> bool {
+        self.pipe.finished()
+    }
+
+    /// A pass of the pipeline with the layer's I/O (see [`RmaPipeline::step`]).
+    fn step(&mut self, p2p: &mut PointToPoint, block: bool) -> usize {
+        let mut io = LayerIo {
+            p2p,
+            peer: self.pipe.target,
+            buf: self.buf.side(),
+        };
+        self.pipe.step(block, &mut io)
+    }
+}
+
+impl RmaBuf {
+    /// The buffer as a side of a transfer sees it.
+    fn side(&self) -> SideBuf<'_> {
+        match self {
+            RmaBuf::Put(b) => SideBuf::Source(b),
+            RmaBuf::Get(b) => SideBuf::Sink(b),
+        }
+    }
+}
+
+/// What a put's or get's pipeline needs from the layer besides leases of its buffer: RDMA
+/// posts to its one target, and their completions.
+pub(crate) trait RmaIo: LeaseIo {
+    /// Posts `opcode` (an RDMA WRITE or READ) on `sge` to the target, waiting for room on
+    /// its queue pair; the slot its completion will fill.
+    fn post(&mut self, opcode: Opcode, sge: Sge) -> Result<usize>;
+
+    /// The status of the work request of `slot` once it has completed (the slot is free
+    /// then): waiting for it if `block`, else `None` while it is in flight.
+    fn completion(&mut self, slot: usize, block: bool) -> Option<Result<WcStatus>>;
+}
+
+/// The chunks of one put (RDMA WRITEs) or get (READs): how far it is posted, what is in
+/// flight, and the first error, after which nothing more is posted.
+pub(crate) struct RmaPipeline {
     target: usize,
     remote_addr: u64,
     rkey: u32,
-    buf: RmaBuf,
     /// The buffer mode's transfer; ended when the pipeline is.
     t: Transfer,
-    addr: u64,
     len: usize,
+    /// `Source`: a put, which WRITEs; `Sink`: a get, which READs.
     dir: Direction,
     /// Bytes posted so far.
     next: usize,
@@ -58,10 +112,129 @@ pub(crate) struct RmaOp {
     first_err: Option<Error>,
 }
 
-impl RmaOp {
+impl RmaPipeline {
+    /// The pipeline of `len` bytes to (`Source`) or from (`Sink`) `remote_addr` of `target`
+    /// under `rkey`, the mode's transfer `t` begun.
+    pub(crate) fn new(
+        target: usize,
+        remote_addr: u64,
+        rkey: u32,
+        t: Transfer,
+        len: usize,
+        dir: Direction,
+    ) -> RmaPipeline {
+        RmaPipeline {
+            target,
+            remote_addr,
+            rkey,
+            t,
+            len,
+            dir,
+            next: 0,
+            out: VecDeque::new(),
+            first_err: None,
+        }
+    }
+
     /// Whether nothing more will be posted and nothing is in flight.
-    fn finished(&self) -> bool {
+    pub(crate) fn finished(&self) -> bool {
         (self.next >= self.len || self.first_err.is_some()) && self.out.is_empty()
+    }
+
+    /// The operation failed with `e` (unless it had already): nothing more is posted.
+    pub(crate) fn fail(&mut self, e: Error) {
+        self.first_err.get_or_insert(e);
+    }
+
+    /// Posts chunks up to the mode's depth (a put stages each into its lease first), then
+    /// reaps the completed chunks in order (a get stages each out of its lease): waiting for
+    /// the oldest if `block`, else only those done. Returns the chunks posted and reaped.
+    pub(crate) fn step(&mut self, block: bool, io: &mut impl RmaIo) -> usize {
+        let chunk = self.t.pipeline.chunk.clamp(1, MAX_RDMA_CHUNK);
+        let depth = self.t.pipeline.depth.max(1);
+        let mut moved = 0;
+        while self.first_err.is_none() && self.next < self.len && self.out.len() < depth {
+            let n = chunk.min(self.len - self.next);
+            let lease = match io.lease(&self.t, self.next, n) {
+                Ok(Some(l)) => l,
+                Ok(None) => break, // no resources now: later
+                Err(e) => {
+                    self.first_err = Some(e);
+                    break;
+                }
+            };
+            let remote_addr = self.remote_addr + self.next as u64;
+            let rkey = self.rkey;
+            let opcode = match self.dir {
+                Direction::Source => {
+                    io.stage(&lease, self.next, n);
+                    Opcode::RdmaWrite { remote_addr, rkey }
+                }
+                Direction::Sink => Opcode::RdmaRead { remote_addr, rkey },
+            };
+            let sge = Sge {
+                addr: lease.addr,
+                len: n as u32,
+                lkey: lease.lkey,
+            };
+            match io.post(opcode, sge) {
+                Ok(slot) => self.out.push_back((slot, lease, self.next, n)),
+                Err(e) => {
+                    io.release(lease);
+                    self.first_err = Some(e);
+                }
+            }
+            self.next += n;
+            moved += 1;
+        }
+        while let Some(&(slot, _, _, _)) = self.out.front() {
+            let Some(status) = io.completion(slot, block) else {
+                break;
+            };
+            let (_, lease, offset, n) = self.out.pop_front().expect("the front");
+            match status {
+                Ok(WcStatus::Success) => {
+                    if self.dir == Direction::Sink {
+                        io.stage(&lease, offset, n);
+                    }
+                }
+                Ok(status) => self.fail(Error::Communication {
+                    peer: self.target,
+                    status,
+                    what: "one-sided access",
+                }),
+                Err(e) => self.fail(e),
+            }
+            io.release(lease);
+            moved += 1;
+            if block {
+                break; // post more before waiting again
+            }
+        }
+        moved
+    }
+
+    /// The finished pipeline's transfer (for the mode to end), and its outcome.
+    pub(crate) fn end(self) -> (Transfer, Result<()>) {
+        debug_assert!(
+            self.out.is_empty(),
+            "a pipeline ended with chunks in flight"
+        );
+        (self.t, self.first_err.map_or(Ok(()), Err))
+    }
+}
+
+impl RmaIo for LayerIo<'_> {
+    fn post(&mut self, opcode: Opcode, sge: Sge) -> Result<usize> {
+        self.p2p.post_rma(self.peer, opcode, &[sge])
+    }
+
+    fn completion(&mut self, slot: usize, block: bool) -> Option<Result<WcStatus>> {
+        if block {
+            Some(self.p2p.wait_rma(slot))
+        } else {
+            self.p2p.take_rma(slot).map(Ok)
+        }
     }
 }
 
@@ -79,10 +252,10 @@ impl PointToPoint {
             return Ok(());
         };
         while !op.finished() {
-            if self.rma_step(&mut op, true) == 0 && !op.finished() {
+            if op.step(self, true) == 0 && !op.finished() {
                 // No lease now: what is in flight elsewhere frees one.
                 if let Err(e) = self.progress() {
-                    op.first_err.get_or_insert(e);
+                    op.pipe.fail(e);
                 }
             }
         }
@@ -104,7 +277,7 @@ impl PointToPoint {
         let entry = match self.rma_begin(target, remote_addr, rkey, buf)? {
             None => RmaEntry::Done(Ok(())),
             Some(mut op) => {
-                self.rma_step(&mut op, false);
+                op.step(self, false);
                 RmaEntry::Moving(op)
             }
         };
@@ -159,7 +332,7 @@ impl PointToPoint {
                 .active
                 .iter()
                 .any(|id| match this.rma.ops.get(*id) {
-                    Some(RmaEntry::Moving(op)) => target.is_none_or(|t| t == op.target),
+                    Some(RmaEntry::Moving(op)) => target.is_none_or(|t| t == op.pipe.target),
                     _ => false,
                 })
         };
@@ -188,7 +361,7 @@ impl PointToPoint {
                 i += 1;
                 continue;
             };
-            events += self.rma_step(&mut op, false);
+            events += op.step(self, false);
             let entry = if op.finished() {
                 self.rma.active.swap_remove(i);
                 RmaEntry::Done(self.rma_end(*op))
@@ -222,20 +395,10 @@ impl PointToPoint {
         if self.rma_local_copy(target, remote_addr, &buf)? {
             return Ok(None);
         }
-        let nic = self.nic.clone();
-        let t = self.mode.begin(&*nic, addr, len, dir)?;
+        let t = self.mode.begin(&*self.nic, addr, len, dir)?;
         Ok(Some(Box::new(RmaOp {
-            target,
-            remote_addr,
-            rkey,
             buf,
-            t,
-            addr,
-            len,
-            dir,
-            next: 0,
-            out: VecDeque::new(),
-            first_err: None,
+            pipe: RmaPipeline::new(target, remote_addr, rkey, t, len, dir),
         })))
     }
 
@@ -292,88 +455,10 @@ impl PointToPoint {
         }
     }
 
-    /// Posts chunks of `op` up to the mode's depth, then reaps its completed chunks in
-    /// order: waiting for the oldest if `block`, else only those done. Returns the chunks
-    /// posted and reaped.
-    fn rma_step(&mut self, op: &mut RmaOp, block: bool) -> usize {
-        let nic = self.nic.clone();
-        let chunk = op.t.pipeline.chunk.clamp(1, MAX_RDMA_CHUNK);
-        let depth = op.t.pipeline.depth.max(1);
-        let mut moved = 0;
-        while op.first_err.is_none() && op.next < op.len && op.out.len() < depth {
-            let n = chunk.min(op.len - op.next);
-            let lease = match self.mode.lease(&*nic, &op.t, op.addr, op.next, n, op.dir) {
-                Ok(Some(l)) => l,
-                Ok(None) => break, // no resources now: later
-                Err(e) => {
-                    op.first_err = Some(e);
-                    break;
-                }
-            };
-            if let RmaBuf::Put(b) = &op.buf {
-                self.mode.stage_out(&lease, b, op.next);
-            }
-            let remote_addr = op.remote_addr + op.next as u64;
-            let rkey = op.rkey;
-            let opcode = match op.dir {
-                Direction::Source => Opcode::RdmaWrite { remote_addr, rkey },
-                Direction::Sink => Opcode::RdmaRead { remote_addr, rkey },
-            };
-            let sge = Sge {
-                addr: lease.addr,
-                len: n as u32,
-                lkey: lease.lkey,
-            };
-            match self.post_rma(op.target, opcode, &[sge]) {
-                Ok(slot) => op.out.push_back((slot, lease, op.next, n)),
-                Err(e) => {
-                    self.mode.release(&*nic, lease);
-                    op.first_err = Some(e);
-                }
-            }
-            op.next += n;
-            moved += 1;
-        }
-        while let Some(&(slot, _, _, _)) = op.out.front() {
-            let status = if block {
-                self.wait_rma(slot)
-            } else {
-                match self.take_rma(slot) {
-                    Some(status) => Ok(status),
-                    None => break,
-                }
-            };
-            let (_, lease, offset, n) = op.out.pop_front().expect("the front");
-            match status {
-                Ok(WcStatus::Success) => {
-                    if let RmaBuf::Get(b) = &op.buf {
-                        self.mode.stage_in(&lease, b, offset, n);
-                    }
-                }
-                Ok(status) => {
-                    op.first_err.get_or_insert(Error::Communication {
-                        peer: op.target,
-                        status,
-                        what: "one-sided access",
-                    });
-                }
-                Err(e) => {
-                    op.first_err.get_or_insert(e);
-                }
-            }
-            self.mode.release(&*nic, lease);
-            moved += 1;
-            if block {
-                break; // post more before waiting again
-            }
-        }
-        moved
-    }
-
     /// Ends `op`'s transfer; its outcome.
     fn rma_end(&mut self, op: RmaOp) -> Result<()> {
-        let nic = self.nic.clone();
-        self.mode.end(&*nic, op.t);
-        op.first_err.map_or(Ok(()), Err)
+        let (t, outcome) = op.pipe.end();
+        self.mode.end(&*self.nic, t);
+        outcome
     }
 }

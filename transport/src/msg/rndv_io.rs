@@ -1,6 +1,7 @@
 //! What a rendezvous side needs from the layer around it, and nothing more: leases of its
-//! buffer from the buffer mode, the bytes staged between lease and buffer, RDMA operations
-//! posted to its peer, control messages sent to it. The protocol machines (`rndv_get.rs`,
+//! buffer from the buffer mode and the bytes staged between lease and buffer ([`LeaseIo`],
+//! which a put or get uses too), RDMA operations posted to its peer, control messages sent
+//! to it. The protocol machines (`rndv_get.rs`,
 //! `rndv_put.rs`, `rndv_split.rs`) are written against [`RendezvousIo`] alone, so their tests
 //! drive them with a fake of it, as the pin-down cache's tests drive it with a fake
 //! registrar; [`LayerIo`] is the real one, over the buffer mode, the NIC and the
@@ -16,9 +17,10 @@ use crate::nic::Opcode;
 #[cfg(test)]
 pub(crate) mod fake;
 
-/// One side of one rendezvous transfer, as its protocol machine sees the world: its own
-/// buffer (the side knows which way bytes move through it) and its one peer.
-pub(crate) trait RendezvousIo {
+/// Leases of one side's buffer, as a protocol machine uses them: a rendezvous side
+/// ([`RendezvousIo`]) and a put or get ([`super::rma_transfer::RmaIo`]). The side knows
+/// which way bytes move through its buffer.
+pub(crate) trait LeaseIo {
     /// A lease for `len` bytes at `offset` of this side's buffer (`offset` from the buffer's
     /// start, gaps included), or `None` when the mode has no resources now (the machine
     /// tries again on a later pass).
@@ -31,7 +33,11 @@ pub(crate) trait RendezvousIo {
 
     /// Gives a lease back to the mode.
     fn release(&mut self, lease: Lease);
+}
 
+/// One side of one rendezvous transfer, as its protocol machine sees the world: leases of
+/// its own buffer, and its one peer.
+pub(crate) trait RendezvousIo: LeaseIo {
     /// The sending side is about to move `[offset, offset+len)` of its buffer (a CTS asked
     /// for it): the mode may make it ready ahead of the NIC (the ODP mode prefetches it).
     fn about_to_move(&mut self, t: &Transfer, offset: usize, len: usize);
@@ -61,7 +67,7 @@ pub(crate) struct LayerIo<'a> {
     pub buf: SideBuf<'a>,
 }
 
-impl RendezvousIo for LayerIo<'_> {
+impl LeaseIo for LayerIo<'_> {
     fn lease(&mut self, t: &Transfer, offset: usize, len: usize) -> Result<Option<Lease>> {
         let (addr, dir) = match &self.buf {
             SideBuf::Source(b) => (b.addr(), Direction::Source),
@@ -82,7 +88,9 @@ impl RendezvousIo for LayerIo<'_> {
         let p = &mut *self.p2p;
         p.mode.release(&*p.nic, lease);
     }
+}
 
+impl RendezvousIo for LayerIo<'_> {
     fn about_to_move(&mut self, t: &Transfer, offset: usize, len: usize) {
         let addr = match &self.buf {
             SideBuf::Source(b) => b.addr(),

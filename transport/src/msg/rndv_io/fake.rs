@@ -1,14 +1,15 @@
-//! A fake of [`RendezvousIo`] for the protocol machines' unit tests: the buffer mode, the
-//! NIC and the control path as one side sees them, every call recorded, leases and
+//! A fake of [`RendezvousIo`] and [`RmaIo`] for the protocol machines' unit tests: the
+//! buffer mode, the NIC and the control path as one side sees them, every call recorded, leases and
 //! send-queue room limited on request, and a peer that can be gone.
 
+use super::super::rma_transfer::RmaIo;
 use super::super::rndv::{RndvRecv, RndvSend};
 use super::super::wire::{self, Header, MsgKind};
 use super::super::{ChunkDesc, RdmaOp, RequestId};
-use super::RendezvousIo;
+use super::{LeaseIo, RendezvousIo};
 use crate::buffer_mode::{Lease, Pipeline, Transfer, UserMemory};
 use crate::error::{Error, Result};
-use crate::nic::{Opcode, WcStatus};
+use crate::nic::{Opcode, Sge, WcStatus};
 
 /// The sending request, as the machines' messages name it.
 pub(crate) const SENDER: RequestId = RequestId(7);
@@ -65,9 +66,13 @@ pub(crate) struct FakeIo {
     pub moving: Vec<(usize, usize)>,
     pub posted: Vec<Posted>,
     pub sent: Vec<Header>,
+    /// A put's or get's posts, by slot: (opcode, scatter-gather element).
+    pub rma_posts: Vec<(Opcode, Sge)>,
+    /// Completed work requests of a put or get not yet reaped: slot and status.
+    pub rma_done: Vec<(usize, WcStatus)>,
 }
 
-impl RendezvousIo for FakeIo {
+impl LeaseIo for FakeIo {
     fn lease(&mut self, _t: &Transfer, offset: usize, len: usize) -> Result<Option<Lease>> {
         if self.leases_left == Some(0) {
             return Ok(None);
@@ -90,10 +95,6 @@ impl RendezvousIo for FakeIo {
         self.staged.push((lease.addr, at, len));
     }
 
-    fn about_to_move(&mut self, _t: &Transfer, offset: usize, len: usize) {
-        self.moving.push((offset, len));
-    }
-
     fn release(&mut self, lease: Lease) {
         let i = self
             .out
@@ -104,6 +105,12 @@ impl RendezvousIo for FakeIo {
         if let Some(n) = &mut self.leases_left {
             *n += 1;
         }
+    }
+}
+
+impl RendezvousIo for FakeIo {
+    fn about_to_move(&mut self, _t: &Transfer, offset: usize, len: usize) {
+        self.moving.push((offset, len));
     }
 
     fn post_rdma(&mut self, op: RdmaOp, lease: &Lease, opcode: Opcode) -> Result<bool> {
@@ -214,4 +221,30 @@ pub(crate) fn sender(
 /// A contiguous buffer of `len` bytes (its geometry: nothing touches it).
 pub(crate) fn buffer(len: usize) -> UserMemory {
     UserMemory::describing(0x5000_0000, len, None)
+}
+
+impl RmaIo for FakeIo {
+    fn post(&mut self, opcode: Opcode, sge: Sge) -> Result<usize> {
+        if self.peer_gone {
+            return Err(Error::Communication {
+                peer: 1,
+                status: WcStatus::RetryExceeded,
+                what: "posting a one-sided operation",
+            });
+        }
+        assert!(
+            self.out.iter().any(|&(k, ..)| k == sge.lkey),
+            "a post on a lease that is not out"
+        );
+        self.rma_posts.push((opcode, sge));
+        Ok(self.rma_posts.len() - 1)
+    }
+
+    fn completion(&mut self, slot: usize, block: bool) -> Option<Result<WcStatus>> {
+        match self.rma_done.iter().position(|&(s, _)| s == slot) {
+            Some(i) => Some(Ok(self.rma_done.remove(i).1)),
+            None if block => panic!("a blocking wait for slot {slot}, which never completes"),
+            None => None,
+        }
+    }
 }
