@@ -31,6 +31,7 @@ mod eager_recv;
 mod failure;
 mod liveness;
 mod local_barrier;
+mod local_copy;
 pub mod matching;
 mod persistent;
 mod posting;

@@ -431,7 +431,7 @@ impl PointToPoint {
         }];
         match sys::cma_copy(pid, dir, &local, &remote) {
             Ok(_) => Ok(true),
-            Err(e) if super::rndv_local::process_gone(&e) => {
+            Err(e) if super::local_copy::process_gone(&e) => {
                 let what = "a one-sided operation";
                 self.fail_peer(target, WcStatus::RetryExceeded, what);
                 Err(Error::Communication {

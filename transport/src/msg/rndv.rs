@@ -358,7 +358,7 @@ impl PointToPoint {
         let (leases, t) = match req {
             Req::Send(s) => match &mut s.state {
                 SendState::Rndv(rs) => (std::mem::take(&mut rs.leases), Some(rs.t)),
-                SendState::LocalCopy { .. } => {
+                SendState::LocalCopy(_) => {
                     let p = &mut self.peers[s.peer];
                     p.local_copies_out = p.local_copies_out.saturating_sub(1);
                     (Vec::new(), None)

@@ -21,10 +21,18 @@
 //! second CopyDone): the receiver matched the RTS before its own send went out, and
 //! sharing would leave the sender one and a half copies to make while the receiver made a
 //! half.
+//!
+//! The sender's answer to CopyShare, its count of CopyDones and the receiver's end at
+//! ShareDone are machines of their own (`local_copy.rs`), unit-tested against a fake of the
+//! copies and the control path.
 
+use super::local_copy::{
+    memory_extents, process_gone, source_extents, LocalCopyIo, LocalSend, LocalSplitRecv,
+    ShareAnswer, SplitEnd,
+};
 use super::wire::{self, Header, LocalSource, MsgKind, HEADER_BYTES};
 use super::*;
-use crate::buffer_mode::{Layout, UserMemory};
+use crate::buffer_mode::UserMemory;
 use crate::sys::{self, CmaDirection, Extent};
 
 /// A contiguous run of `len` bytes at `addr`.
@@ -65,59 +73,6 @@ fn describe(buf: &UserBuf, room: usize) -> (LocalSource, Option<Vec<u8>>) {
     )
 }
 
-/// Message bytes `[at, at + n)` of `source`, as extents of its owner's address space.
-fn source_extents(source: &LocalSource, at: usize, n: usize) -> Vec<Extent> {
-    let layout = Layout::new(source.runs.iter().copied(), source.extent, source.count);
-    layout
-        .pieces(at as u64, n as u64)
-        .map(|p| Extent {
-            addr: source.addr.wrapping_add(p.offset),
-            len: p.len,
-        })
-        .collect()
-}
-
-/// Message bytes `[at, at + n)` of user memory `mem`, as extents of this process.
-fn memory_extents(mem: &UserMemory, at: usize, n: usize) -> Vec<Extent> {
-    match mem.layout() {
-        None => vec![Extent {
-            addr: mem.addr() + at as u64,
-            len: n as u64,
-        }],
-        Some(layout) => layout
-            .pieces(at as u64, n as u64)
-            .map(|p| Extent {
-                addr: mem.addr() + p.offset,
-                len: p.len,
-            })
-            .collect(),
-    }
-}
-
-/// A receive whose local rendezvous both sides copy: what it waits for.
-pub(crate) struct LocalSplitRecv {
-    /// The sender.
-    pub peer: usize,
-    /// The message's tag and size.
-    pub tag: i32,
-    pub size: usize,
-    /// The sender's request, its process, where its bytes lie, and the back's range
-    /// `[k, n)` of the bytes that land: this side copies the back too if the sender
-    /// declines.
-    pub sreq: u64,
-    pub pid: u32,
-    pub source: LocalSource,
-    pub back: (usize, usize),
-    /// This side's copy of the front failed with this.
-    pub failed: Option<Error>,
-}
-
-/// Whether a CMA copy failed because the peer's process is gone (what a NIC's retries
-/// would find).
-pub(crate) fn process_gone(e: &std::io::Error) -> bool {
-    e.raw_os_error() == Some(libc::ESRCH)
-}
-
 /// Where a split copy of `n` bytes changes hands: the receiver copies `[0, k)`, the sender
 /// `[k, n)`.
 fn split_point(n: usize) -> usize {
@@ -144,11 +99,7 @@ impl PointToPoint {
         }
         self.counters.rndv_sent += 1;
         if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
-            s.state = SendState::LocalCopy {
-                _packed: packed,
-                copy_dones: 1,
-                copy_failed: false,
-            };
+            s.state = SendState::LocalCopy(LocalSend::new(packed));
             self.peers[peer].local_copies_out += 1;
         }
         Ok(true)
@@ -169,11 +120,7 @@ impl PointToPoint {
         let buf = r.buf.clone();
         let size = h.size as usize;
         let n = size.min(buf.len());
-        let pid = self
-            .local
-            .as_ref()
-            .and_then(|l| l.pid_of(peer))
-            .expect("a local RTS comes from a local peer");
+        let pid = self.local_pid(peer);
         if n >= self.cfg.split_min
             && self.peers[peer].local_copies_out == 0
             && self.share_local_copy(rid, peer, &h, n, pid, source)?
@@ -186,7 +133,7 @@ impl PointToPoint {
                 &memory_extents(&buf, 0, k),
                 &source_extents(source, 0, k),
             );
-            return self.front_copied(rid, peer, &h, pid, front);
+            return self.front_copied(rid, peer, &h, front);
         }
         let copied = sys::cma_copy(
             pid,
@@ -272,7 +219,6 @@ impl PointToPoint {
         rid: RequestId,
         peer: usize,
         h: &Header,
-        pid: u32,
         front: std::io::Result<u64>,
     ) -> Result<()> {
         let mut done = Header::new(MsgKind::CopyDone);
@@ -286,11 +232,9 @@ impl PointToPoint {
             }
             Err(e) => {
                 done.flags |= wire::COPY_FAILED;
-                let size = h.size;
-                let what = format!("copying a {size}-byte message from rank {peer} (pid {pid})");
                 if let Some(Req::Recv(r)) = self.reqs.get_mut(rid) {
                     if let RecvState::LocalSplit(ls) = &mut r.state {
-                        ls.failed = Some(Error::os(what, e));
+                        ls.failed = Some(ls.copy_error(e));
                     }
                 }
             }
@@ -311,127 +255,77 @@ impl PointToPoint {
             self.protocol_violation(peer, "a copy share for no send");
             return Ok(());
         };
-        let SendState::LocalCopy {
-            _packed: packed, ..
-        } = &s.state
-        else {
+        if !matches!(s.state, SendState::LocalCopy(_)) {
             self.protocol_violation(peer, "a copy share for a send that is not a local one");
             return Ok(());
-        };
-        let (at, n) = (h.size as usize, h.len as usize);
-        if s.peer != peer || at.checked_add(n).is_none_or(|end| end > s.buf.len()) {
+        }
+        if s.peer != peer {
             self.protocol_violation(peer, "a copy share outside the message");
             return Ok(());
         }
-        let mut done = Header::new(MsgKind::ShareDone);
-        done.rreq = h.rreq;
-        if self.matcher.expects_from(peer) {
-            // This rank waits for a message from the receiver, whose copy will keep this CPU
-            // busy: declined (`len` stays 0); the receiver copies the back itself, and says
-            // so by a second CopyDone.
-            if let Some(Req::Send(SendReq {
-                state: SendState::LocalCopy { copy_dones, .. },
-                ..
-            })) = self.reqs.get_mut(id)
-            {
-                *copy_dones = 2;
+        // This rank waits for a message from the receiver, whose copy will keep this CPU
+        // busy: declined; the receiver copies the back itself.
+        let decline = self.matcher.expects_from(peer);
+        let answer = self
+            .step_local_send(id, |ls, buf, io| {
+                ls.on_copy_share(buf, &h, dest, decline, io)
+            })
+            .expect("checked above");
+        match answer? {
+            ShareAnswer::OutsideMessage => {
+                self.protocol_violation(peer, "a copy share outside the message")
             }
-            self.counters.local_shares_declined += 1;
-            return self.send_control(peer, done);
-        }
-        let local = match packed {
-            Some(p) => vec![Extent {
-                addr: p.as_ptr() as u64 + at as u64,
-                len: n as u64,
-            }],
-            None => memory_extents(&s.buf, at, n),
-        };
-        let pid = self
-            .local
-            .as_ref()
-            .and_then(|l| l.pid_of(peer))
-            .expect("a local peer");
-        let written = sys::cma_copy(
-            pid,
-            CmaDirection::Write,
-            &local,
-            &source_extents(dest, at, n),
-        );
-        done.len = n as u64;
-        match written {
-            Ok(_) => {}
-            Err(e) if process_gone(&e) => {
-                self.fail_peer(peer, WcStatus::RetryExceeded, "sending a local message");
-                return Ok(());
+            ShareAnswer::Declined => self.counters.local_shares_declined += 1,
+            ShareAnswer::PeerGone => {
+                self.fail_peer(peer, WcStatus::RetryExceeded, "sending a local message")
             }
-            Err(_) => done.flags |= wire::COPY_FAILED,
+            ShareAnswer::Written => {}
         }
-        self.send_control(peer, done)
+        Ok(())
     }
 
-    /// The sender of split receive `h.rreq` wrote the back: the receive completes.
+    /// The sender of split receive `h.rreq` wrote the back (or declined to): the receive
+    /// completes.
     pub(crate) fn local_share_done(&mut self, peer: usize, h: Header) {
         let id = RequestId(h.rreq);
         let Some(Req::Recv(r)) = self.reqs.get_mut(id) else {
             return;
         };
-        let RecvState::LocalSplit(ls) = &mut r.state else {
-            return;
+        let mut ls = match std::mem::replace(&mut r.state, RecvState::Posted) {
+            RecvState::LocalSplit(ls) => ls,
+            other => {
+                r.state = other;
+                return;
+            }
         };
         if ls.peer != peer {
+            r.state = RecvState::LocalSplit(ls);
             self.protocol_violation(peer, "a share-done for another rank's receive");
             return;
         }
-        let (tag, size, mut failed) = (ls.tag, ls.size, ls.failed.take());
-        let buffer_bytes = r.buf.len();
-        let env = Envelope {
-            source: peer,
-            tag,
-            context: r.sel.context,
+        let (buf, context, tag, size) = (r.buf.clone(), r.sel.context, ls.tag, ls.size);
+        let mut io = LocalIo {
+            pid: ls.pid,
+            peer,
+            p2p: self,
         };
-        if h.len == 0 {
-            // The sender declined: this side copies the back too, then lets the send go.
-            let (pid, (k, n)) = (ls.pid, ls.back);
-            let mut done = Header::new(MsgKind::CopyDone);
-            done.sreq = ls.sreq;
-            if failed.is_none() {
-                let back = sys::cma_copy(
-                    pid,
-                    CmaDirection::Read,
-                    &memory_extents(&r.buf, k, n - k),
-                    &source_extents(&ls.source, k, n - k),
-                );
-                match back {
-                    Ok(_) => {}
-                    Err(e) if process_gone(&e) => {
-                        self.fail_peer(peer, WcStatus::RetryExceeded, "receiving a local message");
-                        return;
-                    }
-                    Err(e) => {
-                        let what =
-                            format!("copying a {size}-byte message from rank {peer} (pid {pid})");
-                        failed = Some(Error::os(what, e));
-                    }
-                }
-            }
-            if failed.is_some() {
-                done.flags |= wire::COPY_FAILED;
-            }
-            if let Err(e) = self.send_control(peer, done) {
-                failed.get_or_insert(e);
-            }
+        let end = ls.on_share_done(&buf, &h, &mut io);
+        if let Some(Req::Recv(r)) = self.reqs.get_mut(id) {
+            r.state = RecvState::LocalSplit(ls);
         }
-        match failed {
-            Some(e) => self.complete(id, Err(e)),
-            None if h.flags & wire::COPY_FAILED != 0 => self.complete(
-                id,
-                Err(Error::Communication {
-                    peer,
-                    status: WcStatus::RemoteAccessError,
-                    what: "the sender writing the back of a local message",
-                }),
-            ),
-            None => self.complete_eager(id, env, size, buffer_bytes),
+        match end {
+            SplitEnd::Received => {
+                let env = Envelope {
+                    source: peer,
+                    tag,
+                    context,
+                };
+                self.complete_eager(id, env, size, buf.len());
+            }
+            SplitEnd::Failed(e) => self.complete(id, Err(e)),
+            SplitEnd::SenderGone => {
+                self.fail_peer(peer, WcStatus::RetryExceeded, "receiving a local message")
+            }
         }
     }
 
@@ -441,40 +335,87 @@ impl PointToPoint {
         let Some(Req::Send(s)) = self.reqs.get_mut(id) else {
             return;
         };
-        let SendState::LocalCopy {
-            copy_dones,
-            copy_failed,
-            ..
-        } = &mut s.state
-        else {
+        let SendState::LocalCopy(ls) = &mut s.state else {
             return;
         };
         if s.peer != peer {
             self.protocol_violation(peer, "a copy-done for another rank's send");
             return;
         }
-        *copy_failed |= h.flags & wire::COPY_FAILED != 0;
-        *copy_dones = copy_dones.saturating_sub(1);
-        if *copy_dones > 0 {
+        let Some(outcome) = ls.on_copy_done(&h, peer) else {
             return;
-        }
-        let (failed, tag, len) = (*copy_failed, s.tag, s.buf.len());
-        let result = if failed {
-            Err(Error::Communication {
-                peer,
-                status: WcStatus::RemoteAccessError,
-                what: "the receiver reading this send's buffer",
-            })
-        } else {
-            Ok(self.sent_status(tag, len))
         };
+        let (tag, len) = (s.tag, s.buf.len());
+        let result = outcome.map(|()| self.sent_status(tag, len));
         self.complete(id, result);
+    }
+
+    /// Runs `step` on the local rendezvous state of send `id`, with the layer's I/O for it
+    /// (the state leaves the request for the step). `None` if `id` is no local send.
+    fn step_local_send<T>(
+        &mut self,
+        id: RequestId,
+        step: impl FnOnce(&mut LocalSend, &UserMemory, &mut LocalIo<'_>) -> T,
+    ) -> Option<T> {
+        let Some(Req::Send(s)) = self.reqs.get_mut(id) else {
+            return None;
+        };
+        let mut ls = match std::mem::replace(&mut s.state, SendState::Queued) {
+            SendState::LocalCopy(ls) => ls,
+            other => {
+                s.state = other;
+                return None;
+            }
+        };
+        let (peer, buf) = (s.peer, s.buf.clone());
+        let mut io = LocalIo {
+            pid: self.local_pid(peer),
+            peer,
+            p2p: self,
+        };
+        let out = step(&mut ls, &buf, &mut io);
+        if let Some(Req::Send(s)) = self.reqs.get_mut(id) {
+            s.state = SendState::LocalCopy(ls);
+        }
+        Some(out)
+    }
+
+    /// The process of local peer `peer`.
+    fn local_pid(&self, peer: usize) -> u32 {
+        self.local
+            .as_ref()
+            .and_then(|l| l.pid_of(peer))
+            .expect("a local peer")
+    }
+}
+
+/// [`LocalCopyIo`] over the layer: kernel copies with local peer `peer`'s process `pid`, and
+/// the layer's control path to it.
+struct LocalIo<'a> {
+    p2p: &'a mut PointToPoint,
+    peer: usize,
+    pid: u32,
+}
+
+impl LocalCopyIo for LocalIo<'_> {
+    fn copy(
+        &mut self,
+        dir: CmaDirection,
+        local: &[Extent],
+        remote: &[Extent],
+    ) -> std::io::Result<u64> {
+        sys::cma_copy(self.pid, dir, local, remote)
+    }
+
+    fn send_control(&mut self, h: Header) -> Result<()> {
+        self.p2p.send_control(self.peer, h)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::buffer_mode::Layout;
     use std::sync::Arc;
 
     #[test]

@@ -1,6 +1,7 @@
 //! The state the message layer keeps per request, per peer and per work request: what
 //! [`super::PointToPoint`] holds between calls.
 
+use super::local_copy::{LocalSend, LocalSplitRecv};
 use super::*;
 
 /// Work-request id layout: kind (8 bits) | peer (24 bits) | index (32 bits).
@@ -117,16 +118,8 @@ pub(crate) enum SendState {
     AwaitSyncAck,
     /// Rendezvous in progress (boxed: an eager request stays small, and cheap to move).
     Rndv(Box<rndv::RndvSend>),
-    /// Local rendezvous: the receiver copies from the buffer (or from `_packed`, a packed
-    /// copy of a buffer whose runs did not fit the RTS) until it says it is done.
-    LocalCopy {
-        _packed: Option<Vec<u8>>,
-        /// CopyDone messages still to come: one, or two once this side declined to share
-        /// the copy (the receiver then copies the back too, and says so again); whether one
-        /// said the copy failed.
-        copy_dones: u8,
-        copy_failed: bool,
-    },
+    /// Local rendezvous: the receiver copies from the buffer until it says it is done.
+    LocalCopy(LocalSend),
 }
 
 pub(crate) struct RecvReq {
@@ -140,7 +133,7 @@ pub(crate) enum RecvState {
     Rndv(Box<rndv::RndvRecv>),
     /// Local rendezvous split between both sides: this side copied the front of the
     /// message and waits for the sender to say it wrote the back.
-    LocalSplit(Box<rndv_local::LocalSplitRecv>),
+    LocalSplit(Box<LocalSplitRecv>),
 }
 
 /// An RDMA operation in flight for a rendezvous chunk.
