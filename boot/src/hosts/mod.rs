@@ -24,29 +24,32 @@
 //!   --agent-clean JOB` ([`clean_host`]: the job's processes and `/dev/shm` objects
 //!   there), and status 255 (ssh's own for a lost connection). The agents clean their own
 //!   hosts when stopped. Timeouts and signals as under `pwrun -n`.
+//!
+//! The frontend's view of a running job, and how it ends, is `frontend.rs`; its end of each
+//! agent's channel (frames read and sent, stdin forwarded) is `channel.rs`.
 
 pub(crate) mod agent;
+mod channel;
+mod frontend;
 pub(crate) mod relay;
 
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
-use std::io::{self, Read, Write};
+use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::launcher::rounds::{Answer, Rounds};
-use super::launcher::{
-    remove_shm, report_line, signal_name, JobOutcome, LaunchConfig, POLL_INTERVAL, SHM_DIR,
-    TERM_GRACE,
-};
-use super::pwrun_client::wire;
+use super::launcher::rounds::Rounds;
+use super::launcher::{remove_shm, JobOutcome, LaunchConfig, POLL_INTERVAL, SHM_DIR, TERM_GRACE};
 use super::sys;
 pub use agent::run_agent;
+use channel::{forward_input, read_agent, Agent, Event};
+use frontend::{End, Frontend};
 use pagewire_sys::{Error, Result};
 use relay::Start;
 
@@ -55,10 +58,6 @@ use relay::Start;
 pub const ENV_RSH: &str = "PAGEWIRE_RSH";
 /// How long the frontend waits for stopped agents to say BYE, beyond their ranks' grace.
 const STOP_PATIENCE: Duration = Duration::from_secs(4);
-/// How long the clean-up of a host whose agent died may take.
-const CLEAN_PATIENCE: Duration = Duration::from_secs(5);
-/// The exit status of a job whose agent was lost (ssh's for a lost connection).
-const EXIT_AGENT_LOST: i32 = 255;
 
 /// `--hosts`: host names, each with its slots (ranks per round).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -184,274 +183,6 @@ fn shell_quote(s: &OsStr) -> OsString {
     OsStr::from_bytes(&q).to_os_string()
 }
 
-/// A host's agent as the frontend holds it.
-struct Agent {
-    host: String,
-    child: Child,
-    to: Arc<Mutex<Option<ChildStdin>>>,
-    /// Its channel has ended.
-    gone: bool,
-    /// It said BYE (or failed to start its ranks, and said so).
-    finished: bool,
-    stop_sent: bool,
-}
-
-impl Agent {
-    fn send(&self, tag: u8, payload: &[u8]) {
-        let mut to = self.to.lock();
-        if let Some(w) = to.as_mut() {
-            if wire::write_frame(w, tag, payload)
-                .and_then(|()| w.flush())
-                .is_err()
-            {
-                *to = None;
-            }
-        }
-    }
-
-    fn stop(&mut self) {
-        if !self.stop_sent && !self.gone {
-            self.stop_sent = true;
-            self.send(relay::STOP, &[]);
-        }
-    }
-}
-
-/// What an agent's reader thread saw.
-enum Event {
-    Frame(u8, Vec<u8>),
-    /// The channel ended (cleanly or not).
-    End(Option<String>),
-}
-
-/// Why the job is ending.
-enum End {
-    Success,
-    RankFailed { rank: usize, exit_code: i32 },
-    AgentLost,
-    StartFailed(String),
-    TimedOut(Duration),
-    Interrupted(i32),
-}
-
-/// The frontend's view of a running job.
-struct Frontend {
-    agents: Vec<Agent>,
-    /// The host (agent index) of each rank.
-    host_of: Vec<usize>,
-    /// The ranks of each agent, in its order.
-    ranks_of: Vec<Vec<usize>>,
-    rounds: Rounds,
-    pids: Vec<u32>,
-    exited: Vec<bool>,
-    end: Option<End>,
-    /// Agents whose channel ended without BYE: their hosts are cleaned at the end.
-    lost: Vec<usize>,
-    /// Shared-memory objects the agents removed.
-    removed: u64,
-}
-
-impl Frontend {
-    /// Ends the job for `why`, unless it is ending already.
-    fn end_with(&mut self, why: End) {
-        if self.end.is_none() {
-            self.end = Some(why);
-        }
-    }
-
-    /// Handles frame `tag` from agent `i`.
-    fn on_frame(&mut self, i: usize, tag: u8, payload: &[u8], stdout: &mut impl Write) {
-        let mine = |r: usize| self.host_of.get(r) == Some(&i);
-        let answer = match tag {
-            relay::STARTED => match relay::decode_started(payload) {
-                Ok(p) if p.len() == self.ranks_of[i].len() => {
-                    for (&r, pid) in self.ranks_of[i].iter().zip(p) {
-                        self.pids[r] = pid;
-                    }
-                    Answer::Wait
-                }
-                _ => self.protocol_failure(i, "a malformed STARTED"),
-            },
-            relay::GATHER => match relay::decode_gather(payload) {
-                Ok((r, data)) if mine(r) => self.collective(r, Some(data)),
-                _ => self.protocol_failure(i, "a malformed GATHER"),
-            },
-            relay::LEFT => match relay::decode_u64(payload) {
-                Ok(r) if mine(r as usize) => self.collective(r as usize, None),
-                _ => self.protocol_failure(i, "a malformed LEFT"),
-            },
-            relay::EXITED => match relay::decode_exited(payload) {
-                Ok((r, code, how)) if mine(r) => {
-                    self.exited[r] = true;
-                    if code != 0 && self.end.is_none() {
-                        report_line(&format!(
-                            "pwrun: rank {r} (pid {} on {}) {how}",
-                            self.pids[r], self.agents[i].host
-                        ));
-                        self.end_with(End::RankFailed {
-                            rank: r,
-                            exit_code: code,
-                        });
-                    }
-                    if self.exited.iter().all(|&e| e) {
-                        self.end_with(End::Success);
-                    }
-                    Answer::Wait
-                }
-                _ => self.protocol_failure(i, "a malformed EXITED"),
-            },
-            relay::OUTPUT => {
-                let _ = stdout.write_all(payload).and_then(|()| stdout.flush());
-                Answer::Wait
-            }
-            relay::BYE => {
-                self.agents[i].finished = true;
-                self.removed += relay::decode_u64(payload).unwrap_or(0);
-                Answer::Wait
-            }
-            relay::FAILED => {
-                self.agents[i].finished = true;
-                let text = String::from_utf8_lossy(payload);
-                let host = &self.agents[i].host;
-                self.end_with(End::StartFailed(format!("on {host}: {text}")));
-                Answer::Wait
-            }
-            tag => self.protocol_failure(i, &format!("an unknown frame {tag:#04x}")),
-        };
-        self.answer(answer);
-    }
-
-    /// Agent `i`'s channel ended (`why`, if it failed).
-    fn on_end(&mut self, i: usize, why: Option<String>) {
-        let agent = &mut self.agents[i];
-        agent.gone = true;
-        if agent.finished {
-            return;
-        }
-        // Its host is cleaned at the end, whether or not it caused the end.
-        self.lost.push(i);
-        if self.end.is_none() {
-            let status = wait_briefly(&mut agent.child);
-            report_line(&format!(
-                "pwrun: the agent on {} ended before the job did ({status}{})",
-                agent.host,
-                why.map(|w| format!("; {w}")).unwrap_or_default()
-            ));
-            self.end_with(End::AgentLost);
-        }
-    }
-
-    /// Rank `r` joins the bootstrap's collective with `data`, or (`None`) has left.
-    fn collective(&mut self, r: usize, data: Option<Vec<u8>>) -> Answer {
-        let Frontend {
-            rounds,
-            pids,
-            agents,
-            host_of,
-            ..
-        } = self;
-        let who = |r: usize| format!("pid {} on {}", pids[r], agents[host_of[r]].host);
-        match data {
-            Some(data) => rounds.join(r, data, who),
-            None => rounds.leave(r, who),
-        }
-    }
-
-    /// An agent broke the protocol: the job ends, naming it.
-    fn protocol_failure(&mut self, i: usize, what: &str) -> Answer {
-        let host = self.agents[i].host.clone();
-        self.end_with(End::StartFailed(format!("the agent on {host} sent {what}")));
-        Answer::Wait
-    }
-
-    /// Sends a collective's answer to the agents of the ranks it is for, once per agent.
-    fn answer(&self, answer: Answer) {
-        match answer {
-            Answer::Wait => {}
-            Answer::Complete(payload) => {
-                for a in &self.agents {
-                    a.send(relay::RESULT, &payload);
-                }
-            }
-            Answer::Fail { ranks, text } => {
-                for (i, a) in self.agents.iter().enumerate() {
-                    let mine: Vec<usize> = ranks
-                        .iter()
-                        .copied()
-                        .filter(|&r| self.host_of[r] == i)
-                        .collect();
-                    if !mine.is_empty() {
-                        a.send(relay::ERROR, &relay::encode_error(&mine, &text));
-                    }
-                }
-            }
-        }
-    }
-
-    /// The remote shells of agents that did not finish in time are killed (an agent whose
-    /// channel ends stops its ranks), every remote shell is reaped, and the hosts of lost
-    /// agents are cleaned.
-    fn finish(&mut self, rsh: &[OsString], pwrun: &std::path::Path, job: &str) {
-        for a in &mut self.agents {
-            drop(a.to.lock().take());
-            let deadline = Instant::now() + Duration::from_millis(500);
-            while a.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            let _ = a.child.kill();
-            let _ = a.child.wait();
-        }
-        for &i in &self.lost {
-            self.removed += clean_through(rsh, &self.agents[i].host, pwrun, job);
-        }
-    }
-
-    /// How the job ended, for pwrun.
-    fn outcome(self) -> Result<JobOutcome> {
-        let note = (self.removed > 0).then(|| {
-            format!(
-                "removed {} shared-memory objects left by the job",
-                self.removed
-            )
-        });
-        let failed = |exit_code, failed_rank| JobOutcome {
-            exit_code,
-            failed_rank,
-            message: note.clone().map(|n| format!("pwrun: {n}")),
-        };
-        let with_note = |line: String| match &note {
-            Some(n) => format!("{line}; {n}"),
-            None => line,
-        };
-        Ok(match self.end.unwrap_or(End::AgentLost) {
-            End::Success => JobOutcome {
-                exit_code: 0,
-                failed_rank: None,
-                message: None,
-            },
-            End::RankFailed { rank, exit_code } => failed(exit_code, Some(rank)),
-            End::AgentLost => failed(EXIT_AGENT_LOST, None),
-            End::StartFailed(text) => return Err(Error::Launcher(text)),
-            End::TimedOut(after) => JobOutcome {
-                exit_code: 124,
-                failed_rank: None,
-                message: Some(with_note(format!(
-                    "pwrun: job timed out after {} s",
-                    after.as_secs_f64()
-                ))),
-            },
-            End::Interrupted(sig) => JobOutcome {
-                exit_code: 128 + sig,
-                failed_rank: None,
-                message: Some(with_note(format!(
-                    "pwrun: received {}, job stopped",
-                    signal_name(sig)
-                ))),
-            },
-        })
-    }
-}
-
 /// Runs `cfg.ranks` ranks of `cfg.program` on `hosts` through the remote shell `rsh`
 /// (module documentation). `Err` only when the job could not be started at all.
 pub fn launch_hosts(cfg: &LaunchConfig, hosts: &HostList, rsh: &[OsString]) -> Result<JobOutcome> {
@@ -569,135 +300,6 @@ pub fn launch_hosts(cfg: &LaunchConfig, hosts: &HostList, rsh: &[OsString]) -> R
     }
     f.finish(rsh, &pwrun, &job);
     f.outcome()
-}
-
-/// Reads agent `i`'s frames into the frontend's queue until its channel ends.
-fn read_agent(i: usize, mut out: std::process::ChildStdout, tx: &mpsc::Sender<(usize, Event)>) {
-    if let Err(why) = skip_to_mark(&mut out) {
-        let _ = tx.send((i, Event::End(why)));
-        return;
-    }
-    let why = loop {
-        match wire::read_frame(&mut out) {
-            Ok(Some((tag, payload))) => {
-                if tx.send((i, Event::Frame(tag, payload))).is_err() {
-                    return;
-                }
-            }
-            Ok(None) => break None,
-            Err(e) => break Some(format!("its channel failed: {e}")),
-        }
-    };
-    let _ = tx.send((i, Event::End(why)));
-}
-
-/// Reads an agent's stdout up to [`relay::AGENT_MARK`], passing what came before it (a
-/// remote login script's output) to this process's stderr; the reason if the mark never
-/// comes.
-fn skip_to_mark(out: &mut impl Read) -> std::result::Result<(), Option<String>> {
-    let mark = relay::AGENT_MARK;
-    let mut seen: Vec<u8> = Vec::new();
-    let mut byte = [0u8; 1];
-    while !seen.ends_with(mark) {
-        match out.read(&mut byte) {
-            Ok(0) => {
-                let _ = io::stderr().write_all(&seen);
-                return Err(None);
-            }
-            Ok(_) => seen.push(byte[0]),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(Some(format!("its channel failed: {e}"))),
-        }
-        if seen.len() > relay::MAX_NOISE {
-            return Err(Some(format!(
-                "it printed {} bytes without starting the protocol (a remote login script \
-                 writing to stdout?)",
-                seen.len()
-            )));
-        }
-    }
-    let noise = &seen[..seen.len() - mark.len()];
-    if !noise.is_empty() {
-        let _ = io::stderr().write_all(noise);
-    }
-    Ok(())
-}
-
-/// Sends this process's stdin to rank 0's agent in INPUT frames, and its end as an empty
-/// one.
-fn forward_input(to: &Mutex<Option<ChildStdin>>) {
-    let mut stdin = io::stdin();
-    let mut buf = vec![0u8; 64 << 10];
-    loop {
-        let n = match stdin.read(&mut buf) {
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => 0,
-        };
-        let mut to = to.lock();
-        let Some(w) = to.as_mut() else { return };
-        if wire::write_frame(w, relay::INPUT, &buf[..n])
-            .and_then(|()| w.flush())
-            .is_err()
-            || n == 0
-        {
-            return;
-        }
-    }
-}
-
-/// How a remote shell ended, waiting for it a moment.
-fn wait_briefly(child: &mut Child) -> String {
-    let deadline = Instant::now() + Duration::from_millis(200);
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => {
-                let (_, how) = super::launcher::describe(status);
-                return format!("its remote shell {how}");
-            }
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
-            _ => return "its remote shell still runs".into(),
-        }
-    }
-}
-
-/// Cleans `host` after its agent died, through a new remote shell (at most
-/// [`CLEAN_PATIENCE`]); the shared-memory objects it removed.
-fn clean_through(rsh: &[OsString], host: &str, pwrun: &std::path::Path, job: &str) -> u64 {
-    let child = Command::new(&rsh[0])
-        .args(&rsh[1..])
-        .arg(host)
-        .arg(shell_quote(pwrun.as_os_str()))
-        .arg("--agent-clean")
-        .arg(job)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn();
-    let Ok(mut child) = child else {
-        report_line(&format!(
-            "pwrun: could not clean {host}: its remote shell did not start"
-        ));
-        return 0;
-    };
-    let deadline = Instant::now() + CLEAN_PATIENCE;
-    while child.try_wait().ok().flatten().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            report_line(&format!(
-                "pwrun: cleaning {host} took over {} s; stopped",
-                CLEAN_PATIENCE.as_secs()
-            ));
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let _ = child.wait();
-    let mut out = String::new();
-    if let Some(mut o) = child.stdout.take() {
-        let _ = o.read_to_string(&mut out);
-    }
-    out.trim().parse().unwrap_or(0)
 }
 
 /// `pwrun --agent-clean JOB`, on a host whose agent died: kills this user's processes of
