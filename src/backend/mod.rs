@@ -15,7 +15,7 @@
 //! # Adding an operation
 //!
 //! 1. Its declaration, once, in the trait of its group in `traits.rs` ([`CollectiveBackend`]
-//!    …), written in a [`backend_trait!`] block: that makes [`CommBackend`] (or the
+//!    …), written in a `backend_trait!` block: that makes [`CommBackend`] (or the
 //!    request's or message's enum) hand the call to the backend inside.
 //! 2. Its implementation in each backend: `pagewire/` and `host_mpi/communicator.rs` (the
 //!    compiler lists the backends that lack it); an MPI call that `HostMpi` does not make
