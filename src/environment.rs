@@ -114,9 +114,12 @@ pub fn library_version() -> Result<String> {
 
 /// The name of the host this process runs on (`MPI_Get_processor_name`).
 pub fn processor_name() -> Result<String> {
-    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .map_err(|_| Error::InvalidArgument("the host name is not known".into()))?;
+    let name = match std::fs::read_to_string("/proc/sys/kernel/hostname") {
+        Ok(name) => name,
+        Err(e) => std::env::var("HOSTNAME").map_err(|_| {
+            Error::os("reading /proc/sys/kernel/hostname (and HOSTNAME is not set)", e)
+        })?,
+    };
     Ok(name.trim().to_string())
 }
 

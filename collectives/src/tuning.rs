@@ -59,7 +59,7 @@
 //! gets an order-preserving algorithm, and recursive doubling for allgather needs a power of
 //! two (Bruck runs otherwise).
 
-use pagewire_transport::nic::soft::parse_bytes;
+use pagewire_transport::env;
 
 use crate::{Error, Result};
 
@@ -174,21 +174,14 @@ fn env_choice<T: Copy>(name: &str, choices: &[(&str, T)], default: T) -> Result<
             .map(|&(_, t)| t)
             .ok_or_else(|| {
                 let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
-                Error::InvalidArgument(format!("{name}={v}: expected {}", names.join(", ")))
+                Error::invalid_setting(name, &v, format!("expected {}", names.join(", ")))
             }),
     }
 }
 
+/// A byte count from variable `name`, `default` when unset.
 fn env_bytes(name: &str, default: usize) -> Result<usize> {
-    match std::env::var(name) {
-        Err(_) => Ok(default),
-        Ok(v) => match parse_bytes(&v) {
-            Some(Some(n)) => Ok(n as usize),
-            _ => Err(Error::InvalidArgument(format!(
-                "{name}={v}: expected a number of bytes like 65536 or 64K"
-            ))),
-        },
-    }
+    Ok(env::bytes(name)?.unwrap_or(default))
 }
 
 impl Tuning {
@@ -244,9 +237,11 @@ impl Tuning {
             bcast_long_ranks: match std::env::var("PAGEWIRE_BCAST_LONG_RANKS") {
                 Err(_) => d.bcast_long_ranks,
                 Ok(v) => v.trim().parse().map_err(|_| {
-                    Error::InvalidArgument(format!(
-                        "PAGEWIRE_BCAST_LONG_RANKS={v}: expected a number of ranks"
-                    ))
+                    Error::invalid_setting(
+                        "PAGEWIRE_BCAST_LONG_RANKS",
+                        &v,
+                        "expected a number of ranks",
+                    )
                 })?,
             },
             allgather_short: env_bytes("PAGEWIRE_ALLGATHER_SHORT", d.allgather_short)?,
@@ -416,7 +411,10 @@ mod tests {
         assert!(e.contains("PAGEWIRE_ALLREDUCE_ALGO=fastest") && e.contains("rabenseifner"));
         std::env::remove_var("PAGEWIRE_ALLREDUCE_ALGO");
         std::env::set_var("PAGEWIRE_BCAST_LONG", "lots");
-        assert!(Tuning::from_env().is_err());
+        assert!(matches!(
+            Tuning::from_env(),
+            Err(Error::InvalidSetting { variable, .. }) if variable == "PAGEWIRE_BCAST_LONG"
+        ));
         std::env::remove_var("PAGEWIRE_BCAST_LONG");
         std::env::set_var("PAGEWIRE_BCAST_LONG_RANKS", "3");
         assert_eq!(Tuning::from_env().unwrap().bcast_long_ranks, 3);
