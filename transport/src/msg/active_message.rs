@@ -15,9 +15,11 @@
 //! thread. Senders keep such messages within the eager limit: a larger one would wait in
 //! the handled context's matching for ever.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
-use super::*;
+use super::matching::Envelope;
+use super::{PointToPoint, RequestId};
+use crate::error::{Error, Result};
 
 /// What a handler did with a message.
 #[derive(Debug, PartialEq, Eq)]

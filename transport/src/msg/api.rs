@@ -1,7 +1,16 @@
 //! The nonblocking point-to-point calls on byte buffers: isend, irecv, probe, matched
 //! probe and receive, test, wait, cancel (MPI-3.1 sections 3.7-3.8).
 
-use super::*;
+#[cfg(doc)]
+use super::config::MsgConfig;
+use super::liveness;
+use super::matching::{Envelope, MessageHandle, Selector};
+use super::raw::{UserBuf, UserBufMut};
+use super::{
+    PointToPoint, RecvReq, RecvState, Req, RequestId, SendReq, SendState, Status, Unexpected,
+    TAG_UB,
+};
+use crate::error::{Error, Result};
 use crate::ErrorClass;
 
 /// What a probe reports about an unexpected message.

@@ -1,7 +1,15 @@
 //! Telling a dead peer from a slow one: zero-length RDMA probes to the peers a waiting
 //! request depends on, after [`super::LIVENESS_CHECK_AFTER`] without progress.
 
-use super::*;
+use std::time::Instant;
+
+use super::raw;
+use super::{
+    wr_id, PointToPoint, RecvState, Req, RequestId, WrKind, IDLE_POLLS_PER_CLOCK_READ,
+    LIVENESS_CHECK_AFTER, SLEEP_AFTER_IDLE_POLLS, SLEEP_TIMEOUT,
+};
+use crate::error::{Error, Result};
+use crate::nic::{Opcode, SendWr};
 
 /// How a blocking call waits between passes of the engine that made no progress: the
 /// clock is read only every `IDLE_POLLS_PER_CLOCK_READ` empty passes in a row; when ranks

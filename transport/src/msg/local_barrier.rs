@@ -12,7 +12,8 @@
 //! blocking barriers of any two ranks in the same order on both (otherwise it deadlocks), so
 //! the n-th barrier one rank enters with another is the other's n-th with it.
 
-use super::*;
+use super::PointToPoint;
+use crate::error::{Error, Result};
 
 impl PointToPoint {
     /// A barrier of the `size` ranks `world_rank(0..size)` if all of them are reached

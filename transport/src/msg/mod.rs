@@ -69,23 +69,20 @@ pub(crate) use state::{
 };
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::boot::Bootstrap;
-use crate::buffer_mode::{BufferMode, Lease, ModeCounters};
+use crate::buffer_mode::{BufferMode, ModeCounters};
 use crate::error::{Error, Result};
 use crate::local::LocalPath;
-use crate::nic::{
-    Access, Completion, CountersSnapshot, Endpoint, Nic, Opcode, QpCaps, SendWr, Sge, WcStatus,
-};
+use crate::nic::{Access, Completion, CountersSnapshot, Endpoint, Nic, QpCaps, WcStatus};
 use crate::sys::AnonMapping;
 
 use credits::Credits;
 use failure::Failing;
 use matching::Matcher;
-use raw::{UserBuf, UserBufMut};
 use request::Slab;
-use wire::{Header, HEADER_BYTES, SHORT_HEADER_BYTES};
+use wire::HEADER_BYTES;
 
 /// The largest valid tag (`MPI_TAG_UB`).
 pub const TAG_UB: i32 = i32::MAX;

@@ -7,8 +7,9 @@
 //! start finds it in the cache; in `odp` the buffer's pages are prefetched for the NIC;
 //! `copy` holds nothing.
 
-use super::*;
+use super::PointToPoint;
 use crate::buffer_mode::{Direction, Transfer};
+use crate::error::Result;
 
 /// A user buffer prepared for a persistent operation: the buffer mode's hold on it.
 #[derive(Debug)]

@@ -1,7 +1,13 @@
 //! Posting to the NIC: receive slots, messages through send slots or inline, control
 //! messages queued per peer, and RDMA operations with their bookkeeping.
 
-use super::*;
+use super::liveness;
+use super::raw;
+use super::wire::{Header, HEADER_BYTES, SHORT_HEADER_BYTES};
+use super::{wr_id, Payload, Peer, PointToPoint, RdmaOp, WrKind};
+use crate::buffer_mode::Lease;
+use crate::error::Result;
+use crate::nic::{Opcode, SendWr, Sge};
 
 pub(super) fn fill_payload(src: &Payload<'_>, dst: &mut [u8]) {
     match src {

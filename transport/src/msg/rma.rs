@@ -23,8 +23,12 @@
 
 use super::request::Slab;
 use super::rma_transfer::RmaEntry;
-use super::*;
-use crate::nic::{Advice, RegionInfo};
+use super::{eager, raw, wr_id, PointToPoint, RequestId, WrKind};
+#[cfg(doc)]
+use crate::buffer_mode::BufferMode;
+use crate::error::{Error, Result};
+use crate::nic::{Access, Advice, Opcode, RegionInfo, SendWr, Sge, WcStatus};
+use crate::sys::AnonMapping;
 
 /// A peer's exposed memory, as its owner announced it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

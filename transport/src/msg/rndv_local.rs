@@ -30,9 +30,13 @@ use super::local_copy::{
     memory_extents, process_gone, source_extents, LocalCopyIo, LocalSend, LocalSplitRecv,
     ShareAnswer, SplitEnd,
 };
+use super::matching::Envelope;
+use super::raw::UserBuf;
 use super::wire::{self, Header, LocalSource, MsgKind, HEADER_BYTES};
-use super::*;
+use super::{Payload, PointToPoint, RecvState, Req, RequestId, SendState};
 use crate::buffer_mode::UserMemory;
+use crate::error::{Error, Result};
+use crate::nic::WcStatus;
 use crate::sys::{self, CmaDirection, Extent};
 
 /// A contiguous run of `len` bytes at `addr`.

@@ -1,8 +1,17 @@
 //! The state the message layer keeps per request, per peer and per work request: what
 //! [`super::PointToPoint`] holds between calls.
 
+use std::collections::VecDeque;
+
+use super::credits::Credits;
 use super::local_copy::{LocalSend, LocalSplitRecv};
-use super::*;
+use super::matching::Selector;
+use super::raw::{UserBuf, UserBufMut};
+use super::rndv;
+use super::wire::{self, Header};
+use super::{RequestId, Status};
+use crate::error::Result;
+use crate::nic::WcStatus;
 
 /// Work-request id layout: kind (8 bits) | peer (24 bits) | index (32 bits).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
