@@ -1,7 +1,14 @@
 //! The soft provider's settings: how payload bytes move, the memlock limit it enforces,
 //! how ODP pages are checked and how regions are pinned (docs/configuration.md).
 
-use super::*;
+use pagewire_sys as sys;
+use pagewire_sys::error::{Error, Result};
+
+use crate::npf_model::SoftProfile;
+use crate::odp_watch::OdpCheck;
+use crate::pin::{MemlockLimit, PinMethod};
+use crate::receive_fault::ReceiveFaultSettings;
+use crate::tcp::WireSettings;
 
 /// How payload bytes move between ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

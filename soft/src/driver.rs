@@ -2,7 +2,17 @@
 //! on this rank's memory, fills its translation cache's misses (`tpt_cache.rs`), and drives
 //! the engine while the application is not polling.
 
-use super::*;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::time::Duration;
+
+use pagewire_nic::counters::NpfTiming;
+use pagewire_nic::PAGE_SIZE;
+use pagewire_sys as sys;
+
+use crate::layout::{
+    MAX_QPS, NPF_ADDR, NPF_DONE, NPF_LEN, NPF_REQ, NPF_STATUS, NPF_TIME, NPF_WRITE,
+};
+use crate::Inner;
 
 /// How long the driver thread sleeps between passes while it drives the engine for an
 /// application that is not polling and has work outstanding.

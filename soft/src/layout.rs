@@ -2,7 +2,19 @@
 //! pending bitmap, the translation table, the responder-fault slots, the acknowledgement
 //! lines, the translation cache and its miss slots, and the inbound rings.
 
-use super::*;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+use pagewire_boot::shm_prefix;
+use pagewire_sys::error::{Error, Result};
+use pagewire_sys::{self as sys, SharedSegment};
+
+use crate::ack::{AckLine, ACK_LINE_BYTES, ACK_WORDS};
+use crate::inbox::PendingBits;
+use crate::present::{PresentBits, PRESENT_BYTES};
+use crate::ring::{self, RING_BYTES};
+use crate::tpt::{Tpt, TPT_BYTES};
+use crate::tpt_cache::{self, MissSide, TranslationCache};
 
 /// Queue pairs per NIC.
 pub(crate) const MAX_QPS: usize = 256;

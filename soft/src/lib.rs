@@ -68,36 +68,25 @@ pub use receive_fault::{ReceiveFaultPolicy, ReceiveFaultSettings, BACKUP_RING_MA
 pub use tcp::{WireMode, WireSettings};
 
 use std::fs::File;
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::Ordering::{Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use pagewire_boot::shm_prefix;
-use pagewire_nic::counters::NpfTiming;
 use pagewire_nic::{
     Access, Advice, Capabilities, Completion, Counters, CountersSnapshot, Endpoint, Nic, QpCaps,
-    RecvWr, RegionInfo, SendWr, PAGE_SIZE,
+    RecvWr, RegionInfo, SendWr,
 };
 use pagewire_sys::error::{Error, Result};
 use pagewire_sys::{self as sys, ProcessHandle};
 
-use ack::{AckLine, ACK_LINE_BYTES, ACK_WORDS};
 use bound::BoundWatch;
 use engine::Engine;
-use inbox::PendingBits;
 use odp_watch::PresentWatch;
-use pagewire_sys::SharedSegment;
-use pin::{PinAccount, RegionPin};
-use present::{PresentBits, PRESENT_BYTES};
-use ring::RING_BYTES;
-use tpt::{Tpt, Translation, ADDRESS_SPACE_END, MAX_MRS, TPT_BYTES};
-use tpt_cache::{MissSide, TranslationCache};
+use tpt::ADDRESS_SPACE_END;
 
-use layout::*;
 pub(crate) use layout::{RankMemory, MAX_QPS};
 use regions::RegionBook;
 

@@ -2,7 +2,16 @@
 //! byte of the region is moving, and pinned regions detached onto a copy of their pages
 //! when the application replaces the range (`bound.rs`).
 
-use super::*;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::time::{Duration, Instant};
+
+use pagewire_nic::{Access, RegionInfo};
+use pagewire_sys as sys;
+use pagewire_sys::error::{Error, Result};
+
+use crate::pin::{PinAccount, RegionPin};
+use crate::tpt::{self, Translation, ADDRESS_SPACE_END, MAX_MRS};
+use crate::Inner;
 
 /// How long a deregistration waits for an entry's in-use count before it looks at who holds
 /// it (a live holder is waited for, a dead one's count is written off).
