@@ -24,11 +24,10 @@ use std::marker::PhantomData;
 
 use smallvec::SmallVec;
 
-use crate::backend::{CommBackend, PendingRequest, RequestBackend};
-use crate::datatype::{packed, Landing};
+use crate::backend::{PendingRequest, RequestBackend};
+use crate::datatype::Landing;
 use crate::error::{fatal, Error, Result};
 use crate::status::Status;
-use crate::topology::Tag;
 
 /// An operation in flight, whatever started it (point-to-point, a collective).
 pub(crate) trait Pending {

@@ -1,7 +1,13 @@
 //! Buffered sends (`MPI_Bsend`): the attached buffer (`MPI_Buffer_attach`) and the sends
 //! that hold copies in it.
 
-use super::*;
+use std::borrow::Cow;
+use std::cell::RefCell;
+
+use crate::backend::CommBackend;
+use crate::error::{fatal, Error, Result};
+use crate::request::{self, Pending};
+use crate::topology::Tag;
 
 /// The buffer attached for buffered sends (`MPI_Buffer_attach`) and the sends in it.
 #[derive(Default)]

@@ -1,6 +1,10 @@
 //! Matched probes' messages (`MPI_Message`, `MPI_Mrecv`).
 
-use super::*;
+use crate::backend::{MatchedMessage, MessageBackend};
+use crate::datatype::{vec_from_packed, BufferMut, Equivalence, Landing};
+use crate::error::{fatal, Result};
+use crate::request::{self, Request, Scope};
+use crate::status::Status;
 
 /// A message that a matched probe took out of matching (rsmpi's `Message`, `MPI_Message`):
 /// only this handle can receive it, with [`Message::matched_receive_into`] and friends

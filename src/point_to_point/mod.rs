@@ -9,19 +9,12 @@
 //! `MPI_Irecv`, `MPI_Iprobe`, `MPI_Improbe`/`MPI_Mrecv`, …); a truncated receive is then an
 //! [`Error::Mpi`] (MPI does not report the message's length).
 
-use std::borrow::Cow;
-use std::cell::RefCell;
-
 use pagewire_transport::msg;
 
-use crate::backend::{
-    CommBackend, CommunicatorBackend, MatchedMessage, MessageBackend, PointToPointBackend,
-};
-use crate::datatype::{
-    packed, vec_from_packed, Buffer, BufferMut, Equivalence, Landing, UncommittedDatatype,
-};
+use crate::backend::{CommBackend, CommunicatorBackend, PointToPointBackend};
+use crate::datatype::{packed, Buffer, UncommittedDatatype};
 use crate::error::{fatal, Error, Result};
-use crate::request::{self, persistent, OwnedReceive, Pending, PersistentRequest, Request, Scope};
+use crate::request::{self, persistent, Pending, PersistentRequest, Request, Scope};
 use crate::topology::{Rank, SimpleCommunicator, Tag};
 
 mod buffered;

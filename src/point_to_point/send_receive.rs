@@ -1,6 +1,15 @@
 //! `MPI_Sendrecv` and `MPI_Sendrecv_replace`: a send and a receive that cannot deadlock.
 
-use super::*;
+use std::borrow::Cow;
+
+use super::source::Source;
+use super::Destination;
+use crate::backend::PointToPointBackend;
+use crate::datatype::{packed, Buffer, BufferMut, Equivalence, Landing, UncommittedDatatype};
+use crate::error::fatal;
+use crate::request::{self, Pending};
+use crate::status::Status;
+use crate::topology::Tag;
 
 /// Sends `msg` to `destination` and receives into `buf` from `source`, without deadlock
 /// whatever the others do (`MPI_Sendrecv`); panics on error.

@@ -1,7 +1,16 @@
 //! Receiving: [`Source`] on processes of a communicator and the futures of
 //! `immediate_receive`.
 
-use super::*;
+use super::message::Message;
+use super::{rank_of, SenderWatch};
+use crate::backend::{CommBackend, PointToPointBackend};
+use crate::datatype::{vec_from_packed, BufferMut, Equivalence, Landing, UncommittedDatatype};
+use crate::error::{fatal, Error, Result};
+use crate::request::{self, persistent, OwnedReceive, Pending, PersistentRequest, Request, Scope};
+use crate::status::Status;
+use crate::topology::communicator::{AnyProcess, Process};
+use crate::topology::{SimpleCommunicator, Tag};
+
 /// Receives into `landing` from `src` (or any) with `tag` (or any) and waits.
 fn receive_into_landing(
     backend: &CommBackend,

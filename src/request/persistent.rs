@@ -17,9 +17,14 @@
 //! messages go through the library's own buffers, so there is nothing of the user's to
 //! prepare.
 
-use super::*;
-use crate::backend::CommunicatorBackend;
-use crate::datatype::{Buffer, BufferMut};
+use std::marker::PhantomData;
+
+use super::{start_buffer_send, start_receive, Operation, Pending, Request, Scope, StaticScope};
+use crate::backend::{CommBackend, CommunicatorBackend};
+use crate::datatype::{packed, Buffer, BufferMut, Landing};
+use crate::error::{fatal, Error, Result};
+use crate::status::Status;
+use crate::topology::Tag;
 use crate::ErrorClass;
 use pagewire_transport::buffer_mode::Direction;
 use pagewire_transport::msg::PreparedBuffer;
