@@ -12,12 +12,14 @@
 //!   chunks whose size and depth the buffer mode decides (one chunk for zero-copy modes,
 //!   bounce-pool chunks for `copy`). NFS-RDMA sections 3-4 discuss the same inline/bulk and
 //!   RDMA Read/Write choices for NFS.
-//! - Progress runs inside every call that waits or tests; there is no progress thread.
+//! - Progress runs inside every call that waits or tests (`progress.rs`); there is no
+//!   progress thread.
 //!
 //! The user-facing, rsmpi-shaped API lives in the `pagewire` facade; this layer works on
 //! bytes and request ids.
 //!
-//! Files: this one holds [`PointToPoint`] and its progress loop; `config` the settings,
+//! Files: this one holds [`PointToPoint`], its start-up and its queries; `progress` a pass
+//! of progress; `config` the settings,
 //! `state` what is kept per request and peer, `api` the nonblocking calls, `posting` what
 //! goes to the NIC, `liveness` the probes of silent peers, `failure` how a request fails;
 //! then one file per protocol.
@@ -35,6 +37,7 @@ mod local_copy;
 pub mod matching;
 mod persistent;
 mod posting;
+mod progress;
 #[allow(unsafe_code)]
 pub mod raw;
 mod request;
@@ -62,7 +65,6 @@ pub use rma::{RemoteAtomic, RemoteMemory};
 pub use rma_transfer::{RmaBuf, RmaRequest};
 
 use config::online_cpus;
-use state::wr_parts;
 pub(crate) use state::{
     wr_id, Arrival, ChunkDesc, EagerData, Payload, Peer, RdmaOp, RecvReq, RecvState, Req, SendReq,
     SendState, Unexpected, WrKind,
@@ -75,7 +77,7 @@ use crate::boot::Bootstrap;
 use crate::buffer_mode::{BufferMode, ModeCounters};
 use crate::error::{Error, Result};
 use crate::local::LocalPath;
-use crate::nic::{Access, Completion, CountersSnapshot, Endpoint, Nic, QpCaps, WcStatus};
+use crate::nic::{Access, Completion, CountersSnapshot, Endpoint, Nic, QpCaps};
 use crate::sys::AnonMapping;
 
 use credits::Credits;
@@ -95,19 +97,11 @@ pub const LIVENESS_CHECK_AFTER: Duration = Duration::from_millis(500);
 /// no clock reading per poll.
 const IDLE_POLLS_PER_CLOCK_READ: u32 = 256;
 
-/// Completions taken from the NIC per poll.
-const POLL_BATCH: usize = 64;
-
-/// Empty progress passes in a row before a rank that yields when idle starts yielding.
-const SPIN_PASSES_BEFORE_YIELD: u32 = 64;
 /// Empty polls in a row (yielding) after which a waiting rank sleeps, when ranks outnumber
 /// CPUs and every rank is on the local path (`LocalPath::sleep`).
 pub(crate) const SLEEP_AFTER_IDLE_POLLS: u32 = 512;
 /// The longest such sleep: the wait then looks round (liveness, the NIC) and sleeps again.
 pub(crate) const SLEEP_TIMEOUT: Duration = Duration::from_millis(1);
-
-/// Progress passes per NIC poll when every rank is reached through the local path.
-const NIC_POLL_EVERY_WHEN_LOCAL: u32 = 64;
 
 /// Per-layer counters (eager/rendezvous traffic, flow control).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -454,157 +448,6 @@ impl PointToPoint {
             self.end_rndv(&mut old);
         }
         self.active.retain(|a| *a != id);
-    }
-
-    /// Makes progress: polls completions and advances every protocol. Returns whether
-    /// anything happened.
-    pub fn progress(&mut self) -> Result<bool> {
-        let mut events = 0usize;
-        let mut first_err = None;
-        // With every rank on the local path the NIC carries only liveness probes (and the
-        // one-sided operations of windows, while there are any): it is polled on one pass in
-        // NIC_POLL_EVERY_WHEN_LOCAL, not on each.
-        self.passes = self.passes.wrapping_add(1);
-        let poll_nic =
-            !self.all_local || self.rma.exposing() || self.passes % NIC_POLL_EVERY_WHEN_LOCAL == 0;
-        if poll_nic {
-            loop {
-                self.scratch.clear();
-                let n = self.nic.poll_cq(self.cq, &mut self.scratch, POLL_BATCH)?;
-                events += n;
-                let batch = std::mem::take(&mut self.scratch);
-                for c in &batch {
-                    // Every completion of the batch is handled, even after an error.
-                    if let Err(e) = self.handle_completion(c) {
-                        first_err.get_or_insert(e);
-                    }
-                }
-                self.scratch = batch;
-                if n < POLL_BATCH {
-                    break;
-                }
-            }
-        }
-        if self.local.is_some() {
-            events += self.poll_local(&mut first_err);
-        }
-        let mut i = 0;
-        while i < self.service.len() {
-            let peer = self.service[i];
-            self.flush_control(peer)?;
-            self.drain_queued(peer)?;
-            self.return_credits(peer)?;
-            let p = &mut self.peers[peer];
-            let done = !p.has_queued() && (!p.credits.owes_half() || p.dead.is_some());
-            if done {
-                p.in_service = false;
-                self.service.swap_remove(i);
-            } else {
-                i += 1;
-            }
-        }
-        if !self.active.is_empty() {
-            events += self.advance_rendezvous();
-        }
-        if !self.rma.active.is_empty() {
-            events += self.advance_rma();
-        }
-        if self.active_messages.busy() {
-            events += self.advance_active_messages();
-        }
-        if !self.failing.is_empty() {
-            self.settle_all_failing();
-        }
-        self.last_progress_made = events > 0;
-        if events > 0 {
-            self.idle_passes = 0;
-        } else {
-            self.idle_passes = self.idle_passes.saturating_add(1);
-            // A few passes spin first: an answer from a rank that has a CPU is that close.
-            if self.yield_when_idle && self.idle_passes > SPIN_PASSES_BEFORE_YIELD {
-                std::thread::yield_now();
-            }
-        }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(events > 0),
-        }
-    }
-
-    /// `peer` has queued sends, queued control messages or credits to return: progress
-    /// visits it until it has none.
-    pub(crate) fn needs_service(&mut self, peer: usize) {
-        let p = &mut self.peers[peer];
-        if !p.in_service {
-            p.in_service = true;
-            self.service.push(peer);
-        }
-    }
-
-    fn handle_completion(&mut self, c: &Completion) -> Result<()> {
-        let (kind, peer, index) = wr_parts(c.wr_id);
-        if kind != WrKind::Recv as u64 {
-            self.peers[peer].in_flight = self.peers[peer].in_flight.saturating_sub(1);
-        }
-        if kind == WrKind::SendSlot as u64 {
-            self.send_free.push(index);
-        }
-        if kind == WrKind::Rma as u64 {
-            // The window operation waiting for it sees the status; a failure also ends the
-            // peer's traffic below, as its queue pair is now in the error state.
-            self.rma_completed(index, c.status);
-        }
-        if c.status != WcStatus::Success {
-            if kind == WrKind::Rdma as u64 {
-                // The lease stays with its request, which `fail_peer` releases.
-                self.take_rdma(index);
-            }
-            self.fail_peer(peer, c.status, "moving data");
-            return Ok(());
-        }
-        match kind {
-            // Nothing more is taken from a peer that failed (or broke the protocol).
-            k if k == WrKind::Recv as u64 && self.peers[peer].dead.is_some() => Ok(()),
-            k if k == WrKind::Recv as u64 => {
-                self.handle_incoming(peer, Arrival::Slot(index), c.byte_len as usize)
-            }
-            k if k == WrKind::Rdma as u64 => self.rdma_done(index),
-            _ => Ok(()),
-        }
-    }
-
-    /// Handles the messages waiting in the local path's rings, at most a ring's worth per
-    /// peer (so one busy sender cannot starve the others); the first error goes to
-    /// `first_err`. Returns how many there were.
-    fn poll_local(&mut self, first_err: &mut Option<Error>) -> usize {
-        let Some(local) = self.local.as_ref() else {
-            return 0;
-        };
-        let mut events = 0;
-        for i in 0..local.local_ranks().len() {
-            let local = self.local.as_ref().expect("a local path");
-            let (peer, budget) = (local.local_ranks()[i], local.cells());
-            for _ in 0..budget {
-                let Some((offset, len, short)) = self.local.as_ref().and_then(|l| l.peek(peer))
-                else {
-                    break;
-                };
-                let at = if short {
-                    Arrival::ShortCell(offset)
-                } else {
-                    Arrival::Cell(offset)
-                };
-                // Nothing more is taken from a peer that failed (or broke the protocol).
-                if self.peers[peer].dead.is_none() {
-                    if let Err(e) = self.handle_incoming(peer, at, len) {
-                        first_err.get_or_insert(e);
-                    }
-                }
-                self.local.as_mut().expect("a local path").release(peer);
-                events += 1;
-            }
-        }
-        events
     }
 
     /// Shuts the layer down: stops the buffer mode and deregisters the slots.
