@@ -117,7 +117,10 @@ pub fn processor_name() -> Result<String> {
     let name = match std::fs::read_to_string("/proc/sys/kernel/hostname") {
         Ok(name) => name,
         Err(e) => std::env::var("HOSTNAME").map_err(|_| {
-            Error::os("reading /proc/sys/kernel/hostname (and HOSTNAME is not set)", e)
+            Error::os(
+                "reading /proc/sys/kernel/hostname (and HOSTNAME is not set)",
+                e,
+            )
         })?,
     };
     Ok(name.trim().to_string())
