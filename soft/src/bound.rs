@@ -6,7 +6,7 @@
 //! moves bytes by virtual address, so it must be told: every long-term-pinned region is
 //! watched by the memory monitor, and when its range changes the owner *detaches* it at
 //! its next NIC entry — the pinned pages are copied (`IORING_OP_WRITE_FIXED` from the pins,
-//! [`sys::LongTermPins::snapshot`]) into a mapping only the NIC uses, and the region's TPT
+//! [`pagewire_sys::LongTermPins::snapshot`]) into a mapping only the NIC uses, and the region's TPT
 //! entry points there ([`super::tpt::Translation::alias`]). From then on every DMA through
 //! the region, local or by a peer, reads the old bytes and writes where the application
 //! cannot see them, and `detached_bytes` counts it; unchanged regions keep the fast path.

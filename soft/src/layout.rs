@@ -18,7 +18,7 @@ use crate::tpt_cache::{self, MissSide, TranslationCache};
 
 /// Queue pairs per NIC.
 pub(crate) const MAX_QPS: usize = 256;
-/// Ranks a job may have (one pending bit each, [`inbox`]).
+/// Ranks a job may have (one pending bit each, [`crate::inbox`]).
 pub(super) const MAX_RANKS: usize = 8 * PENDING_BYTES;
 pub(super) const MAGIC: u64 = u64::from_le_bytes(*b"pagewire");
 pub(super) const HEADER_BYTES: usize = 4096;
@@ -38,7 +38,7 @@ pub(super) const APP_POLLS: usize = 320;
 /// polling, a long DMA included): it is not idle, so peers do not wake its driver.
 pub(super) const APP_IN_NIC: usize = 384;
 /// Header word: the entry of another rank's table this rank's engine holds now
-/// ([`tpt::claim_tag`]), 0 when none; read by that rank when it deregisters.
+/// ([`crate::tpt::claim_tag`]), 0 when none; read by that rank when it deregisters.
 pub(super) const REMOTE_CLAIM: usize = 448;
 
 pub(super) const PENDING_OFFSET: usize = HEADER_BYTES;

@@ -149,7 +149,7 @@ impl SoftNic {
             odp_rc_read: true,
             implicit_odp: true,
             prefetch: true,
-            // Run by the target's engine with locked instructions (`engine/atomic.rs`).
+            // Run by the target's engine with locked instructions (`engine/responder/atomic.rs`).
             atomics: true,
             atomics_global: true,
         };

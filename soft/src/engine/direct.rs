@@ -4,8 +4,8 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::cache_miss::dropped;
 use super::requester::FAULT_RECHECK;
+use super::responder::cache_miss::dropped;
 use super::translate::Untranslated;
 use super::NUDGE_AFTER;
 use super::{fault_extent, CoarseClock, Held, OpKind, OpState, SendOp};

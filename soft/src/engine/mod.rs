@@ -20,22 +20,20 @@
 //!   taken (no receive posted, or its pages are not present) is answered receiver-not-ready
 //!   and every later packet of the queue pair is dropped until the requester goes back and
 //!   retransmits from it (go-back-N, as RC does). A request's first packet is checked in
-//!   [`accept`]; staged READs are answered in [`read_response`]. A receive-side page fault
+//!   `responder/accept.rs`; staged READs are answered in `responder/read_response.rs`. A
+//!   receive-side page fault
 //!   is answered as the job's policy says (`receive_fault.rs`): receiver-not-ready, a silent
 //!   drop that the requester's retransmission timer recovers, or a SEND parked in the
-//!   queue pair's [`backup_ring`] and placed once the fault is resolved.
+//!   queue pair's [`responder::backup_ring`] and placed once the fault is resolved.
 //!
-//! A queue pair's state (its send and receive queues, the messages in flight) is in
-//! [`queue_pair`]; this file holds the engine, its completion queues and clock, the keyed
-//! extents a transfer holds ([`KeyedExtent`], [`Inner::hold_own`]) and one pass.
+//! A queue pair ([`queue_pair`]) holds its two halves as types of their own, each with
+//! private state: [`requester::Requester`] (the send queue) and [`responder::Responder`]
+//! (the receive queue, the request being received, what it owes the requester), touched
+//! only by their modules; this file holds the engine, its completion queues and clock, the keyed
+//! extents a transfer holds ([`KeyedExtent`], [`crate::Inner::hold_own`]) and one pass.
 
-mod accept;
-mod atomic;
-mod backup_ring;
-mod cache_miss;
 mod direct;
 mod queue_pair;
-mod read_response;
 mod requester;
 mod responder;
 mod staged;
@@ -50,7 +48,6 @@ use super::inbox::Inbox;
 use super::ring::Payload;
 use super::tpt::{InUse, Refusal};
 use super::MAX_QPS;
-pub(crate) use backup_ring::BackupRing;
 use pagewire_nic::{Access, Completion, QpCaps, Sge, WcOpcode, WcStatus};
 use pagewire_sys::error::{Error, Result};
 use pagewire_sys::Extent;
@@ -59,6 +56,9 @@ use queue_pair::{
     AtomicOut, Incoming, IncomingKind, MissWait, OpKind, OpState, QueuePair, ReadOut, RecvOp,
     SendOp, REMOTE_KEY,
 };
+use requester::Requester;
+pub(crate) use responder::BackupRing;
+use responder::Responder;
 
 /// SENDs of at least this many bytes to a CMA-capable peer are pulled by the receiver with
 /// one kernel copy; smaller ones are copied through the ring (two CPU copies, no system
@@ -149,7 +149,7 @@ struct CompletionQueue {
 
 /// A piece of a work request's memory as the NIC must check it at every access: the key it
 /// was named with, its address in the owner's space and its length. The engine translates
-/// it under a hold for each packet it moves ([`Inner::hold_own`]), so a region deregistered
+/// it under a hold for each packet it moves ([`crate::Inner::hold_own`]), so a region deregistered
 /// mid-message stops the message instead of its bytes landing in whatever the application
 /// maps there next, and a detached region's bytes keep going to its pages.
 #[derive(Clone, Copy, Debug)]
@@ -253,27 +253,8 @@ impl Engine {
             remote_qpn: None,
             error: None,
             busy: false,
-            sq: VecDeque::new(),
-            sq_sges: Vec::new(),
-            sq_inline: Vec::new(),
-            cursor: 0,
-            next_msn: 0,
-            acked: 0,
-            nak_seen: 0,
-            peer_polls_seen: 0,
-            rq: VecDeque::new(),
-            rq_sges: VecDeque::new(),
-            expected_msn: 0,
-            rx: None,
-            discard_msn: None,
-            rx_fault: None,
-            rx_translated: None,
-            rx_miss: None,
-            refusing: false,
-            reads_out: VecDeque::new(),
-            atomics_out: VecDeque::new(),
-            backup,
-            held: VecDeque::new(),
+            requester: Requester::default(),
+            responder: Responder::new(backup),
         });
         Ok(qpn)
     }
@@ -343,15 +324,9 @@ impl Engine {
             return 0;
         }
         qp.error = Some(why);
-        for op in qp.sq.iter_mut() {
-            if !matches!(op.state, OpState::Done(_)) {
-                op.state = OpState::Done(WcStatus::WrFlushError);
-            }
-        }
+        qp.requester.flush();
         let cq = qp.recv_cq;
-        let held = backup_ring::flush_held(&mut qp.held, qpn);
-        qp.rq_sges.clear();
-        let flushed: SmallVec<[u64; 16]> = qp.rq.drain(..).map(|r| r.wr_id).collect();
+        let (held, flushed) = qp.responder.flush(qpn);
         for c in held {
             self.push_completion(cq, c);
         }
@@ -465,12 +440,9 @@ impl super::Inner {
         while i < eng.busy.len() {
             let qpn = eng.busy[i];
             self.progress_qp(eng, qpn);
-            let idle = eng.qps[qpn as usize].as_ref().is_none_or(|q| {
-                q.sq.is_empty()
-                    && q.reads_out.is_empty()
-                    && q.atomics_out.is_empty()
-                    && q.held.is_empty()
-            });
+            let idle = eng.qps[qpn as usize]
+                .as_ref()
+                .is_none_or(|q| q.requester.is_idle() && q.responder.is_idle());
             if idle {
                 if let Some(q) = eng.qps[qpn as usize].as_mut() {
                     q.busy = false;

@@ -2,11 +2,11 @@
 //! receive queue, and the messages in flight at the responder (a request being received,
 //! READ responses being sent).
 
-use std::collections::VecDeque;
-
 use smallvec::SmallVec;
 
-use super::backup_ring::{BackupRing, HeldReceive, Parked};
+use super::requester::Requester;
+use super::responder::backup_ring::Parked;
+use super::responder::Responder;
 use super::KeyedExtent;
 use pagewire_nic::{Access, QpCaps, Sge, WcStatus};
 use pagewire_sys::error::{Error, Result};
@@ -21,53 +21,10 @@ pub(crate) struct QueuePair {
     pub(super) error: Option<String>,
     /// In `Engine::busy`.
     pub(super) busy: bool,
-    // --- requester ---
-    pub(super) sq: VecDeque<SendOp>,
-    /// The scatter-gather entries of the requests in `sq` (`SendOp::sges` indexes it);
-    /// emptied whenever `sq` is.
-    pub(super) sq_sges: Vec<Sge>,
-    /// The payloads of inline requests in `sq`, copied at post time; emptied with `sq`.
-    pub(super) sq_inline: Vec<u8>,
-    /// Index in `sq` of the first request not completely transmitted.
-    pub(super) cursor: usize,
-    pub(super) next_msn: u64,
-    /// The responder's cumulative acknowledgement as last read.
-    pub(super) acked: u64,
-    /// The serial of the last NAK handled.
-    pub(super) nak_seen: u64,
-    /// The peer application's poll count when this queue pair last looked (see `transmit`).
-    pub(super) peer_polls_seen: u64,
-    // --- responder ---
-    pub(super) rq: VecDeque<RecvOp>,
-    /// The scatter-gather entries of the receives in `rq`, in order.
-    pub(super) rq_sges: VecDeque<Sge>,
-    /// Next request sequence number this responder accepts.
-    pub(super) expected_msn: u64,
-    /// A multi-packet request being received.
-    pub(super) rx: Option<Incoming>,
-    /// Packets of this message are dropped until its first packet comes again.
-    pub(super) discard_msn: Option<u64>,
-    /// The last receive-side fault filed: (msn, fault sequence number).
-    pub(super) rx_fault: Option<(u64, u64)>,
-    /// The keys of request `.0` translated through the cache so far (`.1`: bit `i` for
-    /// receive entry `i`, [`REMOTE_KEY`] for the key it names).
-    pub(super) rx_translated: Option<(u64, u32)>,
-    /// The last translation-cache miss filed for a request: (msn, sequence number in this
-    /// rank's responder miss slot of the queue pair, its key's bit).
-    pub(super) rx_miss: Option<(u64, u64, u32)>,
-    /// An error NAK was sent: nothing more is accepted (the requester's queue pair is in
-    /// the error state once it reads it).
-    pub(super) refusing: bool,
-    /// READ responses being sent (staged path).
-    pub(super) reads_out: VecDeque<ReadOut>,
-    /// Results of atomics executed here, waiting for room in the requester's ring. An
-    /// atomic runs once, when its request is accepted; its result is kept until it is sent
-    /// (what an HCA keeps in its responder resources for atomics).
-    pub(super) atomics_out: VecDeque<AtomicOut>,
-    /// The backup ring (receive-fault policy `backup` only).
-    pub(super) backup: Option<BackupRing>,
-    /// Receive completions held behind messages parked in the backup ring, in order.
-    pub(super) held: VecDeque<HeldReceive>,
+    /// The requester's half: the send queue.
+    pub(super) requester: Requester,
+    /// The responder's half: the receive queue and the requests being received.
+    pub(super) responder: Responder,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,7 +121,7 @@ pub(super) enum OpState {
     Done(WcStatus),
 }
 
-/// In [`SendOp::translated`] and [`QueuePair::rx_translated`]: the request's remote key
+/// In [`SendOp::translated`] and the responder's `rx_translated`: the request's remote key
 /// (bits `0..16` are its scatter-gather entries).
 pub(super) const REMOTE_KEY: u32 = 1 << 31;
 

@@ -2,18 +2,19 @@
 //! pass (timers, and each request handed to RDMA by CMA, [`super::direct`], or to the
 //! staged path, [`super::staged`]), and completing requests in order.
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use super::cache_miss::dropped;
+use super::responder::cache_miss::dropped;
 use super::{
-    completion, nanos, total_len, AtomicOp, Engine, MissWait, OpKind, OpState, QueuePair, SendOp,
+    completion, nanos, total_len, AtomicOp, Engine, MissWait, OpKind, OpState, SendOp,
     MAX_MSG_BYTES, NUDGE_AFTER,
 };
 use crate::ack::Nak;
 use crate::dma;
 use crate::Inner;
-use pagewire_nic::{Opcode, SendWr, WcOpcode, WcStatus, ATOMIC_BYTES};
+use pagewire_nic::{Opcode, SendWr, Sge, WcOpcode, WcStatus, ATOMIC_BYTES};
 use pagewire_sys::error::{Error, Result};
 
 /// How long a request may wait on a peer before its liveness is checked (ns).
@@ -23,6 +24,56 @@ const LIVENESS_AFTER: u64 = nanos(Duration::from_millis(5));
 const TRANSPORT_RETRIES: u32 = 7;
 /// Fallback retry time when a filed fault is not answered, the owner may be gone (ns).
 pub(super) const FAULT_RECHECK: u64 = nanos(Duration::from_millis(100));
+
+/// The requester's half of a queue pair: its send queue, processed strictly in order, and
+/// what it has read of the responder's acknowledgements. Only this module touches it; the
+/// rest of the engine asks ([`Requester::is_idle`], [`Requester::awaiting_response`]).
+#[derive(Default)]
+pub(super) struct Requester {
+    sq: VecDeque<SendOp>,
+    /// The scatter-gather entries of the requests in `sq` (`SendOp::sges` indexes it);
+    /// emptied whenever `sq` is.
+    sq_sges: Vec<Sge>,
+    /// The payloads of inline requests in `sq`, copied at post time; emptied with `sq`.
+    sq_inline: Vec<u8>,
+    /// Index in `sq` of the first request not completely transmitted.
+    cursor: usize,
+    next_msn: u64,
+    /// The responder's cumulative acknowledgement as last read.
+    acked: u64,
+    /// The serial of the last NAK handled.
+    nak_seen: u64,
+    /// The peer application's poll count when this queue pair last looked (see `transmit`).
+    peer_polls_seen: u64,
+}
+
+impl Requester {
+    /// Whether no request is in the send queue.
+    pub(super) fn is_idle(&self) -> bool {
+        self.sq.is_empty()
+    }
+
+    /// The queue pair entered the error state: every request not yet completed completes
+    /// flushed.
+    pub(super) fn flush(&mut self) {
+        for op in self.sq.iter_mut() {
+            if !matches!(op.state, OpState::Done(_)) {
+                op.state = OpState::Done(WcStatus::WrFlushError);
+            }
+        }
+    }
+
+    /// The request of sequence number `msn` if it waits for its response (a staged READ's
+    /// data, an atomic's old value), with its scatter-gather entries.
+    pub(super) fn awaiting_response(&mut self, msn: u64) -> Option<(&mut SendOp, &[Sge])> {
+        let op = self.sq.iter_mut().find(|o| o.msn == Some(msn))?;
+        if op.state != OpState::AwaitingResponse {
+            return None;
+        }
+        let sges = &self.sq_sges[op.sges.0 as usize..(op.sges.0 + op.sges.1) as usize];
+        Some((op, sges))
+    }
+}
 
 impl Inner {
     pub(crate) fn post_send(&self, qpn: u32, wr: &SendWr<'_>) -> Result<()> {
@@ -34,7 +85,7 @@ impl Inner {
                 "queue pair {qpn} is not connected (call connect with the peer's endpoint first)"
             )));
         }
-        if qp.sq.len() >= qp.caps.max_send_wr as usize {
+        if qp.requester.sq.len() >= qp.caps.max_send_wr as usize {
             return Err(Error::Exhausted {
                 what: "send queue",
                 limit: qp.caps.max_send_wr as u64,
@@ -120,9 +171,9 @@ impl Inner {
         let inline_at = if wr.inline {
             // The payload is copied now (the buffers may be reused once this returns): a
             // bad address completes the request with a local protection error.
-            let at = qp.sq_inline.len();
-            qp.sq_inline.resize(at + total as usize, 0);
-            let mut dst = qp.sq_inline[at..].as_mut_ptr() as u64;
+            let at = qp.requester.sq_inline.len();
+            qp.requester.sq_inline.resize(at + total as usize, 0);
+            let mut dst = qp.requester.sq_inline[at..].as_mut_ptr() as u64;
             for s in wr.sgl {
                 if dma::copy(dst, s.addr, s.len as u64).is_err() {
                     state = OpState::Done(WcStatus::LocalProtectionError);
@@ -135,9 +186,9 @@ impl Inner {
         } else {
             None
         };
-        let sges = (qp.sq_sges.len() as u32, wr.sgl.len() as u32);
-        qp.sq_sges.extend_from_slice(wr.sgl);
-        qp.sq.push_back(SendOp {
+        let sges = (qp.requester.sq_sges.len() as u32, wr.sgl.len() as u32);
+        qp.requester.sq_sges.extend_from_slice(wr.sgl);
+        qp.requester.sq.push_back(SendOp {
             wr_id: wr.wr_id,
             kind,
             msn: None,
@@ -167,20 +218,20 @@ impl Inner {
         let Some(qp) = qps[qpn as usize].as_mut() else {
             return;
         };
-        if qp.error.is_some() || qp.sq.is_empty() {
+        if qp.error.is_some() || qp.requester.sq.is_empty() {
             return;
         }
         let line = self.own.ack_line(qpn);
         let acked = line.acked();
-        if acked != qp.acked {
-            qp.acked = acked;
+        if acked != qp.requester.acked {
+            qp.requester.acked = acked;
             // Progress restarts the retransmission timer of what is still outstanding (as
             // an HCA's timer runs from the last acknowledgement).
             let now = self
                 .receive_fault
                 .retransmit_after_ns()
                 .map(|_| clock.now());
-            for op in qp.sq.iter_mut() {
+            for op in qp.requester.sq.iter_mut() {
                 let accepted = op.msn.is_some_and(|m| m < acked);
                 // A request the retransmission timer sent back (Pending, Transmitting) may
                 // have been accepted the first time meanwhile: the responder ignores the
@@ -200,15 +251,15 @@ impl Inner {
                 }
             }
         }
-        let Some((serial, msn, why)) = line.nak_since(qp.nak_seen) else {
+        let Some((serial, msn, why)) = line.nak_since(qp.requester.nak_seen) else {
             return;
         };
-        qp.nak_seen = serial;
-        let Some(idx) = qp.sq.iter().position(|o| o.msn == Some(msn)) else {
+        qp.requester.nak_seen = serial;
+        let Some(idx) = qp.requester.sq.iter().position(|o| o.msn == Some(msn)) else {
             return;
         };
         let (timer, limit) = (qp.caps.rnr_timer_us, qp.caps.rnr_retry);
-        let op = &mut qp.sq[idx];
+        let op = &mut qp.requester.sq[idx];
         if !matches!(op.state, OpState::AwaitingResponse | OpState::Transmitting) {
             return;
         }
@@ -239,7 +290,7 @@ impl Inner {
             }
         };
         // Go back: everything after the refused request is retransmitted after it.
-        for later in qp.sq.iter_mut().skip(idx + 1) {
+        for later in qp.requester.sq.iter_mut().skip(idx + 1) {
             if matches!(
                 later.state,
                 OpState::AwaitingResponse | OpState::Transmitting
@@ -248,7 +299,7 @@ impl Inner {
                 later.sent = 0;
             }
         }
-        qp.cursor = qp.cursor.min(idx);
+        qp.requester.cursor = qp.requester.cursor.min(idx);
     }
 
     /// Transmits what the send queue of `qpn` has pending, and runs its timers.
@@ -263,16 +314,16 @@ impl Inner {
         if qp.error.is_some() {
             return;
         }
-        let QueuePair {
+        let peer_rank = &qp.peer;
+        let Requester {
             sq,
             sq_sges,
             sq_inline,
             cursor,
             next_msn,
             peer_polls_seen,
-            peer: peer_rank,
             ..
-        } = qp;
+        } = &mut qp.requester;
         let peer = &self.peers[*peer_rank];
         let mut earlier_done = true;
         let mut i = 0;
@@ -453,16 +504,16 @@ impl Inner {
                 total,
                 signaled,
                 ..
-            }) = qp.sq.front()
+            }) = qp.requester.sq.front()
             else {
                 return;
             };
-            qp.sq.pop_front();
-            if qp.sq.is_empty() {
-                qp.sq_sges.clear();
-                qp.sq_inline.clear();
+            qp.requester.sq.pop_front();
+            if qp.requester.sq.is_empty() {
+                qp.requester.sq_sges.clear();
+                qp.requester.sq_inline.clear();
             }
-            qp.cursor = qp.cursor.saturating_sub(1);
+            qp.requester.cursor = qp.requester.cursor.saturating_sub(1);
             let opcode = match kind {
                 OpKind::Send { .. } => WcOpcode::Send,
                 OpKind::Write { .. } => WcOpcode::RdmaWrite,

@@ -1,34 +1,122 @@
 //! The responder side of a queue pair: receives, packets from the rings, placing SENDs and
 //! staged WRITEs, and acknowledging through the requester's acknowledgement line. A
-//! request's first packet is checked in [`super::accept`]; staged READs are answered in
-//! [`super::read_response`].
+//! request's first packet is checked in [`accept`]; staged READs are answered in
+//! [`read_response`], atomics in [`atomic`]; SENDs parked on a receive fault wait in the
+//! [`backup_ring`]; translation-cache misses are in [`cache_miss`]. The responder's state
+//! ([`Responder`]) is private to this module and these.
 
+mod accept;
+pub(super) mod atomic;
+pub(super) mod backup_ring;
+pub(super) mod cache_miss;
+mod read_response;
+
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 
 use smallvec::SmallVec;
 
-use super::backup_ring::HeldReceive;
-use super::{completion, total_len, Engine, Incoming, IncomingKind, QueuePair, RecvOp};
+pub(crate) use backup_ring::BackupRing;
+use backup_ring::HeldReceive;
+
+use super::{
+    completion, total_len, AtomicOut, Engine, Incoming, IncomingKind, QueuePair, ReadOut, RecvOp,
+};
 use crate::ack::Nak;
 use crate::dma;
 use crate::ring::{
     self, Header, Kind, Payload, CMA_DESCRIPTOR, FIRST, HAS_IMM, LAST, MAX_DESCRIPTOR_EXTENTS,
 };
 use crate::Inner;
-use pagewire_nic::{Access, DataPath, RecvWr, WcOpcode, WcStatus};
+use pagewire_nic::{Access, Completion, DataPath, RecvWr, Sge, WcOpcode, WcStatus};
 use pagewire_sys::error::{Error, Result};
 use pagewire_sys::{self as sys, CmaDirection, Extent};
 
+/// The responder's half of a queue pair: its receive queue, the request being received, and
+/// what it owes the requester (READ responses, atomics' results, held completions). Only
+/// this module and its children (`accept`, `atomic`, `backup_ring`, `cache_miss`,
+/// `read_response`) touch it; the rest of the engine asks ([`Responder::is_idle`]) or tells
+/// ([`Responder::flush`]).
+pub(super) struct Responder {
+    rq: VecDeque<RecvOp>,
+    /// The scatter-gather entries of the receives in `rq`, in order.
+    rq_sges: VecDeque<Sge>,
+    /// Next request sequence number this responder accepts.
+    expected_msn: u64,
+    /// A multi-packet request being received.
+    rx: Option<Incoming>,
+    /// Packets of this message are dropped until its first packet comes again.
+    discard_msn: Option<u64>,
+    /// The last receive-side fault filed: (msn, fault sequence number).
+    rx_fault: Option<(u64, u64)>,
+    /// The keys of request `.0` translated through the cache so far (`.1`: bit `i` for
+    /// receive entry `i`, [`super::REMOTE_KEY`] for the key it names).
+    rx_translated: Option<(u64, u32)>,
+    /// The last translation-cache miss filed for a request: (msn, sequence number in this
+    /// rank's responder miss slot of the queue pair, its key's bit).
+    rx_miss: Option<(u64, u64, u32)>,
+    /// An error NAK was sent: nothing more is accepted (the requester's queue pair is in
+    /// the error state once it reads it).
+    refusing: bool,
+    /// READ responses being sent (staged path).
+    reads_out: VecDeque<ReadOut>,
+    /// Results of atomics executed here, waiting for room in the requester's ring. An
+    /// atomic runs once, when its request is accepted; its result is kept until it is sent
+    /// (what an HCA keeps in its responder resources for atomics).
+    atomics_out: VecDeque<AtomicOut>,
+    /// The backup ring (receive-fault policy `backup` only).
+    backup: Option<BackupRing>,
+    /// Receive completions held behind messages parked in the backup ring, in order.
+    held: VecDeque<HeldReceive>,
+}
+
+impl Responder {
+    /// A responder with nothing posted, parking SENDs in `backup` under the `backup`
+    /// receive-fault policy.
+    pub(super) fn new(backup: Option<BackupRing>) -> Responder {
+        Responder {
+            rq: VecDeque::new(),
+            rq_sges: VecDeque::new(),
+            expected_msn: 0,
+            rx: None,
+            discard_msn: None,
+            rx_fault: None,
+            rx_translated: None,
+            rx_miss: None,
+            refusing: false,
+            reads_out: VecDeque::new(),
+            atomics_out: VecDeque::new(),
+            backup,
+            held: VecDeque::new(),
+        }
+    }
+
+    /// Whether it owes the requester nothing (no READ response, atomic result or held
+    /// completion left to send).
+    pub(super) fn is_idle(&self) -> bool {
+        self.reads_out.is_empty() && self.atomics_out.is_empty() && self.held.is_empty()
+    }
+
+    /// The queue pair `qpn` entered the error state: the completions held behind parked
+    /// messages (those parked flushed), then every posted receive's work request id (they
+    /// complete flushed).
+    pub(super) fn flush(&mut self, qpn: u32) -> (Vec<Completion>, SmallVec<[u64; 16]>) {
+        let held = backup_ring::flush_held(&mut self.held, qpn);
+        self.rq_sges.clear();
+        (held, self.rq.drain(..).map(|r| r.wr_id).collect())
+    }
+}
+
 /// Puts back the receive an abandoned message had taken, and its room in the backup ring.
 fn restore_receive(qp: &mut QueuePair, rx: Incoming) {
-    if let (Some(p), Some(ring)) = (&rx.parked, qp.backup.as_mut()) {
+    if let (Some(p), Some(ring)) = (&rx.parked, qp.responder.backup.as_mut()) {
         ring.unreserve(p);
     }
     if let Some((r, sges)) = rx.recv {
         for s in sges.iter().rev() {
-            qp.rq_sges.push_front(*s);
+            qp.responder.rq_sges.push_front(*s);
         }
-        qp.rq.push_front(r);
+        qp.responder.rq.push_front(r);
     }
 }
 
@@ -36,7 +124,7 @@ impl Inner {
     pub(crate) fn post_recv(&self, qpn: u32, wr: &RecvWr<'_>) -> Result<()> {
         let mut eng = self.engine.lock();
         let qp = eng.qp_mut(qpn)?;
-        if qp.rq.len() >= qp.caps.max_recv_wr as usize {
+        if qp.responder.rq.len() >= qp.caps.max_recv_wr as usize {
             return Err(Error::Exhausted {
                 what: "receive queue",
                 limit: qp.caps.max_recv_wr as u64,
@@ -63,8 +151,8 @@ impl Inner {
                 ),
             );
         } else {
-            qp.rq.push_back(op);
-            qp.rq_sges.extend(wr.sgl.iter().copied());
+            qp.responder.rq.push_back(op);
+            qp.responder.rq_sges.extend(wr.sgl.iter().copied());
         }
         Ok(())
     }
@@ -98,8 +186,8 @@ impl Inner {
         status: WcStatus,
     ) {
         let qp = eng.qps[qpn as usize].as_mut().expect("exists");
-        qp.refusing = true;
-        qp.rx = None;
+        qp.responder.refusing = true;
+        qp.responder.rx = None;
         self.nak(from, h.src_qpn, h.msn, Nak::Error(status.code()));
     }
 
@@ -136,9 +224,9 @@ impl Inner {
         let why = format!("rank {from} sent a malformed packet ({why})");
         let flushed = eng.enter_error(qpn, why.clone());
         if let Some(qp) = eng.qps[qpn as usize].as_mut() {
-            if !qp.refusing {
-                qp.refusing = true;
-                qp.rx = None;
+            if !qp.responder.refusing {
+                qp.responder.refusing = true;
+                qp.responder.rx = None;
                 eprintln!(
                     "pagewire: rank {}: {why}; its queue pair {qpn} is in the error state",
                     self.rank
@@ -158,7 +246,7 @@ impl Inner {
     ) {
         let qpn = h.dst_qpn;
         let qp = eng.qps[qpn as usize].as_mut().expect("checked by caller");
-        if qp.refusing {
+        if qp.responder.refusing {
             return;
         }
         if qp.error.is_some() {
@@ -167,33 +255,33 @@ impl Inner {
             }
             return;
         }
-        if h.msn != qp.expected_msn {
+        if h.msn != qp.responder.expected_msn {
             return; // behind a refused request (go-back-N) or a duplicate
         }
-        if qp.discard_msn == Some(h.msn) {
+        if qp.responder.discard_msn == Some(h.msn) {
             if h.flags & FIRST == 0 {
                 return;
             }
-            qp.discard_msn = None;
+            qp.responder.discard_msn = None;
         }
         if kind == Kind::Send
             && h.flags & (FIRST | LAST | CMA_DESCRIPTOR) == FIRST | LAST
             && h.code == 0
-            && qp.rx.is_none()
+            && qp.responder.rx.is_none()
             && self.deliver_single_send(eng, from, h, payload)
         {
             return;
         }
         let qp = eng.qps[qpn as usize].as_mut().expect("checked by caller");
         let mut rx = if h.flags & FIRST != 0 {
-            if let Some(old) = qp.rx.take() {
+            if let Some(old) = qp.responder.rx.take() {
                 // A retransmission of a message whose first packets were taken: the receive
                 // it consumed is posted again.
                 restore_receive(qp, old);
             }
             if h.code != 0 {
                 // The requester could not read its own buffer: nothing of it is taken.
-                qp.discard_msn = Some(h.msn);
+                qp.responder.discard_msn = Some(h.msn);
                 return;
             }
             match self.accept_request(eng, from, kind, h, payload) {
@@ -201,10 +289,10 @@ impl Inner {
                 None => return,
             }
         } else {
-            match qp.rx.take() {
+            match qp.responder.rx.take() {
                 Some(rx) if rx.msn == h.msn => rx,
                 other => {
-                    qp.rx = other;
+                    qp.responder.rx = other;
                     return;
                 }
             }
@@ -214,7 +302,7 @@ impl Inner {
             // The requester failed mid-message: drop it; its receive stays posted.
             let qp = eng.qps[qpn as usize].as_mut().expect("exists");
             restore_receive(qp, rx);
-            qp.discard_msn = Some(h.msn);
+            qp.responder.discard_msn = Some(h.msn);
             return;
         }
         // Move the payload.
@@ -250,7 +338,7 @@ impl Inner {
         };
         let qp = eng.qps[qpn as usize].as_mut().expect("exists");
         if let Err(status) = moved {
-            qp.expected_msn += 1;
+            qp.responder.expected_msn += 1;
             let remote = match status {
                 WcStatus::LocalProtectionError if rx.kind == IncomingKind::Write => {
                     WcStatus::RemoteAccessError
@@ -267,11 +355,11 @@ impl Inner {
             return;
         }
         if h.flags & LAST == 0 {
-            qp.rx = Some(rx);
+            qp.responder.rx = Some(rx);
             return;
         }
-        qp.expected_msn += 1;
-        let msn_end = qp.expected_msn;
+        qp.responder.expected_msn += 1;
+        let msn_end = qp.responder.expected_msn;
         let c = match rx.kind {
             IncomingKind::Send { wr_id } => Some(completion(
                 wr_id,
@@ -294,7 +382,7 @@ impl Inner {
         match (c, rx.parked, rx.recv.take()) {
             (Some(completion), Some(parked), Some((_, sges))) => {
                 // In the backup ring: acknowledged now, placed once its fault is resolved.
-                qp.held.push_back(HeldReceive::Parked {
+                qp.responder.held.push_back(HeldReceive::Parked {
                     completion,
                     sges,
                     parked,
@@ -319,13 +407,13 @@ impl Inner {
     ) -> bool {
         let qpn = h.dst_qpn;
         let qp = eng.qps[qpn as usize].as_mut().expect("checked by caller");
-        let Some(&r) = qp.rq.front() else {
+        let Some(&r) = qp.responder.rq.front() else {
             return false;
         };
         if r.sges != 1 || h.total_len > r.capacity || h.payload_len as u64 != h.total_len {
             return false;
         }
-        let sge = qp.rq_sges[0];
+        let sge = qp.responder.rq_sges[0];
         let Ok(guard) =
             self.own
                 .tpt()
@@ -357,11 +445,11 @@ impl Inner {
         }
         drop(guard);
         self.counters.add_bytes(DataPath::Staged, len);
-        qp.rq.pop_front();
-        qp.rq_sges.pop_front();
-        qp.rx_fault = None;
-        qp.expected_msn += 1;
-        let msn_end = qp.expected_msn;
+        qp.responder.rq.pop_front();
+        qp.responder.rq_sges.pop_front();
+        qp.responder.rx_fault = None;
+        qp.responder.expected_msn += 1;
+        let msn_end = qp.responder.expected_msn;
         let imm = (h.flags & HAS_IMM != 0).then_some(h.imm);
         eng.complete_receive(
             qpn,

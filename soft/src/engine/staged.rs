@@ -3,7 +3,7 @@
 
 use smallvec::SmallVec;
 
-use super::cache_miss::dropped;
+use super::responder::cache_miss::dropped;
 use super::translate::Untranslated;
 use super::{Held, OpKind, OpState, SendOp, SEND_CMA_MIN};
 use crate::dma;

@@ -3,8 +3,8 @@
 //! drop that a miss causes and the filed miss, and when the dropped request goes out again.
 //! With the cache off every lookup is one load that finds it off.
 
-use super::{CoarseClock, MissWait, OpState, QueuePair, SendOp};
 use crate::engine::NUDGE_AFTER;
+use crate::engine::{CoarseClock, MissWait, OpState, QueuePair, SendOp};
 use crate::layout::RankMemory;
 use crate::tpt_cache::MissSide;
 use crate::{Inner, Peer};
@@ -12,7 +12,7 @@ use pagewire_nic::WcStatus;
 use pagewire_sys as sys;
 
 /// The state of a request a miss has just dropped.
-pub(super) fn dropped(wait: MissWait, retry_at: u64) -> OpState {
+pub(in crate::engine) fn dropped(wait: MissWait, retry_at: u64) -> OpState {
     OpState::TranslationMiss {
         retry_at,
         since_ns: sys::monotonic_ns(),
@@ -43,7 +43,7 @@ fn through_cache(
 impl Inner {
     /// Requester: `key` (the request's entry `bit`) through this NIC's own cache, unless the
     /// request translated it already. A miss is filed for the driver, which is woken.
-    pub(super) fn translate_local(
+    pub(in crate::engine) fn translate_local(
         &self,
         qpn: u32,
         key: u32,
@@ -57,14 +57,14 @@ impl Inner {
     /// The target's key `rkey` through the target's cache, this engine playing the target
     /// NIC's part (the CMA path). A miss is filed in the target's responder slot of
     /// `remote_qpn` and its driver woken.
-    pub(super) fn translate_remote(
+    pub(in crate::engine) fn translate_remote(
         &self,
         peer: &Peer,
         remote_qpn: u32,
         rkey: u32,
         translated: &mut u32,
     ) -> Result<(), MissWait> {
-        let bit = super::REMOTE_KEY;
+        let bit = crate::engine::REMOTE_KEY;
         through_cache(
             &peer.mem,
             remote_qpn,
@@ -79,7 +79,7 @@ impl Inner {
     /// A request waiting after a miss: false while it must wait on; true once its state
     /// changed (to `Pending`, to go out again, or to an error for a peer that died). The time
     /// it waited is counted as stall.
-    pub(super) fn after_miss(
+    pub(in crate::engine) fn after_miss(
         &self,
         op: &mut SendOp,
         peer: &Peer,
@@ -139,21 +139,21 @@ impl Inner {
     /// the driver, which is woken) or the miss filed for its earlier transmission is still
     /// being filled. Each key is looked up once per request, and the one a fill was made for
     /// is taken as translated when the retransmission comes.
-    pub(super) fn translate_incoming(
+    pub(in crate::engine) fn translate_incoming(
         &self,
         qp: &mut QueuePair,
         msn: u64,
         keys: &[(u32, u32)],
     ) -> bool {
-        let mut mask = match qp.rx_translated {
+        let mut mask = match qp.responder.rx_translated {
             Some((m, mask)) if m == msn => mask,
             _ => 0,
         };
         let slot = self.own.miss_slot(qp.qpn, MissSide::Responder);
-        if let Some((m, seq, bit)) = qp.rx_miss.take() {
+        if let Some((m, seq, bit)) = qp.responder.rx_miss.take() {
             if m == msn {
                 if slot.outcome(seq).is_none() {
-                    qp.rx_miss = Some((m, seq, bit));
+                    qp.responder.rx_miss = Some((m, seq, bit));
                     return false;
                 }
                 mask |= bit;
@@ -167,11 +167,11 @@ impl Inner {
             }
             let seq = slot.file(key as u64, 0, false);
             self.own.wake_driver_if_asleep();
-            qp.rx_miss = Some((msn, seq, bit));
-            qp.rx_translated = Some((msn, mask));
+            qp.responder.rx_miss = Some((msn, seq, bit));
+            qp.responder.rx_translated = Some((msn, mask));
             return false;
         }
-        qp.rx_translated = Some((msn, mask));
+        qp.responder.rx_translated = Some((msn, mask));
         true
     }
 }

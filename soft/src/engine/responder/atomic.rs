@@ -10,19 +10,19 @@
 //! They always take the staged path, also to a peer reachable by CMA: the kernel's copy
 //! between address spaces is not atomic.
 
-use super::staged::SettleLink;
-use super::{AtomicOut, Engine, KeyedExtent, OpState, QueuePair};
 use crate::dma;
+use crate::engine::staged::SettleLink;
+use crate::engine::{AtomicOut, Engine, KeyedExtent, OpState, QueuePair};
 use crate::ring::{Header, Kind, Payload, FIRST, LAST};
 use crate::Inner;
 use pagewire_nic::{Access, WcStatus};
 
-use super::queue_pair::AtomicOp;
+use crate::engine::queue_pair::AtomicOp;
 
 impl Inner {
     /// The responder runs an accepted atomic request on `target` (checked against the table
     /// by the caller) and queues its result.
-    pub(super) fn execute_atomic(
+    pub(in crate::engine) fn execute_atomic(
         &self,
         qp: &mut QueuePair,
         h: &Header,
@@ -46,7 +46,7 @@ impl Inner {
             Ok(old) => (0, old),
             Err(status) => (status.code(), 0),
         };
-        qp.atomics_out.push_back(AtomicOut {
+        qp.responder.atomics_out.push_back(AtomicOut {
             msn: h.msn,
             dst_qpn: h.src_qpn,
             code,
@@ -55,16 +55,16 @@ impl Inner {
     }
 
     /// Sends the results of executed atomics as ring space allows.
-    pub(super) fn send_atomic_responses(&self, eng: &mut Engine, qpn: u32) {
+    pub(in crate::engine) fn send_atomic_responses(&self, eng: &mut Engine, qpn: u32) {
         let Some(qp) = eng.qps[qpn as usize].as_mut() else {
             return;
         };
-        if qp.atomics_out.is_empty() {
+        if qp.responder.atomics_out.is_empty() {
             return;
         }
         let peer = qp.peer;
         let _settle = SettleLink::new(self, peer);
-        while let Some(&a) = qp.atomics_out.front() {
+        while let Some(&a) = qp.responder.atomics_out.front() {
             let h = Header {
                 kind: Kind::AtomicResponse as u8,
                 flags: FIRST | LAST,
@@ -87,12 +87,12 @@ impl Inner {
                 self.peers[peer].mem.wake_driver_if_asleep();
                 return;
             }
-            qp.atomics_out.pop_front();
+            qp.responder.atomics_out.pop_front();
         }
     }
 
     /// The requester's side: the old value of its atomic, into its scatter-gather entry.
-    pub(super) fn handle_atomic_response(
+    pub(in crate::engine) fn handle_atomic_response(
         &self,
         eng: &mut Engine,
         h: &Header,
@@ -101,20 +101,16 @@ impl Inner {
         let Ok(qp) = eng.qp_mut(h.dst_qpn) else {
             return;
         };
-        let QueuePair { sq, sq_sges, .. } = qp;
-        let Some(op) = sq.iter_mut().find(|o| o.msn == Some(h.msn)) else {
+        let Some((op, sges)) = qp.requester.awaiting_response(h.msn) else {
             return;
         };
-        if op.state != OpState::AwaitingResponse {
-            return;
-        }
         if h.code != 0 {
             op.state = OpState::Done(WcStatus::from_code(h.code));
             return;
         }
         let mut old = [0u8; 8];
         payload.read(&mut old);
-        let sge = KeyedExtent::from(&sq_sges[op.sges.0 as usize]);
+        let sge = KeyedExtent::from(&sges[0]);
         let placed = self
             .hold_own(std::slice::from_ref(&sge), 0, 8, Access::LOCAL_WRITE)
             .map_err(|_| ())

@@ -3,16 +3,16 @@
 
 use smallvec::SmallVec;
 
-use super::staged::SettleLink;
-use super::{Engine, Held, KeyedExtent, OpState, QueuePair};
 use crate::dma;
+use crate::engine::staged::SettleLink;
+use crate::engine::{Engine, Held, KeyedExtent, OpState};
 use crate::ring::{Header, Kind, Payload, FIRST, LAST, MTU};
 use crate::Inner;
 use pagewire_nic::{Access, DataPath, WcStatus};
 
 impl Inner {
     /// Staged READ responses: stream the requested bytes back as ring space allows.
-    pub(super) fn send_read_responses(&self, eng: &mut Engine, qpn: u32) {
+    pub(in crate::engine) fn send_read_responses(&self, eng: &mut Engine, qpn: u32) {
         let Some(qp) = eng.qps[qpn as usize].as_mut() else {
             return;
         };
@@ -22,7 +22,7 @@ impl Inner {
         // guard is declared after them, so it drops first.
         let mut holds: SmallVec<[Held<'_>; 8]> = SmallVec::new();
         let _settle = SettleLink::new(self, peer);
-        while let Some(r) = qp.reads_out.front_mut() {
+        while let Some(r) = qp.responder.reads_out.front_mut() {
             loop {
                 let chunk = (r.source.len - r.sent).min(MTU as u64);
                 let last = r.sent + chunk == r.source.len;
@@ -81,22 +81,23 @@ impl Inner {
                     break;
                 }
             }
-            qp.reads_out.pop_front();
+            qp.responder.reads_out.pop_front();
         }
     }
 
     /// The requester's side of a staged READ: a response packet.
-    pub(super) fn handle_read_response(&self, eng: &mut Engine, h: &Header, payload: Payload<'_>) {
+    pub(in crate::engine) fn handle_read_response(
+        &self,
+        eng: &mut Engine,
+        h: &Header,
+        payload: Payload<'_>,
+    ) {
         let Ok(qp) = eng.qp_mut(h.dst_qpn) else {
             return;
         };
-        let QueuePair { sq, sq_sges, .. } = qp;
-        let Some(op) = sq.iter_mut().find(|o| o.msn == Some(h.msn)) else {
+        let Some((op, sges)) = qp.requester.awaiting_response(h.msn) else {
             return;
         };
-        if op.state != OpState::AwaitingResponse {
-            return;
-        }
         if h.code != 0 {
             op.state = OpState::Done(WcStatus::from_code(h.code));
             return;
@@ -106,11 +107,7 @@ impl Inner {
             op.state = OpState::Done(WcStatus::RemoteOperationError);
             return;
         }
-        let dst: SmallVec<[KeyedExtent; 2]> = sq_sges
-            [op.sges.0 as usize..(op.sges.0 + op.sges.1) as usize]
-            .iter()
-            .map(KeyedExtent::from)
-            .collect();
+        let dst: SmallVec<[KeyedExtent; 2]> = sges.iter().map(KeyedExtent::from).collect();
         let placed = self
             .hold_own(&dst, h.offset, len, Access::LOCAL_WRITE)
             .map_err(|_| ())

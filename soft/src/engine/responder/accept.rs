@@ -6,11 +6,11 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use smallvec::SmallVec;
 
-use super::{
+use crate::ack::Nak;
+use crate::engine::{
     completion, fault_extent, Engine, Incoming, IncomingKind, KeyedExtent, QueuePair, ReadOut,
     RecvOp, REMOTE_KEY,
 };
-use crate::ack::Nak;
 use crate::receive_fault::ReceiveFaultPolicy;
 use crate::ring::{Header, Kind, CMA_DESCRIPTOR, HAS_IMM};
 use crate::Inner;
@@ -19,15 +19,15 @@ use pagewire_sys::Extent;
 
 /// Takes the receive at the front of the queue, with its scatter-gather entries.
 fn take_receive(qp: &mut QueuePair) -> (RecvOp, SmallVec<[Sge; 2]>) {
-    let r = qp.rq.pop_front().expect("a receive is posted");
-    let sges = qp.rq_sges.drain(..r.sges as usize).collect();
+    let r = qp.responder.rq.pop_front().expect("a receive is posted");
+    let sges = qp.responder.rq_sges.drain(..r.sges as usize).collect();
     (r, sges)
 }
 
 impl Inner {
     /// The first packet of a request: checks keys, lengths and pages, takes a receive.
     /// `None` when it was refused (answered with a NAK) or needs nothing more (a READ).
-    pub(super) fn accept_request(
+    pub(in crate::engine) fn accept_request(
         &self,
         eng: &mut Engine,
         from: usize,
@@ -50,14 +50,19 @@ impl Inner {
         let mut parked = None;
         match kind {
             Kind::Send | Kind::WriteImm => {
-                let Some(&r) = qp.rq.front() else {
-                    qp.discard_msn = Some(h.msn);
+                let Some(&r) = qp.responder.rq.front() else {
+                    qp.responder.discard_msn = Some(h.msn);
                     self.nak(from, src_qpn, h.msn, Nak::Rnr { fault: None });
                     return None;
                 };
                 if kind == Kind::Send {
-                    let sgl: SmallVec<[Sge; 2]> =
-                        qp.rq_sges.iter().take(r.sges as usize).copied().collect();
+                    let sgl: SmallVec<[Sge; 2]> = qp
+                        .responder
+                        .rq_sges
+                        .iter()
+                        .take(r.sges as usize)
+                        .copied()
+                        .collect();
                     let failure = if h.total_len > r.capacity {
                         Some((
                             WcStatus::LocalLengthError,
@@ -86,7 +91,7 @@ impl Inner {
                     });
                     if let Some((local_status, remote_status, why)) = failure {
                         take_receive(qp);
-                        qp.expected_msn += 1;
+                        qp.responder.expected_msn += 1;
                         self.counters.error_completions.fetch_add(1, Relaxed);
                         let len = if local_status == WcStatus::LocalLengthError {
                             h.total_len as u32
@@ -127,7 +132,7 @@ impl Inner {
             }
             Kind::AtomicRequest if h.remote_addr % 8 != 0 => {
                 // The word must be naturally aligned (`IBV_WC_REM_INV_REQ_ERR` on an HCA).
-                qp.expected_msn += 1;
+                qp.responder.expected_msn += 1;
                 self.refuse(eng, from, qpn, h, WcStatus::RemoteInvalidRequest);
                 return None;
             }
@@ -165,7 +170,11 @@ impl Inner {
                     }
                 }
                 Err(_) => {
-                    eng.qps[qpn as usize].as_mut().expect("exists").expected_msn += 1;
+                    eng.qps[qpn as usize]
+                        .as_mut()
+                        .expect("exists")
+                        .responder
+                        .expected_msn += 1;
                     self.refuse(eng, from, qpn, h, WcStatus::RemoteAccessError);
                     return None;
                 }
@@ -184,7 +193,7 @@ impl Inner {
             }
             let qp = eng.qps[qpn as usize].as_mut().expect("exists");
             if !self.translate_incoming(qp, h.msn, &keys) {
-                qp.discard_msn = Some(h.msn);
+                qp.responder.discard_msn = Some(h.msn);
                 self.nak(from, src_qpn, h.msn, Nak::TranslationMiss);
                 return None;
             }
@@ -204,11 +213,11 @@ impl Inner {
             if let Some(span) = span {
                 let range = fault_extent(span);
                 let qp = eng.qps[qpn as usize].as_mut().expect("exists");
-                if let Some((m, seq)) = qp.rx_fault {
+                if let Some((m, seq)) = qp.responder.rx_fault {
                     if m == h.msn && me.mem.npf_slot(qpn).outcome(seq) == Some(false) {
                         // The memory is not mapped: the request fails.
-                        qp.rx_fault = None;
-                        qp.expected_msn += 1;
+                        qp.responder.rx_fault = None;
+                        qp.responder.expected_msn += 1;
                         let status = if kind == Kind::Send {
                             WcStatus::RemoteOperationError
                         } else {
@@ -240,7 +249,11 @@ impl Inner {
                 // stored in the ring if there is room.
                 let policy = self.receive_fault.policy;
                 let backup = policy == ReceiveFaultPolicy::Backup && kind == Kind::Send;
-                let ring = if backup { qp.backup.as_mut() } else { None };
+                let ring = if backup {
+                    qp.responder.backup.as_mut()
+                } else {
+                    None
+                };
                 if let Some(p) = ring.and_then(|ring| ring.reserve(h.total_len, range)) {
                     let rf = &self.counters.receive_fault;
                     rf.backed_up.fetch_add(1, Relaxed);
@@ -252,8 +265,8 @@ impl Inner {
                     // the driver thread's) serves it.
                     let seq = me.mem.npf_slot(qpn).file(range.addr, range.len, write);
                     let qp = eng.qps[qpn as usize].as_mut().expect("exists");
-                    qp.rx_fault = Some((h.msn, seq));
-                    qp.discard_msn = Some(h.msn);
+                    qp.responder.rx_fault = Some((h.msn, seq));
+                    qp.responder.discard_msn = Some(h.msn);
                     let silent = match policy {
                         ReceiveFaultPolicy::Rnr => false,
                         ReceiveFaultPolicy::Drop => kind != Kind::ReadRequest,
@@ -273,22 +286,22 @@ impl Inner {
             }
         }
         let qp = eng.qps[qpn as usize].as_mut().expect("exists");
-        qp.rx_fault = None;
+        qp.responder.rx_fault = None;
         // A parked message's bytes go to the backup ring; its receive waits in `recv`.
-        let targets = match (&parked, qp.backup.as_ref()) {
+        let targets = match (&parked, qp.responder.backup.as_ref()) {
             (Some(p), Some(ring)) => smallvec::smallvec![ring.keyed(p.at, h.total_len)],
             _ => targets,
         };
         match kind {
             Kind::ReadRequest => {
-                qp.reads_out.push_back(ReadOut {
+                qp.responder.reads_out.push_back(ReadOut {
                     msn: h.msn,
                     dst_qpn: src_qpn,
                     source: targets[0],
                     sent: 0,
                 });
-                qp.expected_msn += 1;
-                let msn_end = qp.expected_msn;
+                qp.responder.expected_msn += 1;
+                let msn_end = qp.responder.expected_msn;
                 self.ack(from, src_qpn, msn_end);
                 eng.mark_busy(qpn);
                 None // nothing more to receive for it
@@ -297,8 +310,8 @@ impl Inner {
                 // Run once, now that it is accepted in order: a retransmitted copy has an
                 // older sequence number and is ignored.
                 self.execute_atomic(qp, h, payload, targets[0]);
-                qp.expected_msn += 1;
-                let msn_end = qp.expected_msn;
+                qp.responder.expected_msn += 1;
+                let msn_end = qp.responder.expected_msn;
                 self.ack(from, src_qpn, msn_end);
                 eng.mark_busy(qpn);
                 None

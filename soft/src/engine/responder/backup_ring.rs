@@ -1,5 +1,5 @@
 //! The backup ring of Lesokhin17 §5 (Figs. 5-6), for the `backup` receive-fault policy
-//! (`super::super::receive_fault`): a small pinned ring per queue pair, owned by the NIC's
+//! (`crate::receive_fault`): a small pinned ring per queue pair, owned by the NIC's
 //! driver, where a SEND whose receive buffer faults is stored and acknowledged; once the
 //! fault is resolved the driver copies it into the receive buffer. Receive completions
 //! are reported in order: one that arrives behind a parked message waits with it
@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use smallvec::SmallVec;
 
-use super::{completion, Engine, KeyedExtent};
+use crate::engine::{completion, Engine, KeyedExtent};
 use crate::receive_fault::BACKUP_RING_MAX_MESSAGES;
 use crate::{dma, Inner};
 use pagewire_nic::{Access, Completion, Sge, WcOpcode, WcStatus};
@@ -32,14 +32,14 @@ pub(crate) struct BackupRing {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Parked {
     /// Where it is stored.
-    pub(super) at: u64,
+    pub(in crate::engine) at: u64,
     /// The ring's end counter before and after it was reserved.
-    pub(super) end_before: u64,
-    pub(super) end_after: u64,
+    pub(in crate::engine) end_before: u64,
+    pub(in crate::engine) end_after: u64,
     /// The pages of the receive buffer to fault in.
-    pub(super) fault: Extent,
+    pub(in crate::engine) fault: Extent,
     /// When the fault was taken (monotonic ns).
-    pub(super) since_ns: u64,
+    pub(in crate::engine) since_ns: u64,
 }
 
 /// A receive completion the queue pair holds back until the parked messages ahead of it
@@ -74,7 +74,7 @@ impl BackupRing {
 
     /// Room for a message of `len` bytes whose receive faulted on `fault`: where to store
     /// it, or `None` when the ring is full (the message is dropped).
-    pub(super) fn reserve(&mut self, len: u64, fault: Extent) -> Option<Parked> {
+    pub(in crate::engine) fn reserve(&mut self, len: u64, fault: Extent) -> Option<Parked> {
         let cap = self.mem.len() as u64;
         if len > cap || self.messages >= BACKUP_RING_MAX_MESSAGES {
             return None;
@@ -99,7 +99,7 @@ impl BackupRing {
     }
 
     /// Gives back the newest reservation (a message abandoned before its last packet).
-    pub(super) fn unreserve(&mut self, p: &Parked) {
+    pub(in crate::engine) fn unreserve(&mut self, p: &Parked) {
         debug_assert_eq!(
             self.end, p.end_after,
             "only the newest reservation goes back"
@@ -118,7 +118,7 @@ impl BackupRing {
     }
 
     /// The stored message at `at` as the engine addresses memory.
-    pub(super) fn keyed(&self, at: u64, len: u64) -> KeyedExtent {
+    pub(in crate::engine) fn keyed(&self, at: u64, len: u64) -> KeyedExtent {
         KeyedExtent {
             key: self.lkey,
             addr: at,
@@ -129,15 +129,15 @@ impl BackupRing {
 
 impl Engine {
     /// Reports a receive completion of `qpn`, or holds it behind the parked messages ahead.
-    pub(super) fn complete_receive(&mut self, qpn: u32, c: Completion) {
+    pub(in crate::engine) fn complete_receive(&mut self, qpn: u32, c: Completion) {
         let Some(qp) = self.qps[qpn as usize].as_mut() else {
             return;
         };
-        if qp.held.is_empty() {
+        if qp.responder.held.is_empty() {
             let cq = qp.recv_cq;
             self.push_completion(cq, c);
         } else {
-            qp.held.push_back(HeldReceive::Ready(c));
+            qp.responder.held.push_back(HeldReceive::Ready(c));
         }
     }
 }
@@ -146,12 +146,12 @@ impl Inner {
     /// The driver's part for the backup ring of `qpn`: resolves the fault of each parked
     /// message in order, copies it into its receive buffer and reports the completions
     /// held behind it.
-    pub(super) fn drain_held(&self, eng: &mut Engine, qpn: u32) {
+    pub(in crate::engine) fn drain_held(&self, eng: &mut Engine, qpn: u32) {
         loop {
             let Some(qp) = eng.qps[qpn as usize].as_mut() else {
                 return;
             };
-            let Some(front) = qp.held.pop_front() else {
+            let Some(front) = qp.responder.held.pop_front() else {
                 return;
             };
             let cq = qp.recv_cq;
@@ -164,7 +164,7 @@ impl Inner {
                 } => {
                     let status = self.place_parked(&sges, c.byte_len as u64, &parked);
                     let qp = eng.qps[qpn as usize].as_mut().expect("exists");
-                    if let Some(ring) = qp.backup.as_mut() {
+                    if let Some(ring) = qp.responder.backup.as_mut() {
                         ring.release(&parked);
                     }
                     let rf = &self.counters.receive_fault;
@@ -204,7 +204,7 @@ impl Inner {
 
 /// The held receives of a queue pair entering the error state: those placed complete as
 /// they are, the parked ones are flushed (their bytes never reached the buffer).
-pub(super) fn flush_held(held: &mut VecDeque<HeldReceive>, qpn: u32) -> Vec<Completion> {
+pub(in crate::engine) fn flush_held(held: &mut VecDeque<HeldReceive>, qpn: u32) -> Vec<Completion> {
     held.drain(..)
         .map(|h| match h {
             HeldReceive::Ready(c) => c,
