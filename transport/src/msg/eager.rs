@@ -11,9 +11,10 @@
 //! waits for ever, as the MPI standard allows for programs that rely on buffering.
 //! Control messages (CTS, FIN, chunk notices, acknowledgements) use extra slots and no credit.
 //! The accounting of credits and unexpected bytes is a type of its own, `Credits`
-//! (`credits.rs`), and what the receiver does with an eager message a machine of its own
-//! (`eager_recv.rs`), each unit-tested alone; this file is the sending side and the layer's
-//! handling of every message that arrives.
+//! (`credits.rs`), and what the receiver does with an unexpected eager message a machine of
+//! its own (`eager_recv.rs`), each unit-tested alone; this file is the sending side, the
+//! delivery of a message that finds its receive, and the layer's handling of every message
+//! that arrives.
 
 use super::credits::Credits;
 use super::eager_recv::{self, eager_result, EagerArrival, EagerBytes, EagerIo};
@@ -159,11 +160,22 @@ impl PointToPoint {
                 Ok(())
             }
             MsgKind::Eager => {
+                // The decoder checked that the payload is `size` bytes.
+                let size = h.size as usize;
+                let sync = h.flags & wire::SYNC != 0;
+                if let Some(rid) = self.matcher.take_posted(&env) {
+                    self.deliver_eager_from_slot(rid, env, peer, at, size);
+                    self.put_back_data(peer, at)?;
+                    if sync {
+                        self.sync_ack(peer, h.sreq)?;
+                    }
+                    return Ok(());
+                }
+                self.counters.unexpected += 1;
                 let arrival = EagerArrival {
                     env,
-                    // The decoder checked that the payload is `size` bytes.
-                    size: h.size as usize,
-                    sync: h.flags & wire::SYNC != 0,
+                    size,
+                    sync,
                     sreq: h.sreq,
                     slot: match at {
                         Arrival::Slot(slot) => Some(slot),
@@ -176,7 +188,7 @@ impl PointToPoint {
                     peer,
                     at: Some(at),
                 };
-                arrival.land(budget, &mut io)
+                arrival.queue_unexpected(budget, &mut io)
             }
             MsgKind::Rts if h.flags & wire::LOCAL_COPY != 0 => {
                 let payload = &self.arrived_bytes(peer, at)[body..len];
@@ -291,6 +303,25 @@ impl PointToPoint {
         self.send_control(peer, h)
     }
 
+    /// Copies the eager payload of `size` bytes that arrived at `at` from `peer` into
+    /// receive `rid` and completes it (straight from the slot or cell: one copy).
+    fn deliver_eager_from_slot(
+        &mut self,
+        rid: RequestId,
+        env: Envelope,
+        peer: usize,
+        at: Arrival,
+        size: usize,
+    ) {
+        let Some(Req::Recv(r)) = self.reqs.get(rid) else {
+            return;
+        };
+        let buf = r.buf.clone();
+        let (n, body) = (size.min(buf.len()), at.header_bytes());
+        buf.write(0, &self.arrived_bytes(peer, at)[body..body + n]);
+        self.complete_eager(rid, env, size, buf.len());
+    }
+
     /// Completes eager receive `rid` of a `size`-byte message into a `buffer_bytes` buffer:
     /// its status, or `Error::Truncated` when the message was longer.
     pub(crate) fn complete_eager(
@@ -358,15 +389,6 @@ impl ArrivalIo<'_> {
 }
 
 impl EagerIo for ArrivalIo<'_> {
-    #[inline]
-    fn take_posted(&mut self, env: &Envelope) -> Option<RequestId> {
-        let rid = self.p2p.matcher.take_posted(env);
-        if rid.is_none() {
-            self.p2p.counters.unexpected += 1;
-        }
-        rid
-    }
-
     #[inline]
     fn write_receive(&mut self, rid: RequestId, size: usize, from: EagerBytes) -> Option<usize> {
         let Some(Req::Recv(r)) = self.p2p.reqs.get(rid) else {

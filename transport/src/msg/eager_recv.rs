@@ -1,7 +1,8 @@
-//! The eager protocol's receive side as a machine, against [`EagerIo`] alone.
+//! The eager protocol's unexpected messages as a machine, against [`EagerIo`] alone.
 //!
 //! An eager message that finds its receive posted is copied straight from its slot or
-//! local cell into the receive's buffer (one copy), and the slot goes back to the peer. One
+//! local cell into the receive's buffer (one copy) and its slot goes back, in the layer
+//! (`eager.rs`: it is the hottest path of the library, and kept in one piece there). One
 //! that finds none is unexpected: copied out of its slot while the peer's unexpected bytes
 //! stay under the budget, else left in its slot, whose credit is then withheld
 //! ([`Credits`]), so a flood of unexpected messages stops its sender. A local cell is always
@@ -41,11 +42,9 @@ pub(crate) enum EagerBytes<'a> {
     Owned(&'a [u8]),
 }
 
-/// All the eager receive side may do: match, copy, complete, give a slot back, answer a
-/// synchronous sender.
+/// All the eager receive side may do with an unexpected message: copy it, complete the
+/// receive that matches it, give its slot back, answer a synchronous sender.
 pub(crate) trait EagerIo {
-    /// The posted receive `env` matches, taken off the posted queue.
-    fn take_posted(&mut self, env: &Envelope) -> Option<RequestId>;
     /// Writes the first bytes of the payload (`size` in all) into receive `rid`'s buffer, as
     /// many as it holds. Returns the buffer's length, or `None` if `rid` is no receive.
     fn write_receive(&mut self, rid: RequestId, size: usize, from: EagerBytes) -> Option<usize>;
@@ -65,18 +64,10 @@ pub(crate) trait EagerIo {
 }
 
 impl EagerArrival {
-    /// The message arrived: delivered to the receive posted for it, or queued unexpected
-    /// (copied out while the peer's unexpected bytes stay under `budget`, else held in its
-    /// slot).
-    pub(crate) fn land(self, budget: usize, io: &mut impl EagerIo) -> Result<()> {
-        if let Some(rid) = io.take_posted(&self.env) {
-            deliver(rid, self.env, self.size, EagerBytes::Arrived, io);
-            io.put_back()?;
-            if self.sync {
-                io.sync_ack(self.sreq)?;
-            }
-            return Ok(());
-        }
+    /// The message found no posted receive: queued unexpected, copied out while the peer's
+    /// unexpected bytes stay under `budget` (its slot then goes back), else held in its slot
+    /// (its credit withheld). A local cell is always copied out.
+    pub(crate) fn queue_unexpected(self, budget: usize, io: &mut impl EagerIo) -> Result<()> {
         let data = match self.slot {
             Some(slot) if !io.credits().unexpected_fits(self.size, budget) => {
                 EagerData::Held { slot }

@@ -1,8 +1,6 @@
-//! The eager receive machine alone, against a fake of [`EagerIo`]: a message that finds its
-//! receive, one that does not (copied out within the budget, held past it, always copied
-//! from a local cell), its later match, truncation and the synchronous sender's answer.
-
-use std::collections::VecDeque;
+//! The eager protocol's unexpected messages alone, against a fake of [`EagerIo`]: copied
+//! out within the budget, held past it, always copied from a local cell; the later match
+//! (from the copy or from the held slot), truncation and the synchronous sender's answer.
 
 use super::{deliver_unexpected, eager_result, EagerArrival, EagerBytes, EagerIo};
 use crate::error::{Error, Result};
@@ -33,10 +31,9 @@ enum Event {
     Unexpected,
 }
 
-/// The layer as the machine sees it: posted receives, one receive buffer, a payload where
-/// the message arrived, and the sender's credits.
+/// The layer as the machine sees it: one receive buffer, a payload where the message
+/// arrived, and the sender's credits.
 struct FakeIo {
-    posted: VecDeque<(Envelope, RequestId)>,
     /// The receive's buffer length (`None`: the receive is gone).
     buffer: Option<usize>,
     payload: Vec<u8>,
@@ -52,7 +49,6 @@ struct FakeIo {
 impl FakeIo {
     fn new(buffer: usize, payload_len: usize) -> FakeIo {
         FakeIo {
-            posted: VecDeque::new(),
             buffer: Some(buffer),
             payload: (0..payload_len).map(|i| i as u8).collect(),
             in_slot: true,
@@ -63,19 +59,9 @@ impl FakeIo {
             unexpected: Vec::new(),
         }
     }
-
-    fn posted(mut self) -> FakeIo {
-        self.posted.push_back((ENV, RECEIVE));
-        self
-    }
 }
 
 impl EagerIo for FakeIo {
-    fn take_posted(&mut self, env: &Envelope) -> Option<RequestId> {
-        let i = self.posted.iter().position(|(e, _)| e == env)?;
-        self.posted.remove(i).map(|(_, r)| r)
-    }
-
     fn write_receive(&mut self, rid: RequestId, size: usize, from: EagerBytes) -> Option<usize> {
         assert_eq!(rid, RECEIVE);
         let buffer = self.buffer?;
@@ -135,81 +121,11 @@ fn arrival(size: usize, sync: bool, slot: Option<usize>) -> EagerArrival {
 const BUDGET: usize = 1 << 20;
 
 #[test]
-fn a_matched_message_is_copied_straight_in_and_its_slot_goes_back_with_a_credit() {
-    let mut io = FakeIo::new(64, 40).posted();
-    arrival(40, false, Some(2)).land(BUDGET, &mut io).unwrap();
-    assert_eq!(
-        io.events,
-        [
-            Event::Wrote {
-                n: 40,
-                owned: false
-            },
-            Event::Completed,
-            Event::PutBack
-        ]
-    );
-    assert_eq!(io.written, io.payload);
-    let status = io.results.pop().unwrap().unwrap();
-    assert_eq!((status.source, status.tag, status.count), (1, 7, 40));
-    assert_eq!(
-        io.credits.to_carry(),
-        1,
-        "the reposted slot owes the sender a credit"
-    );
-    assert!(io.unexpected.is_empty());
-}
-
-#[test]
-fn a_message_longer_than_the_buffer_delivers_the_buffer_and_is_truncated() {
-    let mut io = FakeIo::new(16, 40).posted();
-    arrival(40, false, Some(0)).land(BUDGET, &mut io).unwrap();
-    assert_eq!(io.written, io.payload[..16]);
-    match io.results.pop().unwrap() {
-        Err(Error::Truncated {
-            source_rank: 1,
-            tag: 7,
-            message_bytes: 40,
-            buffer_bytes: 16,
-        }) => {}
-        other => panic!("expected a truncation, got {other:?}"),
-    }
-    assert_eq!(
-        io.events.last(),
-        Some(&Event::PutBack),
-        "the slot goes back all the same"
-    );
-}
-
-#[test]
-fn a_synchronous_sender_hears_of_the_match_once_the_bytes_are_in() {
-    let mut io = FakeIo::new(64, 8).posted();
-    arrival(8, true, Some(0)).land(BUDGET, &mut io).unwrap();
-    assert_eq!(
-        io.events,
-        [
-            Event::Wrote { n: 8, owned: false },
-            Event::Completed,
-            Event::PutBack,
-            Event::SyncAck(SENDER_REQ)
-        ]
-    );
-}
-
-#[test]
-fn a_message_for_another_receive_does_not_take_it() {
-    let mut io = FakeIo::new(64, 8).posted();
-    let mut other = arrival(8, false, Some(0));
-    other.env.tag = 8;
-    other.land(BUDGET, &mut io).unwrap();
-    assert_eq!(io.posted.len(), 1, "the posted receive waits on");
-    assert_eq!(io.events, [Event::Unexpected, Event::PutBack]);
-}
-
-#[test]
 fn an_unexpected_message_within_the_budget_is_copied_out_and_its_slot_goes_back() {
     let mut io = FakeIo::new(64, 24);
-    arrival(24, true, Some(5)).land(BUDGET, &mut io).unwrap();
+    arrival(24, true, Some(5))
+        .queue_unexpected(BUDGET, &mut io)
+        .unwrap();
     assert_eq!(
         io.events,
         [Event::Unexpected, Event::PutBack],
@@ -236,7 +152,9 @@ fn an_unexpected_message_within_the_budget_is_copied_out_and_its_slot_goes_back(
 #[test]
 fn past_the_budget_the_message_stays_in_its_slot_and_its_credit_is_withheld() {
     let mut io = FakeIo::new(64, 24);
-    arrival(24, false, Some(5)).land(16, &mut io).unwrap();
+    arrival(24, false, Some(5))
+        .queue_unexpected(16, &mut io)
+        .unwrap();
     assert_eq!(io.events, [Event::Unexpected], "the slot is held");
     assert!(matches!(
         io.unexpected[0].1,
@@ -256,7 +174,9 @@ fn past_the_budget_the_message_stays_in_its_slot_and_its_credit_is_withheld() {
 fn a_local_cell_is_copied_out_whatever_the_budget() {
     let mut io = FakeIo::new(64, 24);
     io.in_slot = false;
-    arrival(24, false, None).land(0, &mut io).unwrap();
+    arrival(24, false, None)
+        .queue_unexpected(0, &mut io)
+        .unwrap();
     assert!(matches!(
         io.unexpected[0].1,
         Unexpected::Eager {
@@ -325,10 +245,36 @@ fn a_copied_out_message_matched_later_frees_its_share_of_the_budget() {
 
 #[test]
 fn a_receive_that_is_gone_is_not_completed() {
-    let mut io = FakeIo::new(64, 8).posted();
+    let mut io = FakeIo::new(64, 8);
     io.buffer = None;
-    arrival(8, false, Some(0)).land(BUDGET, &mut io).unwrap();
-    assert_eq!(io.events, [Event::PutBack], "the slot still goes back");
+    deliver_unexpected(RECEIVE, ENV, &EagerData::Held { slot: 2 }, 8, None, &mut io).unwrap();
+    assert_eq!(io.events, [Event::PutBack], "the held slot still goes back");
+}
+
+#[test]
+fn a_copy_longer_than_the_buffer_delivers_the_buffer_and_is_truncated() {
+    let mut io = FakeIo::new(16, 0);
+    io.credits.copied_out(40);
+    let bytes: Vec<u8> = (0..40).collect();
+    deliver_unexpected(
+        RECEIVE,
+        ENV,
+        &EagerData::Owned(bytes.clone()),
+        40,
+        None,
+        &mut io,
+    )
+    .unwrap();
+    assert_eq!(io.written, bytes[..16]);
+    match io.results.pop().unwrap() {
+        Err(Error::Truncated {
+            source_rank: 1,
+            tag: 7,
+            message_bytes: 40,
+            buffer_bytes: 16,
+        }) => {}
+        other => panic!("expected a truncation, got {other:?}"),
+    }
 }
 
 #[test]
