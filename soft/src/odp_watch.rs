@@ -417,6 +417,72 @@ mod tests {
         assert!(s.is_empty());
     }
 
+    /// A real monitor whose `flush` must not be called: `make_present` runs under the
+    /// engine lock, which a sink may be waiting for.
+    struct NoFlush(Box<dyn MemoryMonitor>);
+
+    impl MemoryMonitor for NoFlush {
+        fn subscribe(&self, addr: u64, len: u64) -> Result<pagewire_memmon::SubscriptionId> {
+            self.0.subscribe(addr, len)
+        }
+        fn unsubscribe(&self, id: pagewire_memmon::SubscriptionId) {
+            self.0.unsubscribe(id)
+        }
+        fn is_valid(&self, id: pagewire_memmon::SubscriptionId) -> bool {
+            self.0.is_valid(id)
+        }
+        fn flush(&self) {
+            panic!("make_present flushed the monitor under the engine lock");
+        }
+        fn is_reliable(&self) -> bool {
+            self.0.is_reliable()
+        }
+        fn counters(&self) -> pagewire_memmon::MonitorCounters {
+            self.0.counters()
+        }
+        fn describe(&self) -> String {
+            self.0.describe()
+        }
+    }
+
+    #[test]
+    fn making_pages_present_never_waits_for_the_monitors_sinks() {
+        let job = format!("odp-watch-test-{}", std::process::id());
+        let own = Arc::new(RankMemory::create(&job, 0, 1).unwrap());
+        let shared = Arc::new(WatchShared {
+            own,
+            invalidated_pages: AtomicU64::new(0),
+            seq: AtomicU64::new(0),
+            recent: Mutex::new(VecDeque::with_capacity(RECENT)),
+            unmapped: Mutex::new(Vec::new()),
+            has_unmapped: AtomicBool::new(false),
+        });
+        let monitor = monitor_for(
+            MonitorChoice::Auto,
+            shared.clone(),
+            MonitorOptions::default(),
+            |_| {},
+        )
+        .unwrap();
+        if !monitor.is_reliable() {
+            eprintln!("no userfaultfd monitor here: {}", monitor.describe());
+            return;
+        }
+        let watch = PresentWatch {
+            monitor: Some(Box::new(NoFlush(monitor))),
+            shared,
+            state: Mutex::new(WatchState::default()),
+            has_volatile: AtomicBool::new(false),
+        };
+        let buf = sys::AnonMapping::new(4 * P as usize).unwrap();
+        assert_eq!(watch.make_present(buf.addr(), 4 * P, true), Some(4));
+        assert_eq!(
+            watch.make_present(buf.addr(), 4 * P, false),
+            Some(0),
+            "already present"
+        );
+    }
+
     #[test]
     fn odp_check_parses() {
         assert_eq!(OdpCheck::parse(None).unwrap(), OdpCheck::Monitor);
