@@ -110,6 +110,18 @@ impl InvalidationSink for WatchShared {
 }
 
 impl WatchShared {
+    /// What `own`'s watch and its sink share, before any invalidation.
+    fn new(own: Arc<RankMemory>) -> WatchShared {
+        WatchShared {
+            own,
+            invalidated_pages: AtomicU64::new(0),
+            seq: AtomicU64::new(0),
+            recent: Mutex::new(VecDeque::with_capacity(RECENT)),
+            unmapped: Mutex::new(Vec::new()),
+            has_unmapped: AtomicBool::new(false),
+        }
+    }
+
     /// Whether an invalidation after `since` touched `[start, end)` (true when that is no
     /// longer known).
     fn invalidated_since(&self, since: u64, start: u64, end: u64) -> bool {
@@ -158,14 +170,7 @@ impl PresentWatch {
     /// `check` is [`OdpCheck::Pagemap`]. A fallback to the pagemap check is announced in
     /// one line on stderr.
     pub(crate) fn new(own: Arc<RankMemory>, check: OdpCheck) -> Result<PresentWatch> {
-        let shared = Arc::new(WatchShared {
-            own,
-            invalidated_pages: AtomicU64::new(0),
-            seq: AtomicU64::new(0),
-            recent: Mutex::new(VecDeque::with_capacity(RECENT)),
-            unmapped: Mutex::new(Vec::new()),
-            has_unmapped: AtomicBool::new(false),
-        });
+        let shared = Arc::new(WatchShared::new(own));
         let monitor = match check {
             OdpCheck::Pagemap => None,
             OdpCheck::Monitor => {
@@ -449,14 +454,7 @@ mod tests {
     fn making_pages_present_never_waits_for_the_monitors_sinks() {
         let job = format!("odp-watch-test-{}", std::process::id());
         let own = Arc::new(RankMemory::create(&job, 0, 1).unwrap());
-        let shared = Arc::new(WatchShared {
-            own,
-            invalidated_pages: AtomicU64::new(0),
-            seq: AtomicU64::new(0),
-            recent: Mutex::new(VecDeque::with_capacity(RECENT)),
-            unmapped: Mutex::new(Vec::new()),
-            has_unmapped: AtomicBool::new(false),
-        });
+        let shared = Arc::new(WatchShared::new(own));
         let monitor = monitor_for(
             MonitorChoice::Auto,
             shared.clone(),

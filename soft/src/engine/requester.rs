@@ -27,7 +27,7 @@ pub(super) const FAULT_RECHECK: u64 = nanos(Duration::from_millis(100));
 
 /// The requester's half of a queue pair: its send queue, processed strictly in order, and
 /// what it has read of the responder's acknowledgements. Only this module touches it; the
-/// rest of the engine asks ([`Requester::is_idle`], [`Requester::awaiting_response`]).
+/// rest of the engine asks ([`Requester::is_idle`], [`Requester::successful_response`]).
 #[derive(Default)]
 pub(super) struct Requester {
     sq: VecDeque<SendOp>,
@@ -64,10 +64,20 @@ impl Requester {
     }
 
     /// The request of sequence number `msn` if it waits for its response (a staged READ's
-    /// data, an atomic's old value), with its scatter-gather entries.
-    pub(super) fn awaiting_response(&mut self, msn: u64) -> Option<(&mut SendOp, &[Sge])> {
+    /// data, an atomic's old value), with its scatter-gather entries, when the response
+    /// (status `code`) carries data; a response with an error status completes the request
+    /// with it instead (`None`).
+    pub(super) fn successful_response(
+        &mut self,
+        msn: u64,
+        code: u16,
+    ) -> Option<(&mut SendOp, &[Sge])> {
         let op = self.sq.iter_mut().find(|o| o.msn == Some(msn))?;
         if op.state != OpState::AwaitingResponse {
+            return None;
+        }
+        if code != 0 {
+            op.state = OpState::Done(WcStatus::from_code(code));
             return None;
         }
         let sges = &self.sq_sges[op.sges.0 as usize..(op.sges.0 + op.sges.1) as usize];

@@ -101,13 +101,9 @@ impl Inner {
         let Ok(qp) = eng.qp_mut(h.dst_qpn) else {
             return;
         };
-        let Some((op, sges)) = qp.requester.awaiting_response(h.msn) else {
+        let Some((op, sges)) = qp.requester.successful_response(h.msn, h.code) else {
             return;
         };
-        if h.code != 0 {
-            op.state = OpState::Done(WcStatus::from_code(h.code));
-            return;
-        }
         let mut old = [0u8; 8];
         payload.read(&mut old);
         let sge = KeyedExtent::from(&sges[0]);

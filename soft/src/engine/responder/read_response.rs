@@ -95,13 +95,9 @@ impl Inner {
         let Ok(qp) = eng.qp_mut(h.dst_qpn) else {
             return;
         };
-        let Some((op, sges)) = qp.requester.awaiting_response(h.msn) else {
+        let Some((op, sges)) = qp.requester.successful_response(h.msn, h.code) else {
             return;
         };
-        if h.code != 0 {
-            op.state = OpState::Done(WcStatus::from_code(h.code));
-            return;
-        }
         let len = h.payload_len as u64;
         if h.offset.checked_add(len).is_none_or(|end| end > op.total) {
             op.state = OpState::Done(WcStatus::RemoteOperationError);
