@@ -66,11 +66,11 @@ impl UniverseConfig {
             Ok("odp") => ModeKind::Odp,
             Ok("pindown") => ModeKind::Pindown,
             Ok(other) => {
-                return Err(Error::invalid_setting(
-                    "PAGEWIRE_MODE",
-                    other,
-                    "expected copy, pindown or odp",
-                ))
+                return Err(Error::InvalidSetting {
+                    variable: "PAGEWIRE_MODE".into(),
+                    value: other.into(),
+                    accepted: "expected copy, pindown or odp".into(),
+                })
             }
         };
         if transport == TransportKind::Pagewire {

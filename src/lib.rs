@@ -87,11 +87,12 @@ pub use datatype::{Address, Buffer, BufferMut, Count, Equivalence};
 pub use environment::{threading_support, time, time_resolution, Threading};
 /// The one error type of pagewire, under rsmpi's name for it.
 pub type MpiError = Error;
+pub use error::{Error, ErrorClass, Result};
 /// `#[derive(Equivalence)]` (feature `derive`, as rsmpi's): the datatype of a struct from
 /// its fields' (see `pagewire-derive`).
 #[cfg(feature = "derive")]
 pub use pagewire_derive::Equivalence;
-pub use pagewire_transport::{boot, buffer_mode, msg, nic, sys, Error, ErrorClass, Result};
+pub use pagewire_transport::{boot, buffer_mode, msg, nic, sys};
 pub use point_to_point::{
     AnyProcess, Destination, MatchedReceiveVec, Message, Process, Source, Status,
 };

@@ -351,8 +351,8 @@ impl<'g, 'a> Call<'g, 'a> {
     pub(crate) fn finish(self) -> Result<()> {
         match self.poison {
             None => Ok(()),
-            Some(Poison::Here(msg)) => Err(Error::InvalidArgument(msg)),
-            Some(Poison::Remote { detector }) => Err(Error::InvalidArgument(format!(
+            Some(Poison::Here(msg)) => Err(Error::invalid_argument(msg)),
+            Some(Poison::Remote { detector }) => Err(Error::invalid_argument(format!(
                 "{}: the ranks' arguments do not match: rank {detector} found the mismatch \
                  (its error names the ranks and counts); the result on rank {} is not valid",
                 self.coll.name(),

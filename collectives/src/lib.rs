@@ -42,9 +42,10 @@
 //!
 //! # Errors
 //!
-//! Errors are [`pagewire_transport::Error`], the facade's error type, so they pass through
-//! unchanged: transport failures as they are, and arguments that do not match across ranks
-//! as [`Error::InvalidArgument`] with the ranks and counts. A mismatch does not hang the
+//! Errors are the message layer's [`pagewire_transport::Error`], which the facade converts
+//! into its own variant by variant: transport failures as they are, and arguments that do
+//! not match across ranks as an invalid argument
+//! ([`pagewire_transport::sys::Error::InvalidArgument`]) with the ranks and counts. A mismatch does not hang the
 //! job when every rank runs the same algorithm: the rank that sees it finishes the
 //! schedule sending error messages instead of data, so every rank whose result depends on
 //! the bad data (and every rank that hears from a rank after it saw the mismatch) reports

@@ -15,7 +15,8 @@ use pagewire_transport::ErrorClass;
 
 /// The predefined reduction operations (`MPI_SUM` … `MPI_BXOR`). Valid for every
 /// [`Element`], except that the bitwise ones are rejected for floats when the collective
-/// starts (on every rank alike, before any message) with [`Error::InvalidArgument`]; use
+/// starts (on every rank alike, before any message) with [`Error::Invalid`] of class
+/// `MPI_ERR_OP`; use
 /// [`BitOp`] to have that checked at compile time instead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Op {

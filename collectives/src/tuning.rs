@@ -413,7 +413,7 @@ mod tests {
         std::env::set_var("PAGEWIRE_BCAST_LONG", "lots");
         assert!(matches!(
             Tuning::from_env(),
-            Err(Error::InvalidSetting { variable, .. }) if variable == "PAGEWIRE_BCAST_LONG"
+            Err(Error::System(pagewire_transport::sys::Error::InvalidSetting { variable, .. })) if variable == "PAGEWIRE_BCAST_LONG"
         ));
         std::env::remove_var("PAGEWIRE_BCAST_LONG");
         std::env::set_var("PAGEWIRE_BCAST_LONG_RANKS", "3");

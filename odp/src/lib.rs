@@ -25,6 +25,7 @@ use pagewire_transport::buffer_mode::{
 };
 use pagewire_transport::msg::raw::{UserBuf, UserBufMut};
 use pagewire_transport::nic::{Access, Advice, Nic};
+use pagewire_transport::sys::Error as SystemError;
 use pagewire_transport::{Error, Result};
 
 /// Implicit or explicit ODP regions.
@@ -253,9 +254,10 @@ impl BufferMode for OdpMode {
         // a lease: this does. The plan is one chunk, the whole buffer (`begin`).
         let buffer = t.pipeline.chunk;
         if offset.checked_add(len).is_none_or(|end| end > buffer) {
-            return Err(Error::Internal(format!(
+            return Err(SystemError::Internal(format!(
                 "an odp lease of {len} bytes at offset {offset} reaches outside its {buffer}-byte buffer"
-            )));
+            ))
+            .into());
         }
         self.counters.leases += 1;
         let key = t.token as u32;

@@ -35,6 +35,7 @@ use pagewire_transport::buffer_mode::{
 };
 use pagewire_transport::msg::raw::{UserBuf, UserBufMut};
 use pagewire_transport::nic::Nic;
+use pagewire_transport::sys::Error as SystemError;
 use pagewire_transport::{Error as TransportError, Result};
 
 use pagewire_transport::memmon::{self, Cause, MemoryMonitor};
@@ -103,10 +104,11 @@ pub fn invalidation_from_env() -> Result<bool> {
     {
         Err(_) | Ok("") | Ok("on") => Ok(true),
         Ok("off") => Ok(false),
-        Ok(other) => Err(TransportError::InvalidArgument(format!(
-            "PAGEWIRE_PINDOWN_INVALIDATE={other}: expected on or off (off is unsafe: stale \
-             registrations are reused)"
-        ))),
+        Ok(other) => Err(TransportError::invalid_setting(
+            "PAGEWIRE_PINDOWN_INVALIDATE",
+            other,
+            "expected on or off (off is unsafe: stale registrations are reused)",
+        )),
     }
 }
 
@@ -196,11 +198,11 @@ impl Default for PindownMode {
 fn cache_err(e: crate::Error) -> TransportError {
     match e {
         crate::Error::Register(RegisterError::NotMapped { addr, len }) => {
-            TransportError::UnmappedRange { addr, len }
+            SystemError::UnmappedRange { addr, len }.into()
         }
         crate::Error::Register(RegisterError::Other(b) | RegisterError::NoResources(b)) => {
-            match b.downcast::<TransportError>() {
-                Ok(t) => *t,
+            match b.downcast::<SystemError>() {
+                Ok(nic) => (*nic).into(),
                 Err(b) => TransportError::BufferMode {
                     mode: "pindown",
                     source: b,
@@ -310,9 +312,7 @@ impl BufferMode for PindownMode {
 
     fn start(&mut self, nic: &dyn Nic) -> Result<()> {
         if self.cache.is_none() {
-            return Err(TransportError::Internal(
-                "pindown mode started without attach".into(),
-            ));
+            return Err(SystemError::Internal("pindown mode started without attach".into()).into());
         }
         self.fallback.start(nic)
     }
@@ -393,9 +393,9 @@ impl BufferMode for PindownMode {
                 .as_ref()
                 .and_then(|p| p.keys(t.token & !POOL))
                 .ok_or_else(|| {
-                    TransportError::Internal(
+                    TransportError::from(SystemError::Internal(
                         "key-pool registration vanished during its transfer".into(),
-                    )
+                    ))
                 })?;
             return Ok(Some(Lease {
                 addr: user_addr + offset as u64,
@@ -410,7 +410,9 @@ impl BufferMode for PindownMode {
             .lock()
             .keys(LeaseHandle::from_token(t.token))
             .ok_or_else(|| {
-                TransportError::Internal("pin-down lease vanished during its transfer".into())
+                TransportError::from(SystemError::Internal(
+                    "pin-down lease vanished during its transfer".into(),
+                ))
             })?;
         Ok(Some(Lease {
             addr: user_addr + offset as u64,
@@ -526,15 +528,18 @@ mod tests {
         }));
         assert!(matches!(
             e,
-            TransportError::UnmappedRange {
+            TransportError::System(SystemError::UnmappedRange {
                 addr: 0x1000,
                 len: 4096
-            }
+            })
         ));
         // The NIC's own error, boxed by the registrar, comes back as itself.
-        let nic = TransportError::UnknownKey { key: 7 };
+        let nic = SystemError::UnknownKey { key: 7 };
         let e = cache_err(crate::Error::Register(RegisterError::Other(Box::new(nic))));
-        assert!(matches!(e, TransportError::UnknownKey { key: 7 }));
+        assert!(matches!(
+            e,
+            TransportError::System(SystemError::UnknownKey { key: 7 })
+        ));
         // The cache's own error is the typed source of a BufferMode error.
         let e = cache_err(crate::Error::UnknownLease { token: 3 });
         let TransportError::BufferMode { mode, source } = e else {

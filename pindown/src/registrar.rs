@@ -154,7 +154,7 @@ where
     P::Target: Nic,
 {
     fn register(&mut self, addr: u64, len: u64) -> Result<Registration, RegisterError> {
-        use pagewire_transport::Error as E;
+        use pagewire_transport::sys::Error as E;
         match self.nic.register(addr, len, self.access) {
             Ok(info) => Ok(info.into()),
             Err(e @ (E::MemlockLimit { .. } | E::Exhausted { .. })) => {

@@ -22,6 +22,7 @@
 //! registered, with the memlock limit lifted (the benchmarks' "pindown-hpc").
 
 use pagewire_transport::nic::{Access, Nic, RegionInfo};
+use pagewire_transport::sys::Error as SystemError;
 use pagewire_transport::{Error as TransportError, Result};
 
 /// The dirty watermark of the `key-pool` strategy unless `PAGEWIRE_PINDOWN_POOL_DIRTY` says
@@ -150,22 +151,22 @@ impl KeyPool {
     ) -> Result<Option<(u64, RegionInfo)>> {
         let info = match nic.register(addr, len, access) {
             Ok(info) => info,
-            Err(TransportError::MemlockLimit { .. }) if !self.dirty.is_empty() => {
+            Err(SystemError::MemlockLimit { .. }) if !self.dirty.is_empty() => {
                 self.flush(nic);
                 match nic.register(addr, len, access) {
                     Ok(info) => info,
-                    Err(TransportError::MemlockLimit { .. }) => {
+                    Err(SystemError::MemlockLimit { .. }) => {
                         self.counters.fallbacks += 1;
                         return Ok(None);
                     }
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(e.into()),
                 }
             }
-            Err(TransportError::MemlockLimit { .. }) => {
+            Err(SystemError::MemlockLimit { .. }) => {
                 self.counters.fallbacks += 1;
                 return Ok(None);
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         };
         self.next_token += 1;
         let token = self.next_token;

@@ -9,7 +9,7 @@ use pagewire_pindown::KeyPool;
 use pagewire_transport::nic::soft::{PinMethod, SoftNic};
 use pagewire_transport::nic::{Access, Advice, Nic};
 use pagewire_transport::sys::AnonMapping;
-use pagewire_transport::Error;
+use pagewire_transport::sys::Error;
 
 fn nic(memlock: u64) -> SoftNic {
     common::soft_nic(memlock, PinMethod::Auto)

@@ -250,16 +250,18 @@ impl<T: Element> coll::Operation<T> for Adapter<'_, T> {
             Reduction::Unsafe(u) => u.commutative,
         }
     }
-    fn check(&self) -> Result<()> {
+    fn check(&self) -> pagewire_transport::Result<()> {
         match self.reduction {
             Reduction::System(op) => match self.datatype.type_map().primitive() {
-                Some(Primitive::Bool) if !is_logical(op) => Err(Error::invalid(
-                    ErrorClass::Op,
-                    format!(
-                        "{} is not defined for bool; the logical operations are",
-                        op.mpi_name()
-                    ),
-                )),
+                Some(Primitive::Bool) if !is_logical(op) => {
+                    Err(pagewire_transport::Error::invalid(
+                        ErrorClass::Op,
+                        format!(
+                            "{} is not defined for bool; the logical operations are",
+                            op.mpi_name()
+                        ),
+                    ))
+                }
                 _ => coll::Operation::<T>::check(&op),
             },
             _ => Ok(()),

@@ -88,7 +88,7 @@ impl<'a, D: ?Sized, S: Scope<'a> + Copy> PersistentRequest<'a, D, S> {
         });
         match prepared {
             Ok(Ok(Some(p))) => self.prepared = Some((backend.clone(), p)),
-            Ok(Err(e)) => return Err(e),
+            Ok(Err(e)) => return Err(e.into()),
             // No bytes or a local peer; or the host MPI's transport, which has no message
             // layer of pagewire's: nothing to prepare.
             Ok(Ok(None)) | Err(_) => {}

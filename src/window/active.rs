@@ -21,6 +21,7 @@ use std::sync::Arc;
 use pagewire_collectives::Op;
 use pagewire_transport::msg::{ActiveMessageHandler, Handled};
 use pagewire_transport::sys::AnonMapping;
+use pagewire_transport::Error as MessageError;
 
 use super::memory::PartWriter;
 use super::{with_layer, Span, Window, UPDATE_MUTEX};
@@ -283,12 +284,12 @@ impl<T: Equivalence + Send + Sync> Window<T> {
             reply.truncate(status.count);
             match reply.split_first() {
                 Some((&OK, before)) if before.len() == before_len => Ok(Some(before.to_vec())),
-                Some((_, why)) => Err(Error::InvalidArgument(format!(
+                Some((_, why)) => Err(MessageError::invalid_argument(format!(
                     "rank {} did not apply an accumulate: {}",
                     s.target,
                     String::from_utf8_lossy(why)
                 ))),
-                None => Err(Error::InvalidArgument(format!(
+                None => Err(MessageError::invalid_argument(format!(
                     "rank {} answered an accumulate with nothing",
                     s.target
                 ))),

@@ -363,7 +363,7 @@ impl<T: Equivalence + Send + Sync> std::fmt::Debug for Window<T> {
 /// pagewire's own transport.
 fn with_layer<R>(
     comm: &SimpleCommunicator,
-    f: impl FnOnce(&mut PointToPoint) -> Result<R>,
+    f: impl FnOnce(&mut PointToPoint) -> pagewire_transport::Result<R>,
 ) -> Result<R> {
     comm.as_simple()
         .backend()
@@ -378,6 +378,7 @@ fn with_layer<R>(
             }
             e => e,
         })?
+        .map_err(Error::from)
 }
 
 /// `[addr, addr+bytes)` rounded out to whole 64-bit words (what a window registers, for

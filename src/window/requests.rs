@@ -32,7 +32,7 @@ struct OneSided<'a, T: Equivalence + Send + Sync> {
 impl<T: Equivalence + Send + Sync> OneSided<'_, T> {
     /// The status of a finished operation (the target as its source), once the access it
     /// began is ended.
-    fn finish(&mut self, outcome: Result<()>) -> Result<Status> {
+    fn finish(&mut self, outcome: pagewire_transport::Result<()>) -> Result<Status> {
         self.request = None;
         let ended = self.window.end_access(self.span);
         outcome?;

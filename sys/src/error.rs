@@ -1,5 +1,6 @@
-//! The error type of the layers from here up to the message layer (`pagewire-transport`
-//! re-exports it as `pagewire_transport::Error`).
+//! The error of the layers below the message layer: this crate, the memory monitor, the NIC
+//! boundary and its providers, start-up. The message layer wraps it
+//! (`pagewire_transport::Error::System`); the facade shows it as its own flat error.
 //!
 //! Each variant carries what a user needs to act: which limit, which key, which rank.
 //! Errors of a *work request* (a bad rkey on an RDMA READ, say) are not `Error`s: they
@@ -9,12 +10,16 @@ use std::io;
 
 pub use crate::error_class::ErrorClass;
 
-/// Result alias used throughout the layers that share [`Error`].
+/// Result alias of the layers that share [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Everything that can go wrong below the message layer.
+/// Everything that can go wrong below the message layer: in a system call, the memory
+/// monitor, a NIC provider or start-up.
+///
+/// Not `#[non_exhaustive]`: the message layer wraps it and the facade's flat
+/// `pagewire::Error` converts it variant by variant, so a variant added here fails the
+/// facade's build until it has a twin there.
 #[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
 pub enum Error {
     /// Registering would pin more than the locked-memory limit allows.
     #[error(
@@ -68,20 +73,6 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
-    /// A call was made with an argument or in a state MPI gives a class of its own: a
-    /// request started twice (`MPI_ERR_REQUEST`), a reduction an operation does not define
-    /// (`MPI_ERR_OP`), a datatype the call cannot take (`MPI_ERR_TYPE`), a count past a
-    /// limit (`MPI_ERR_COUNT`), a window of the wrong flavour (`MPI_ERR_WIN`). Nothing was
-    /// changed.
-    #[error("{what} ({class})")]
-    Invalid {
-        /// MPI's class of the mistake; never [`ErrorClass::Arg`] (that is
-        /// [`Error::InvalidArgument`]).
-        class: ErrorClass,
-        /// What was wrong, and what the call accepts.
-        what: String,
-    },
-
     /// The call is valid MPI, but this build or this backend does not do it
     /// (`MPI_ERR_UNSUPPORTED_OPERATION`): a provider built without its feature, an operation
     /// the host-MPI backend does not wire up. The message says what would.
@@ -117,17 +108,6 @@ pub enum Error {
         variable: String,
         /// The known setting nearest to it, if one is near.
         nearest: Option<&'static str>,
-    },
-
-    /// A buffer mode failed for a reason of its own (its error, kept typed as the source:
-    /// for the pin-down cache a `pagewire_pindown::Error`).
-    #[error("{mode} buffer mode: {source}")]
-    BufferMode {
-        /// The mode's name (`pindown`, `odp`).
-        mode: &'static str,
-        /// The mode's own error.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
     },
 
     /// The verbs provider found no RDMA device it can use: libibverbs lists none, the
@@ -191,107 +171,6 @@ pub enum Error {
         pid: u32,
     },
 
-    /// A message was longer than the receive buffer (`MPI_ERR_TRUNCATE`). The first
-    /// `buffer_bytes` bytes were delivered; nothing past the buffer was written.
-    #[error(
-        "message truncated: rank {source_rank} sent {message_bytes} bytes with tag {tag}, \
-         but the receive buffer holds {buffer_bytes}"
-    )]
-    Truncated {
-        /// Sending rank.
-        source_rank: usize,
-        /// The message's tag.
-        tag: i32,
-        /// The message's size.
-        message_bytes: usize,
-        /// The receive buffer's size (bytes delivered).
-        buffer_bytes: usize,
-    },
-
-    /// A rank outside the communicator was named (`MPI_ERR_RANK`).
-    #[error("rank {rank} does not exist: the communicator has {size} ranks")]
-    NoSuchRank {
-        /// The rank named.
-        rank: usize,
-        /// Ranks in the communicator.
-        size: usize,
-    },
-
-    /// A one-sided operation on a dynamic window named bytes that no region attached at the
-    /// target holds, whole (`MPI_ERR_RMA_RANGE`): never attached, detached since, or running
-    /// past a region's end. Refused at the origin, before anything moved.
-    #[error(
-        "one-sided access to rank {target}'s dynamic window at addresses {addr:#x}..{end:#x}, \
-         which no region attached there holds whole (attach it first, or it was detached)"
-    )]
-    NotAttached {
-        /// The target rank (in the window's communicator).
-        target: usize,
-        /// First byte named (an address in the target's memory).
-        addr: u64,
-        /// One past the last byte named.
-        end: u64,
-    },
-
-    /// A one-sided operation named bytes outside the target's window (`MPI_ERR_RMA_RANGE`):
-    /// refused at the origin, before anything moved; no byte of either side changed.
-    #[error(
-        "one-sided access outside rank {target}'s window: bytes {offset}..{end} of a \
-         {window_bytes}-byte window"
-    )]
-    OutOfWindow {
-        /// The target rank (in the window's communicator).
-        target: usize,
-        /// First byte named, from the window's base.
-        offset: u64,
-        /// One past the last byte named.
-        end: u64,
-        /// The target's window size in bytes.
-        window_bytes: u64,
-    },
-
-    /// A window's synchronisation was used out of order (`MPI_ERR_RMA_SYNC`): an unlock
-    /// without a lock, a second lock on the same target, a free while a lock or an epoch
-    /// is still open. Nothing was changed.
-    #[error("window synchronisation: {0}")]
-    WindowSync(String),
-
-    /// A tag outside `0..=TAG_UB` was used for a send or a receive (`MPI_ERR_TAG`).
-    #[error("tag {tag} is out of range: tags are 0..={max} (use ANY_TAG to receive any)")]
-    InvalidTag {
-        /// The tag used.
-        tag: i32,
-        /// The largest valid tag.
-        max: i32,
-    },
-
-    /// The NIC could not complete an operation with a peer (it died, or its queue pair
-    /// failed); every operation involving that peer fails with this error.
-    #[error("communication with rank {peer} failed ({status}) while {what}")]
-    Communication {
-        /// The peer.
-        peer: usize,
-        /// The NIC's completion status.
-        status: crate::WcStatus,
-        /// What the layer was doing.
-        what: &'static str,
-    },
-
-    /// A peer sent a message or packet that no correct peer sends (a field out of range, a
-    /// region outside the message, a length its bytes do not have): nothing of it was used,
-    /// and every operation with that peer fails from then on.
-    #[error("rank {peer} broke the protocol ({why}); communication with it has stopped")]
-    ProtocolViolation {
-        /// The peer.
-        peer: usize,
-        /// What was wrong, in a few words.
-        why: &'static str,
-    },
-
-    /// The request was cancelled before it matched.
-    #[error("the request was cancelled before it matched a message")]
-    Cancelled,
-
     /// Start-up or address exchange failed.
     #[error("bootstrap: {0}")]
     Bootstrap(String),
@@ -304,7 +183,7 @@ pub enum Error {
         call: &'static str,
         /// Its error code, as the host library numbers it.
         code: i32,
-        /// The code's class (`MPI_Error_class`), as [`Error::class`] reports it.
+        /// The code's class (`MPI_Error_class`), as the host library gave it.
         class: ErrorClass,
         /// `MPI_Error_string` of the code.
         message: String,
@@ -351,18 +230,6 @@ fn mib(bytes: u64) -> String {
 }
 
 impl Error {
-    /// [`Error::Invalid`] of `class`.
-    pub fn invalid(class: ErrorClass, what: impl Into<String>) -> Self {
-        debug_assert!(
-            class != ErrorClass::Arg,
-            "an Arg is an Error::InvalidArgument"
-        );
-        Error::Invalid {
-            class,
-            what: what.into(),
-        }
-    }
-
     /// The error in the launcher's own words: a [`Error::Launcher`]'s text without its
     /// `launcher:` label (for spawn, which labels it itself), any other error as it
     /// displays.

@@ -1,12 +1,10 @@
-//! The MPI error class of every [`Error`]: [`ErrorClass`] (`MPI_ERR_*`) and
-//! [`Error::class`], what MPI programs test (`MPI_Error_class`) to decide what to do.
+//! [`ErrorClass`], MPI's classes of errors (`MPI_ERR_*`): what MPI programs test
+//! (`MPI_Error_class`) to decide what to do. The facade gives each of its errors one
+//! (`pagewire::Error::class`); the host MPI library's errors carry the class it gave them
+//! ([`Error::Mpi`](crate::Error::Mpi)).
 
-use crate::error::Error;
-
-/// The MPI error class of an [`Error`] (`MPI_ERR_*`, MPI 4.0 section 9.4): what an MPI
-/// program tests with `MPI_Error_class` to decide what to do about an error. Every error has
-/// one ([`Error::class`]); the host-MPI backend's errors carry the class the host MPI library
-/// gave them.
+/// The MPI error class of an error (`MPI_ERR_*`, MPI 4.0 section 9.4): what an MPI program
+/// tests with `MPI_Error_class` to decide what to do about an error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorClass {
@@ -194,49 +192,8 @@ impl std::fmt::Display for ErrorClass {
     }
 }
 
-impl Error {
-    /// The error's MPI class (`MPI_Error_class`), which MPI programs test to decide what to
-    /// do: [`ErrorClass::Truncate`] for a truncated receive, [`ErrorClass::ProcAborted`] for
-    /// a peer that died, [`ErrorClass::NoMem`] for the locked-memory limit, and so on.
-    pub fn class(&self) -> ErrorClass {
-        use ErrorClass as C;
-        match self {
-            Error::MemlockLimit { .. } | Error::SharedMemoryFull { .. } => C::NoMem,
-            Error::Exhausted { .. } => C::NoMem,
-            Error::UnmappedRange { .. } | Error::UnwatchableRange { .. } => C::Buffer,
-            Error::InvalidArgument(_) | Error::InvalidSetting { .. } => C::Arg,
-            Error::UnknownSetting { .. } | Error::UnknownKey { .. } => C::Arg,
-            Error::Invalid { class, .. } | Error::Mpi { class, .. } => *class,
-            Error::NotSupported(_) | Error::Unsupported { .. } => C::UnsupportedOperation,
-            Error::Internal(_) => C::Intern,
-            Error::Truncated { .. } => C::Truncate,
-            Error::NoSuchRank { .. } => C::Rank,
-            Error::InvalidTag { .. } => C::Tag,
-            Error::NotAttached { .. } | Error::OutOfWindow { .. } => C::RmaRange,
-            Error::WindowSync(_) => C::RmaSync,
-            Error::Cancelled => C::Request,
-            Error::PeerGone { .. } => C::ProcAborted,
-            // The transport's retries ran out: the peer is gone or unreachable, which is what
-            // a dead peer looks like to a NIC.
-            Error::Communication {
-                status: crate::WcStatus::RetryExceeded,
-                ..
-            } => C::ProcAborted,
-            Error::Communication { .. } | Error::ProtocolViolation { .. } => C::Other,
-            Error::QueuePairError { .. } | Error::NoRdmaDevice { .. } => C::Other,
-            Error::Launcher(_) => C::Spawn,
-            Error::Os { source, .. } if source.raw_os_error() == Some(libc::ENOMEM) => C::NoMem,
-            Error::Os { .. } => C::Other,
-            Error::BufferMode { .. } | Error::Bootstrap(_) => C::Other,
-            Error::MonitorUnavailable { .. } => C::Other,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use std::io;
-
     use super::*;
 
     #[test]
@@ -250,41 +207,5 @@ mod tests {
                 "{c} named twice"
             );
         }
-    }
-
-    #[test]
-    fn errors_take_the_class_mpi_gives_them() {
-        let truncated = Error::Truncated {
-            source_rank: 1,
-            tag: 0,
-            message_bytes: 8,
-            buffer_bytes: 4,
-        };
-        assert_eq!(truncated.class(), ErrorClass::Truncate);
-        let dead = Error::Communication {
-            peer: 1,
-            status: crate::WcStatus::RetryExceeded,
-            what: "receiving",
-        };
-        assert_eq!(dead.class(), ErrorClass::ProcAborted);
-        let flushed = Error::Communication {
-            peer: 1,
-            status: crate::WcStatus::WrFlushError,
-            what: "receiving",
-        };
-        assert_eq!(flushed.class(), ErrorClass::Other);
-        let enomem = Error::os("mmap", io::Error::from_raw_os_error(libc::ENOMEM));
-        assert_eq!(enomem.class(), ErrorClass::NoMem);
-        let einval = Error::os("x", io::Error::from_raw_os_error(libc::EINVAL));
-        assert_eq!(einval.class(), ErrorClass::Other);
-        let request = Error::invalid(ErrorClass::Request, "started twice");
-        assert_eq!(request.class(), ErrorClass::Request);
-        assert_eq!(request.to_string(), "started twice (MPI_ERR_REQUEST)");
-        assert_eq!(Error::InvalidArgument("x".into()).class(), ErrorClass::Arg);
-        assert_eq!(Error::Internal("x".into()).class(), ErrorClass::Intern);
-        assert_eq!(
-            Error::NotSupported("x".into()).class(),
-            ErrorClass::UnsupportedOperation
-        );
     }
 }

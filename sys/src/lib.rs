@@ -1,8 +1,8 @@
 //! pagewire's bottom layer: the system calls the NIC providers and the local path stand on,
 //! wrapped once (the one crate whose code is mostly `unsafe`; every block carries a
-//! `// SAFETY:` note), the error type of the layers above ([`Error`]), the status a work
-//! request completes with ([`WcStatus`]), and the settings read from the environment
-//! ([`env`](mod@env)).
+//! `// SAFETY:` note), the error of the layers below the message layer ([`Error`]), the
+//! status a work request completes with ([`WcStatus`]), and the settings read from the
+//! environment ([`env`](mod@env)).
 //!
 //! The soft NIC never dereferences a user address with plain Rust: payload bytes move with
 //! `process_vm_readv`/`process_vm_writev` (CMA) between processes and with

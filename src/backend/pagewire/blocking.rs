@@ -22,13 +22,13 @@ pub(super) fn send(
     sync: bool,
 ) -> Result<Status> {
     if !sync {
-        return p2p.send(dest, tag, context, bytes);
+        return Ok(p2p.send(dest, tag, context, bytes)?);
     }
     // SAFETY: the request is waited for before this function returns, so `bytes` is
     // borrowed for the whole operation.
     let buf = unsafe { UserBuf::new(bytes.as_ptr(), bytes.len()) };
     let id = p2p.isend(dest, tag, context, buf, sync)?;
-    p2p.wait(id)
+    Ok(p2p.wait(id)?)
 }
 
 /// Receives into `bytes` from world rank `source` (or any) in `context` and waits
@@ -43,7 +43,7 @@ pub(super) fn receive(
     // SAFETY: as for `send`; `bytes` is exclusively borrowed for the call.
     let buf = unsafe { UserBufMut::new(bytes.as_mut_ptr(), bytes.len()) };
     let id = p2p.irecv(source, tag, context, buf)?;
-    p2p.wait(id)
+    Ok(p2p.wait(id)?)
 }
 
 /// Receives the message a matched probe parked under `handle` into `bytes` and waits
@@ -61,5 +61,5 @@ pub(super) fn matched_receive(
     // SAFETY: as for `send`; `bytes` is exclusively borrowed for the call.
     let buf = unsafe { UserBufMut::new(bytes.as_mut_ptr(), bytes.len()) };
     let id = p2p.imrecv(handle, buf)?;
-    p2p.wait(id)
+    Ok(p2p.wait(id)?)
 }

@@ -39,7 +39,10 @@ fn counts(c: &[Count]) -> Result<Vec<usize>> {
 impl PagewireComm {
     /// Runs `f` on the group of this communicator's ranks (group ranks mapped to world ranks
     /// for a sub-communicator), in its collective context.
-    fn on_group<R>(&self, f: impl FnOnce(&mut Group) -> Result<R>) -> Result<R> {
+    fn on_group<R>(
+        &self,
+        f: impl FnOnce(&mut Group) -> pagewire_transport::Result<R>,
+    ) -> Result<R> {
         self.refuse_on_intercommunicator("a collective")?;
         let tuning = tuning()?;
         let mut p2p = self.universe.p2p.borrow_mut();
@@ -53,7 +56,7 @@ impl PagewireComm {
             world_ranks: self.world_ranks(),
             local,
         };
-        f(&mut g)
+        f(&mut g).map_err(Error::from)
     }
 }
 

@@ -366,7 +366,8 @@ impl CommunicatorBackend for PagewireComm {
     }
 
     fn progress(&self) -> Result<()> {
-        self.universe.p2p.borrow_mut().progress().map(|_| ())
+        self.universe.p2p.borrow_mut().progress()?;
+        Ok(())
     }
 
     fn world_ranks(&self) -> Result<Vec<usize>> {

@@ -43,8 +43,8 @@ impl PointToPointBackend for PagewireComm {
     ) -> Result<Status> {
         let mut p2p = self.universe.p2p.borrow_mut();
         let (dest, source) = (self.world_rank(dest), source.map(|r| self.world_rank(r)));
-        p2p.sendrecv(dest, send_tag, send, source, recv_tag, recv, self.context)
-            .map(|s| in_group(self.ranks.as_deref(), s))
+        let s = p2p.sendrecv(dest, send_tag, send, source, recv_tag, recv, self.context)?;
+        Ok(in_group(self.ranks.as_deref(), s))
     }
 
     fn moves_in_place(&self, layout: &Layout) -> bool {
@@ -123,7 +123,11 @@ impl PointToPointBackend for PagewireComm {
                 .map(|r| self.world_rank(r))
                 .collect(),
         };
-        self.universe.p2p.borrow_mut().check_probe_senders(&senders)
+        Ok(self
+            .universe
+            .p2p
+            .borrow_mut()
+            .check_probe_senders(&senders)?)
     }
 }
 
@@ -159,7 +163,7 @@ impl RequestBackend for PagewireRequest {
     fn wait(&mut self) -> Result<Status> {
         let id = self.id.take().expect("a request not completed yet");
         let r = self.universe.p2p.borrow_mut().wait(id);
-        r.map(|s| in_group(self.ranks.as_deref(), s))
+        Ok(in_group(self.ranks.as_deref(), r?))
     }
 
     fn test(&mut self) -> Result<Option<Status>> {
@@ -169,7 +173,7 @@ impl RequestBackend for PagewireRequest {
             None => Ok(None),
             Some(result) => {
                 self.id = None;
-                result.map(|s| Some(in_group(self.ranks.as_deref(), s)))
+                Ok(Some(in_group(self.ranks.as_deref(), result?)))
             }
         }
     }

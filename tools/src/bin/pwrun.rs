@@ -19,7 +19,7 @@ use pagewire_transport::boot::binding::BindTo;
 use pagewire_transport::boot::hosts::{self, HostList};
 use pagewire_transport::boot::{launch, launcher, LaunchConfig};
 use pagewire_transport::env::settings;
-use pagewire_transport::Error;
+use pagewire_transport::sys::Error;
 
 /// Start N local ranks of PROGRAM under pagewire's built-in launcher.
 #[derive(Debug, Parser)]

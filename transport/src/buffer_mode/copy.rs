@@ -10,6 +10,7 @@ use super::{UserBuf, UserBufMut};
 use crate::error::{Error, Result};
 use crate::nic::{Access, Nic};
 use crate::sys::AnonMapping;
+use crate::sys::Error as SystemError;
 
 /// Default chunk of the pipeline (bytes). Chosen by measurement (docs/results.md, "Choosing the
 /// defaults"): 512 KiB chunks streamed 0.5-2 MiB messages at about twice the bandwidth of
@@ -56,7 +57,7 @@ impl CopyConfig {
             c.slots = v;
         }
         if c.chunk < 4096 || c.depth == 0 || c.slots < 2 {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "copy mode needs chunk >= 4096, depth >= 1 and slots >= 2 (got chunk {}, depth {}, slots {})",
                 c.chunk, c.depth, c.slots
             )));
@@ -150,7 +151,7 @@ impl BufferMode for CopyMode {
                     self.pool = Some(pool);
                     break;
                 }
-                Err(Error::MemlockLimit { .. })
+                Err(SystemError::MemlockLimit { .. })
                     if self.config.slots > 2 || self.config.chunk > 16 << 10 =>
                 {
                     if self.config.slots > 2 {
@@ -159,13 +160,13 @@ impl BufferMode for CopyMode {
                         self.config.chunk /= 2;
                     }
                 }
-                Err(Error::MemlockLimit { .. }) if nic.capabilities().odp_rc => {
+                Err(SystemError::MemlockLimit { .. }) if nic.capabilities().odp_rc => {
                     self.key = super::register_prefetched(nic, &pool, access)?;
                     self.pool = Some(pool);
                     self.on_demand = true;
                     break;
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
         }
         if self.config != wanted || self.on_demand {

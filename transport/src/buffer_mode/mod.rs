@@ -22,9 +22,10 @@ pub mod copy;
 #[allow(unsafe_code)]
 pub mod user_buf;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::nic::{Access, Advice, Nic};
 use crate::sys::AnonMapping;
+use crate::sys::Error as SystemError;
 
 /// Registers a pool of NIC-owned memory (bounce or eager slots) pinned; if that exceeds the
 /// locked-memory limit and the NIC has on-demand paging, registers it ODP and prefetches it
@@ -37,12 +38,12 @@ pub(crate) fn register_pool(
 ) -> Result<u32> {
     match nic.register(pool.addr(), pool.len() as u64, access) {
         Ok(r) => Ok(r.lkey),
-        Err(Error::MemlockLimit { .. }) if nic.capabilities().odp_rc => {
+        Err(SystemError::MemlockLimit { .. }) if nic.capabilities().odp_rc => {
             let key = register_prefetched(nic, pool, access)?;
             *on_demand = true;
             Ok(key)
         }
-        Err(e) => Err(e),
+        Err(e) => Err(e.into()),
     }
 }
 

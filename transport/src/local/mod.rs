@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use crate::boot::{self, Bootstrap};
 use crate::error::{Error, Result};
+use crate::sys::Error as SystemError;
 use crate::sys::{self, HostKey, SharedSegment, HOST_KEY_BYTES};
 pub(crate) use ring::Geometry;
 
@@ -122,9 +123,10 @@ struct Hello {
 
 fn decode_hello(rank: usize, b: &[u8]) -> Result<Hello> {
     if b.len() != 13 + HOST_KEY_BYTES {
-        return Err(Error::Bootstrap(format!(
+        return Err(SystemError::Bootstrap(format!(
             "rank {rank} sent a malformed local-path address"
-        )));
+        ))
+        .into());
     }
     Ok(Hello {
         shm: b[0] == 1,

@@ -17,7 +17,8 @@
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::sys::Error as SystemError;
 use crate::sys::SharedSegment;
 
 /// The first word of a local-path segment.
@@ -116,11 +117,12 @@ impl Geometry {
         if ok {
             Ok(())
         } else {
-            Err(Error::Bootstrap(format!(
+            Err(SystemError::Bootstrap(format!(
                 "/dev/shm/{name} is not a local-path segment of this job's geometry (do the \
                  ranks run with different PAGEWIRE_EAGER_LIMIT or PAGEWIRE_LOCAL_EAGER_LIMIT \
                  settings?)"
-            )))
+            ))
+            .into())
         }
     }
 

@@ -78,7 +78,7 @@ impl PointToPoint {
         handler: Box<dyn ActiveMessageHandler>,
     ) -> Result<()> {
         if self.active_messages.handles(context) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid_argument(format!(
                 "context {context:#x} already has a handler"
             )));
         }

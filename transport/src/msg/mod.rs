@@ -206,7 +206,7 @@ impl PointToPoint {
             .checked_mul(size)
             .and_then(|d| u32::try_from(d).ok())
             .ok_or_else(|| {
-                Error::InvalidArgument(format!(
+                Error::invalid_argument(format!(
                     "{size} ranks need a completion queue of {per_qp} entries each; too many"
                 ))
             })?;

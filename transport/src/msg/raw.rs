@@ -5,7 +5,7 @@
 //! buffer-mode layer and re-exported here, where the API has always named them.
 
 pub use crate::buffer_mode::user_buf::{Layout, UserBuf, UserBufMut};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::nic::{Nic, RecvWr, SendWr};
 
 /// Posts a send work request whose buffers are message-layer slots or leases.
@@ -14,14 +14,14 @@ pub(crate) fn post_send(nic: &dyn Nic, qpn: u32, wr: &SendWr<'_>) -> Result<()> 
     // whole life and does not touch until the completion, or a lease of a user buffer that
     // the request keeps alive (see `UserBuf::new`) until the completion is polled, or (an
     // inline request) bytes the NIC copies before `post_send` returns.
-    unsafe { nic.post_send(qpn, wr) }
+    unsafe { nic.post_send(qpn, wr) }.map_err(Error::from)
 }
 
 /// Posts a receive work request into a message-layer slot.
 pub(crate) fn post_recv(nic: &dyn Nic, qpn: u32, wr: &RecvWr<'_>) -> Result<()> {
     // SAFETY: the slot belongs to a pinned pool the message layer owns and does not read
     // until the receive completes.
-    unsafe { nic.post_recv(qpn, wr) }
+    unsafe { nic.post_recv(qpn, wr) }.map_err(Error::from)
 }
 
 impl super::PointToPoint {

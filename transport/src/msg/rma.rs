@@ -29,6 +29,7 @@ use crate::buffer_mode::BufferMode;
 use crate::error::{Error, Result};
 use crate::nic::{Access, Advice, Opcode, RegionInfo, SendWr, Sge, WcStatus};
 use crate::sys::AnonMapping;
+use crate::sys::Error as SystemError;
 
 /// A peer's exposed memory, as its owner announced it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -117,11 +118,12 @@ impl PointToPoint {
     /// any mapped address under this key. Deregister it with [`Self::unexpose`].
     pub fn expose_address_space(&mut self) -> Result<RegionInfo> {
         if !self.mode.exposes_on_demand() {
-            return Err(Error::NotSupported(format!(
+            return Err(SystemError::NotSupported(format!(
                 "the {} buffer mode pins what it exposes: it cannot expose the whole address \
                  space",
                 self.mode.name()
-            )));
+            ))
+            .into());
         }
         let region = self.nic.register_implicit_odp(
             Access::LOCAL_WRITE
@@ -136,7 +138,7 @@ impl PointToPoint {
     /// Maps `[addr, addr+len)` of an on-demand region for the NIC now (a prefetch for
     /// writing), so that peers' first accesses do not fault.
     pub fn prefetch_exposed(&mut self, lkey: u32, addr: u64, len: u64) -> Result<()> {
-        self.nic.advise(lkey, addr, len, Advice::PrefetchWrite)
+        Ok(self.nic.advise(lkey, addr, len, Advice::PrefetchWrite)?)
     }
 
     /// Ends the exposure of a region [`Self::expose`] made: the NIC waits for any access in
@@ -360,7 +362,7 @@ impl PointToPoint {
             if let Err(e) = self.progress() {
                 // The slot's own completion may be among what failed: wait for it still,
                 // unless the error is not about a peer (then nothing more will come).
-                if !matches!(e, Error::Communication { .. } | Error::PeerGone { .. }) {
+                if !e.is_peer_failure() {
                     return Err(e);
                 }
             }

@@ -294,7 +294,7 @@ impl PointToPoint {
     pub fn rma_test(&mut self, r: RmaRequest) -> Result<Option<Result<()>>> {
         if let Err(e) = self.progress() {
             // A peer's failure reaches the request through its chunks' completions.
-            if !matches!(e, Error::Communication { .. } | Error::PeerGone { .. }) {
+            if !e.is_peer_failure() {
                 return Err(e);
             }
         }
@@ -338,7 +338,7 @@ impl PointToPoint {
         };
         while moving_to(self) {
             if let Err(e) = self.progress() {
-                if !matches!(e, Error::Communication { .. } | Error::PeerGone { .. }) {
+                if !e.is_peer_failure() {
                     return Err(e);
                 }
             }

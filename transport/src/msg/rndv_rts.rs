@@ -12,8 +12,9 @@ use super::rndv::{
 use super::wire::{self, Header, MsgKind};
 use super::{ChunkDesc, Payload, PointToPoint, RecvState, Req, RequestId, SendState};
 use crate::buffer_mode::Direction;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::msg::RndvProtocol;
+use crate::sys::Error as SystemError;
 
 impl PointToPoint {
     /// Sends the RTS of request `id` (a data message: the caller holds a credit). False if
@@ -56,7 +57,7 @@ impl PointToPoint {
                 .mode
                 .lease(&*self.nic, &t, buf.addr(), 0, buf.span(), Direction::Source)?
                 .ok_or_else(|| {
-                    Error::Internal("a zero-copy mode refused a lease of its buffer".into())
+                    SystemError::Internal("a zero-copy mode refused a lease of its buffer".into())
                 })?;
             let fit = (self.cfg.eager_limit / wire::CHUNK_DESC_BYTES) as u32;
             for k in 0..n.min(fit) {

@@ -31,9 +31,10 @@ fn open_verbs(boot: &dyn crate::boot::Bootstrap) -> Result<Box<dyn Nic>> {
 
 #[cfg(not(feature = "verbs"))]
 fn open_verbs(_boot: &dyn crate::boot::Bootstrap) -> Result<Box<dyn Nic>> {
-    Err(crate::Error::NotSupported(
+    Err(crate::sys::Error::NotSupported(
         "PAGEWIRE_TRANSPORT=verbs, but pagewire was built without the `verbs` feature; \
          rebuild with `--features verbs`, or use the soft provider (PAGEWIRE_TRANSPORT=soft)"
             .into(),
-    ))
+    )
+    .into())
 }

@@ -7,7 +7,7 @@ use crate::buffer_mode::UserMemory;
 use crate::error::{Error, Result};
 use crate::msg::wire::{self, Header, LocalSource, MsgKind};
 use crate::nic::WcStatus;
-use crate::sys::{CmaDirection, Extent};
+use crate::sys::{CmaDirection, Error as SystemError, Extent};
 
 const BUF: u64 = 0x4000_0000;
 const PEER_BUF: u64 = 0x9000_0000;
@@ -272,7 +272,10 @@ fn a_failed_front_skips_the_back_and_flags_the_second_copy_done() {
     let mut rv = split_receive();
     rv.failed = Some(rv.copy_error(std::io::Error::from_raw_os_error(libc::EFAULT)));
     let end = rv.on_share_done(&buf, &share_done(0, false), &mut io);
-    assert!(matches!(end, SplitEnd::Failed(Error::Os { .. })), "{end:?}");
+    assert!(
+        matches!(end, SplitEnd::Failed(Error::System(SystemError::Os { .. }))),
+        "{end:?}"
+    );
     assert!(io.copies.is_empty());
     assert_eq!(io.sent[0].flags & wire::COPY_FAILED, wire::COPY_FAILED);
 }

@@ -7,6 +7,7 @@ use crate::buffer_mode::Direction;
 use crate::error::Error;
 use crate::msg::rndv_io::fake::{plan, FakeIo, LEASE_BASE};
 use crate::nic::{Opcode, WcStatus};
+use crate::sys::Error as SystemError;
 
 const REMOTE: u64 = 0x7000_0000;
 const RKEY: u32 = 9;
@@ -188,10 +189,13 @@ fn an_error_from_elsewhere_stops_posting() {
     let mut io = FakeIo::default();
     let mut p = pipeline(2 * 4096, 4096, 1, Direction::Source);
     p.step(false, &mut io);
-    p.fail(Error::Internal("a test's failure".into()));
+    p.fail(SystemError::Internal("a test's failure".into()).into());
     io.rma_done.push((0, WcStatus::Success));
     p.step(false, &mut io);
     assert_eq!(io.rma_posts.len(), 1);
     assert!(p.finished());
-    assert!(matches!(p.end().1, Err(Error::Internal(_))));
+    assert!(matches!(
+        p.end().1,
+        Err(Error::System(SystemError::Internal(_)))
+    ));
 }
