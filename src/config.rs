@@ -95,7 +95,7 @@ pub(crate) fn print_settings_in_force() {
 
 /// What `PAGEWIRE_TRANSPORT=mpi` gives in a build without the `mpi` feature.
 pub(crate) fn no_mpi_feature() -> Error {
-    Error::InvalidArgument(
+    Error::NotSupported(
         "PAGEWIRE_TRANSPORT=mpi, but pagewire was built without the `mpi` feature; rebuild \
          with `--features mpi` (it needs an MPI library: Debian's libmpich-dev, libclang-dev \
          and pkg-config) and start the program with mpirun, or use pagewire's own transport \
@@ -115,15 +115,57 @@ fn check_stack_settings() -> Result<()> {
     if ProviderKind::from_env()? == ProviderKind::Soft {
         SoftConfig::from_env()?;
     }
-    let setting = |e: String| Error::InvalidArgument(e);
-    pagewire_pindown::Strategy::from_env().map_err(|e| setting(e.to_string()))?;
-    pagewire_pindown::Policy::from_env().map_err(|e| setting(e.to_string()))?;
+    pagewire_pindown::Strategy::from_env()?;
+    pagewire_pindown::Policy::from_env().map_err(pindown_setting)?;
     pagewire_pindown::mode::memlock_limit_from_env()?;
-    pagewire_pindown::Limits::from_env(None, 0).map_err(|e| setting(e.to_string()))?;
+    pagewire_pindown::Limits::from_env(None, 0).map_err(pindown_setting)?;
     pagewire_pindown::mode::invalidation_from_env()?;
     pagewire_transport::memmon::MonitorChoice::parse(
         std::env::var("PAGEWIRE_MEMMON").ok().as_deref(),
     )?;
-    pagewire_collectives::tuning::Tuning::from_env().map_err(|e| setting(e.to_string()))?;
+    pagewire_collectives::tuning::Tuning::from_env()?;
     Ok(())
+}
+
+/// The pin-down cache's error reading a setting as the facade's: a bad value stays an
+/// [`Error::InvalidSetting`] naming the variable, whatever crate read it.
+fn pindown_setting(e: pagewire_pindown::Error) -> Error {
+    match e {
+        pagewire_pindown::Error::Config {
+            variable,
+            value,
+            accepted,
+        } => Error::InvalidSetting {
+            variable,
+            value,
+            accepted,
+        },
+        other => Error::BufferMode {
+            mode: "pindown",
+            source: Box::new(other),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pindown_setting;
+    use crate::{Error, ErrorClass};
+
+    #[test]
+    fn a_bad_pindown_value_is_an_invalid_setting_naming_it() {
+        let e = pagewire_pindown::Policy::from_lookup(|_| Some("mru".into()))
+            .map_err(pindown_setting)
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidSetting { variable, value, .. }
+                if variable == "PAGEWIRE_PINDOWN_POLICY" && value == "mru"),
+            "{e:?}"
+        );
+        assert_eq!(e.class(), ErrorClass::Arg);
+        assert_eq!(
+            e.to_string(),
+            "PAGEWIRE_PINDOWN_POLICY=mru: expected lru, lfu, fifo or size"
+        );
+    }
 }

@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 
 use pagewire::request;
 use pagewire::traits::*;
-use pagewire::{Color, Error, Key, SimpleCommunicator, SystemOperation};
+use pagewire::{Color, Error, ErrorClass, Key, SimpleCommunicator, SystemOperation};
 use pagewire_test_support::facade::jobs;
 use pagewire_test_support::{pattern, ROLE};
 
@@ -695,6 +695,10 @@ fn bad_ranks(u: &pagewire::Universe) {
         .try_send_with_tag(&buf[..], -3)
         .unwrap_err();
     assert!(matches!(e, Error::InvalidTag { tag: -3, .. }), "{e}");
+    // A group with ranks outside the communicator (MPI_ERR_GROUP), found before any message.
+    let e = sub.try_split_by_subgroup(&world.group()).unwrap_err();
+    assert_eq!(e.class(), ErrorClass::Group, "{e}");
+    assert!(e.to_string().contains("is not in the communicator"), "{e}");
     // Both communicators still work.
     collectives(&sub, &world_ranks_of(&sub, me));
     world.barrier();

@@ -27,7 +27,7 @@ use pagewire::boot::{Bootstrap, Launcher, MpiBootstrap};
 use pagewire::host_mpi::HostMpi;
 use pagewire::msg::raw::{UserBuf, UserBufMut};
 use pagewire::traits::*;
-use pagewire::Error;
+use pagewire::{Error, ErrorClass};
 use pagewire_collectives::{Element, Op, Operation};
 use pagewire_test_support::mpirun;
 
@@ -483,7 +483,7 @@ fn argument_errors(h: &HostMpi) {
         .unwrap_err()
         .to_string();
     assert!(e.contains("counts for"), "{e}");
-    // A non-root passing the root's buffer.
+    // The root without its buffer (MPI_ERR_BUFFER), the others passing it (MPI_ERR_ARG).
     let mut buf = vec![0i32; size];
     let root = 0;
     let r = if h.rank() == root {
@@ -491,5 +491,19 @@ fn argument_errors(h: &HostMpi) {
     } else {
         h.gather(root, &[1i32], Some(&mut buf))
     };
-    assert!(matches!(r, Err(Error::InvalidArgument(_))));
+    if h.rank() == root {
+        assert!(
+            matches!(&r, Err(e) if e.class() == ErrorClass::Buffer),
+            "{r:?}"
+        );
+    } else {
+        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    }
+    // Merge is for intercommunicators (MPI_ERR_COMM).
+    let r = h.merge(false);
+    assert!(
+        matches!(&r, Err(e) if e.class() == ErrorClass::Comm),
+        "{:?}",
+        r.as_ref().err()
+    );
 }

@@ -8,7 +8,7 @@ use std::process::Command;
 
 use pagewire::topology::MergeOrder;
 use pagewire::traits::*;
-use pagewire::SystemOperation;
+use pagewire::{ErrorClass, SystemOperation};
 use pagewire_test_support::facade::launch;
 use pagewire_test_support::ROLE;
 
@@ -91,6 +91,13 @@ fn spawned_processes_talk_to_their_parents_and_merge_with_them() {
             seen[c as usize] = true;
         }
         assert_eq!(seen, [true; 3]);
+        // Collectives on the intercommunicator itself are not done here: merge first.
+        let mut sum = 0;
+        let e = inter
+            .try_all_reduce_into(&1i32, &mut sum, SystemOperation::sum())
+            .unwrap_err();
+        assert_eq!(e.class(), ErrorClass::UnsupportedOperation, "{e}");
+        assert!(e.to_string().contains("merge it"), "{e}");
         let merged = inter.merge(MergeOrder::Low);
         assert_eq!((merged.rank(), merged.size()), (me, 5));
         let mut sum = 0;

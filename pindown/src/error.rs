@@ -36,9 +36,17 @@ pub enum Error {
     #[error("registration failed: {0}")]
     Register(#[from] RegisterError),
 
-    /// A setting read from the environment is malformed.
-    #[error("invalid setting: {0}")]
-    Config(String),
+    /// A setting read from the environment (`PAGEWIRE_PINDOWN_*`) has a value the cache does
+    /// not accept; the facade reports it as its `InvalidSetting`.
+    #[error("invalid setting: {variable}={value}: {accepted}")]
+    Config {
+        /// The variable.
+        variable: String,
+        /// Its value.
+        value: String,
+        /// What it accepts.
+        accepted: String,
+    },
 }
 
 impl Error {

@@ -59,17 +59,19 @@ impl Limits {
     ) -> Result<Limits> {
         let mut l = Limits::defaults(memlock_limit, reserve);
         if let Some(v) = lookup("PAGEWIRE_PINDOWN_MAX_BYTES") {
-            l.max_bytes = parse_bytes(&v).ok_or_else(|| {
-                Error::Config(format!(
-                    "PAGEWIRE_PINDOWN_MAX_BYTES={v}: expected bytes like 65536, 64K, 8M, 1G or `unlimited`"
-                ))
-            })?.unwrap_or(u64::MAX);
+            l.max_bytes = parse_bytes(&v)
+                .ok_or_else(|| Error::Config {
+                    variable: "PAGEWIRE_PINDOWN_MAX_BYTES".into(),
+                    value: v.clone(),
+                    accepted: "expected bytes like 65536, 64K, 8M, 1G or `unlimited`".into(),
+                })?
+                .unwrap_or(u64::MAX);
         }
         if let Some(v) = lookup("PAGEWIRE_PINDOWN_MAX_ENTRIES") {
-            l.max_entries = v.trim().parse().map_err(|_| {
-                Error::Config(format!(
-                    "PAGEWIRE_PINDOWN_MAX_ENTRIES={v}: expected a number of registrations"
-                ))
+            l.max_entries = v.trim().parse().map_err(|_| Error::Config {
+                variable: "PAGEWIRE_PINDOWN_MAX_ENTRIES".into(),
+                value: v.clone(),
+                accepted: "expected a number of registrations".into(),
             })?;
         }
         Ok(l)
@@ -163,6 +165,12 @@ mod tests {
         assert!(
             e.to_string().contains("PAGEWIRE_PINDOWN_MAX_ENTRIES=-1"),
             "{e}"
+        );
+        // Named as fields too, so the facade reports it as its InvalidSetting.
+        assert!(
+            matches!(&e, Error::Config { variable, value, .. }
+                if variable == "PAGEWIRE_PINDOWN_MAX_ENTRIES" && value == "-1"),
+            "{e:?}"
         );
     }
 

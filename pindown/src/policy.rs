@@ -79,9 +79,11 @@ impl FromStr for Policy {
             "lfu" => Ok(Policy::Lfu),
             "fifo" => Ok(Policy::Fifo),
             "size" | "size-aware" | "gds" => Ok(Policy::SizeAware),
-            _ => Err(Error::Config(format!(
-                "PAGEWIRE_PINDOWN_POLICY={s}: expected lru, lfu, fifo or size"
-            ))),
+            _ => Err(Error::Config {
+                variable: "PAGEWIRE_PINDOWN_POLICY".into(),
+                value: s.into(),
+                accepted: "expected lru, lfu, fifo or size".into(),
+            }),
         }
     }
 }

@@ -98,11 +98,15 @@ impl SoftNic {
                 DmaMode::Auto | DmaMode::Cma => {
                     let ok = sys::cma_read_word(pid, probe) == Some(MAGIC);
                     if !ok && config.dma == DmaMode::Cma {
-                        return Err(Error::InvalidArgument(format!(
-                            "PAGEWIRE_SOFT_DMA=cma, but the kernel forbids process_vm_readv from \
-                             rank {rank} to rank {r} (pid {pid}); check kernel.yama.ptrace_scope \
-                             or use PAGEWIRE_SOFT_DMA=auto"
-                        )));
+                        return Err(Error::invalid_setting(
+                            "PAGEWIRE_SOFT_DMA",
+                            "cma",
+                            format!(
+                                "the kernel forbids process_vm_readv from rank {rank} to rank \
+                                 {r} (pid {pid}); check kernel.yama.ptrace_scope or use \
+                                 PAGEWIRE_SOFT_DMA=auto"
+                            ),
+                        ));
                     }
                     ok
                 }

@@ -13,7 +13,7 @@
 use std::borrow::Borrow;
 use std::ffi::c_void;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorClass, Result};
 
 use super::{Count, Datatype, Equivalence, TypeMap};
 
@@ -198,7 +198,7 @@ impl<'d, 'b, D: Datatype> View<'d, 'b, D, [u8]> {
 /// bytes.
 fn check_inside(len: usize, count: Count, map: &TypeMap) -> Result<()> {
     let count = usize::try_from(count)
-        .map_err(|_| Error::InvalidArgument(format!("a count of {count} elements")))?;
+        .map_err(|_| Error::invalid(ErrorClass::Count, format!("a count of {count} elements")))?;
     if count == 0 || map.blocks().is_empty() {
         return Ok(());
     }

@@ -364,6 +364,9 @@ mod tests {
             .to_string();
         assert!(e.contains("do not fit a buffer of 16 bytes"), "{e}");
         assert!(View::over_bytes(&bytes[..], 0, &t).is_ok());
-        assert!(View::over_bytes(&bytes[..], -1, &t).is_err());
+        let negative = View::over_bytes(&bytes[..], -1, &t)
+            .err()
+            .expect("negative");
+        assert_eq!(negative.class(), crate::ErrorClass::Count, "{negative}");
     }
 }

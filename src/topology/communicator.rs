@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use crate::backend::{CommBackend, CommunicatorBackend};
 use crate::datatype::{packed, Buffer, BufferMut, Count, Landing};
-use crate::error::{fatal, Error, Result};
+use crate::error::{fatal, Error, ErrorClass, Result};
 use crate::topology::cartesian::{self, CartesianCommunicator};
 use crate::topology::group::{Group, GroupRelation, UserGroup};
 use crate::topology::intercommunicator::InterCommunicator;
@@ -346,9 +346,10 @@ pub trait Communicator {
             .iter()
             .map(|w| {
                 mine.iter().position(|m| m == w).ok_or_else(|| {
-                    Error::InvalidArgument(format!(
-                        "world rank {w} of the group is not in the communicator"
-                    ))
+                    Error::invalid(
+                        ErrorClass::Group,
+                        format!("world rank {w} of the group is not in the communicator"),
+                    )
                 })
             })
             .collect::<Result<_>>()?;

@@ -110,9 +110,13 @@ impl<T: Equivalence + Send + Sync> Window<T> {
                     "allocate_shared: rank 0 could not make the shared segment".into(),
                 ))
             }
-            None => SharedSegment::open(std::str::from_utf8(&name[..len]).map_err(|_| {
-                Error::InvalidArgument("allocate_shared: a garbled segment name".into())
-            })?)?,
+            None => {
+                // Rank 0 wrote the name with `format!`: always UTF-8.
+                let name = std::str::from_utf8(&name[..len]).map_err(|_| {
+                    Error::Internal("allocate_shared: a garbled segment name".into())
+                })?;
+                SharedSegment::open(name)?
+            }
         };
         comm.try_barrier()?;
         segment.unlink_name();

@@ -108,7 +108,7 @@ impl VerbsNic {
         if regions.contains_key(&info.lkey) {
             // Cannot happen (the kernel hands out unique keys); refuse rather than lose a handle.
             let _ = mr.dereg();
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Internal(format!(
                 "the device returned key {:#010x}, which is already registered",
                 info.lkey
             )));

@@ -209,10 +209,14 @@ impl WireStart {
         }
         let remote = peer.host != self.address.host;
         match mode {
-            WireMode::Shm if remote => Err(Error::InvalidArgument(format!(
-                "PAGEWIRE_SOFT_WIRE=shm, but rank {peer_rank} runs on another host (another \
-                 kernel, /dev/shm or PID namespace); use PAGEWIRE_SOFT_WIRE=auto"
-            ))),
+            WireMode::Shm if remote => Err(Error::invalid_setting(
+                "PAGEWIRE_SOFT_WIRE",
+                "shm",
+                format!(
+                    "rank {peer_rank} runs on another host (another kernel, /dev/shm or PID \
+                     namespace); use PAGEWIRE_SOFT_WIRE=auto"
+                ),
+            )),
             WireMode::Shm => Ok(false),
             WireMode::Auto if !remote => Ok(false),
             WireMode::Auto | WireMode::Tcp => {

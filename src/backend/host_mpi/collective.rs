@@ -236,20 +236,25 @@ impl HostMpi {
 
     // ---- argument checks -------------------------------------------------------------------
 
-    /// `root` as an MPI rank, checking that exactly the root passed its root-only buffer.
+    /// `root` as an MPI rank, checking that exactly the root passed its root-only buffer:
+    /// the root without it is `MPI_ERR_BUFFER`, as on pagewire's transport; another rank
+    /// with it is an argument error.
     fn root(&self, root: usize, what: &str, has_root_buffer: bool) -> Result<i32> {
         let r = self.peer(root)?;
         let is_root = root == self.rank;
-        if is_root != has_root_buffer {
+        if is_root && !has_root_buffer {
+            return Err(Error::invalid(
+                ErrorClass::Buffer,
+                format!(
+                    "{what}: rank {} is the root ({root}) but did not pass the root's buffer",
+                    self.rank
+                ),
+            ));
+        }
+        if !is_root && has_root_buffer {
             return Err(Error::InvalidArgument(format!(
-                "{what}: rank {} {} the root ({root}) but {} the root's buffer",
-                self.rank,
-                if is_root { "is" } else { "is not" },
-                if has_root_buffer {
-                    "passed"
-                } else {
-                    "did not pass"
-                },
+                "{what}: rank {} is not the root ({root}) but passed the root's buffer",
+                self.rank
             )));
         }
         Ok(r)

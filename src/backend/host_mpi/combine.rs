@@ -10,6 +10,7 @@ use super::reduction::reduces_natively;
 use super::HostMpi;
 use crate::datatype::Count;
 use crate::error::{Error, Result};
+use crate::ErrorClass;
 
 /// The predefined operation to hand to MPI, if MPI defines `op` on `T`s.
 fn native<T: Element, O: Operation<T>>(op: &O) -> Option<Op> {
@@ -33,9 +34,10 @@ fn expect_len(what: &str, got: usize, want: usize) -> Result<()> {
     if got == want {
         Ok(())
     } else {
-        Err(Error::InvalidArgument(format!(
-            "{what} has {got} elements, expected {want}"
-        )))
+        Err(Error::invalid(
+            ErrorClass::Count,
+            format!("{what} has {got} elements, expected {want}"),
+        ))
     }
 }
 
@@ -139,8 +141,12 @@ pub(super) fn reduce_scatter<T: Element, O: Operation<T>>(
             h.size()
         ))
     })?;
-    let m = usize::try_from(mine)
-        .map_err(|_| Error::InvalidArgument(format!("negative count {mine} in {counts:?}")))?;
+    let m = usize::try_from(mine).map_err(|_| {
+        Error::invalid(
+            ErrorClass::Count,
+            format!("negative count {mine} in {counts:?}"),
+        )
+    })?;
     expect_len("reduce_scatter: recv", recv.len(), m)?;
     // Block j (counts[j] elements) of every rank's send to rank j, then combined.
     let mut blocks = vec![T::zeroed(); m * h.size()];

@@ -88,6 +88,7 @@ use pagewire_transport::msg::raw::{UserBuf, UserBufMut};
 use pagewire_transport::msg::Status;
 
 use crate::error::{Error, Result};
+use crate::ErrorClass;
 
 pub use reduction::reduces_natively;
 pub use request::{HostMessage, HostRequest};
@@ -206,7 +207,7 @@ impl HostMpi {
 
     fn coll(&self) -> Result<&ffi::Comm> {
         self.coll.as_ref().ok_or_else(|| {
-            Error::InvalidArgument(
+            Error::NotSupported(
                 "collective operations on an intercommunicator are not supported by the \
                  host-MPI backend; merge it into one communicator first (merge)"
                     .into(),
@@ -251,7 +252,7 @@ impl HostMpi {
             .enumerate()
             .map(|(rank, w)| {
                 w.ok_or_else(|| {
-                    Error::InvalidArgument(format!(
+                    Error::NotSupported(format!(
                         "rank {rank} of this communicator is not in this job's world (a \
                          spawned or spawning process): groups name processes by world rank"
                     ))
@@ -264,7 +265,7 @@ impl HostMpi {
     /// made with this one, so this is local), and the tag of the next immediate collective.
     pub fn nonblocking_channel(&self) -> Result<(HostMpi, i32)> {
         let channel = self.nonblocking.clone().ok_or_else(|| {
-            Error::InvalidArgument(
+            Error::NotSupported(
                 "immediate collectives on an intercommunicator are not supported by the \
                  host-MPI backend; merge it into one communicator first (merge)"
                     .into(),
@@ -308,8 +309,9 @@ impl HostMpi {
     /// collective over both): this group's ranks after the other's when `high`.
     pub fn merge(&self, high: bool) -> Result<HostMpi> {
         if self.coll.is_some() || self.nonblocking.is_some() {
-            return Err(Error::InvalidArgument(
-                "merge: not an intercommunicator".into(),
+            return Err(Error::invalid(
+                ErrorClass::Comm,
+                "merge: not an intercommunicator",
             ));
         }
         Self::on(&ffi::merge(self.p2p(), high)?)

@@ -16,22 +16,26 @@ use super::{PagewireComm, COLLECTIVE_CONTEXT_BIT};
 use crate::backend::traits::CollectiveBackend;
 use crate::datatype::Count;
 use crate::error::{Error, Result};
+use crate::ErrorClass;
 
-/// The tuning from the environment, read once per process.
+/// The tuning from the environment, read once per process once it is good; a bad value is
+/// its typed error (`InvalidSetting`, naming the variable) at every call.
 fn tuning() -> Result<Tuning> {
-    static TUNING: OnceLock<std::result::Result<Tuning, String>> = OnceLock::new();
-    TUNING
-        .get_or_init(|| Tuning::from_env().map_err(|e| e.to_string()))
-        .clone()
-        .map_err(Error::InvalidArgument)
+    static TUNING: OnceLock<Tuning> = OnceLock::new();
+    if let Some(t) = TUNING.get() {
+        return Ok(*t);
+    }
+    let t = Tuning::from_env()?;
+    Ok(*TUNING.get_or_init(|| t))
 }
 
-/// `counts` as element counts; an error names a negative one.
+/// `counts` as element counts; an error (`MPI_ERR_COUNT`) names a negative one.
 fn counts(c: &[Count]) -> Result<Vec<usize>> {
     c.iter()
         .map(|&n| {
-            usize::try_from(n)
-                .map_err(|_| Error::InvalidArgument(format!("negative count {n} in {c:?}")))
+            usize::try_from(n).map_err(|_| {
+                Error::invalid(ErrorClass::Count, format!("negative count {n} in {c:?}"))
+            })
         })
         .collect()
 }

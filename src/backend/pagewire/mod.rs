@@ -217,10 +217,11 @@ impl PagewireComm {
         })
     }
 
-    /// The error of an operation that intercommunicators do not have on this transport.
+    /// The error of an operation that intercommunicators do not have on this transport
+    /// (valid MPI, not done here: `NotSupported`).
     fn refuse_on_intercommunicator(&self, what: &str) -> Result<()> {
         match self.inter {
-            Some(_) => Err(Error::InvalidArgument(format!(
+            Some(_) => Err(Error::NotSupported(format!(
                 "{what} on an intercommunicator: pagewire's transport has point-to-point \
                  calls and merge on intercommunicators; merge it (InterCommunicator::merge) \
                  and call {what} on the result"
@@ -323,11 +324,15 @@ impl CommunicatorBackend for PagewireComm {
         let tag = MEMBERS_TAG;
         // The members agree on a context: each sends its lowest unused one to the first
         // member, which answers with the maximum. Messages go in the collective context, so
-        // they never match point-to-point traffic.
+        // they never match point-to-point traffic. Only members call it (the facade returns
+        // `None` to the others first).
+        debug_assert!(members.contains(&self.rank), "a non-member creates a group");
         let rank = members
             .iter()
             .position(|&r| r == self.rank)
-            .ok_or_else(|| Error::InvalidArgument("this rank is not in the group".into()))?;
+            .ok_or_else(|| {
+                Error::Internal("create_from_members on a rank outside the members".into())
+            })?;
         let first = members[0];
         let mine = self.universe.next_context.get();
         let mut p2p = self.universe.p2p.borrow_mut();
@@ -418,15 +423,11 @@ impl CommunicatorBackend for PagewireComm {
         answer.resize(len[0] as usize, 0);
         self.broadcast(root, &mut answer[..])?;
         let job = match answer.split_first() {
-            Some((1, job)) => ConnectionJob::from_bytes(job).ok_or_else(|| {
-                Error::InvalidArgument("spawn: the root's answer is garbled".into())
-            })?,
+            // The root wrote the answer itself (`ConnectionJob::to_bytes`, never empty).
+            Some((1, job)) => ConnectionJob::from_bytes(job)
+                .ok_or_else(|| Error::Internal("spawn: the root's answer is garbled".into()))?,
             Some((_, why)) => return Err(Error::Launcher(String::from_utf8_lossy(why).into())),
-            None => {
-                return Err(Error::InvalidArgument(
-                    "spawn: no answer from the root".into(),
-                ))
-            }
+            None => return Err(Error::Internal("spawn: no answer from the root".into())),
         };
         PagewireComm::connect(&job, self.rank, self.universe.cfg.clone())
     }
@@ -436,9 +437,10 @@ impl CommunicatorBackend for PagewireComm {
     }
 
     fn merge(&self, high: bool) -> Result<PagewireComm> {
+        // Only an `InterCommunicator` merges, and its backend is always one.
         let Some(inter) = &self.inter else {
-            return Err(Error::InvalidArgument(
-                "merge: not an intercommunicator".into(),
+            return Err(Error::Internal(
+                "merge of a backend that is not an intercommunicator".into(),
             ));
         };
         // Every process of the connection job is in one of the two groups: they agree on

@@ -47,20 +47,21 @@ impl CopyConfig {
     /// Reads `PAGEWIRE_COPY_CHUNK`, `PAGEWIRE_COPY_DEPTH` and `PAGEWIRE_COPY_SLOTS`.
     pub fn from_env() -> Result<CopyConfig> {
         let mut c = CopyConfig::default();
-        if let Some(v) = crate::env::bytes("PAGEWIRE_COPY_CHUNK")? {
+        // Each value below its minimum is the setting's error (the defaults are above them).
+        let at_least = |variable: &str, min: usize, accepted: &str| -> Result<Option<usize>> {
+            match crate::env::bytes(variable)? {
+                Some(v) if v < min => Err(Error::invalid_setting(variable, v, accepted)),
+                v => Ok(v),
+            }
+        };
+        if let Some(v) = at_least("PAGEWIRE_COPY_CHUNK", 4096, "expected bytes, at least 4K")? {
             c.chunk = v;
         }
-        if let Some(v) = crate::env::bytes("PAGEWIRE_COPY_DEPTH")? {
+        if let Some(v) = at_least("PAGEWIRE_COPY_DEPTH", 1, "expected at least 1")? {
             c.depth = v;
         }
-        if let Some(v) = crate::env::bytes("PAGEWIRE_COPY_SLOTS")? {
+        if let Some(v) = at_least("PAGEWIRE_COPY_SLOTS", 2, "expected at least 2")? {
             c.slots = v;
-        }
-        if c.chunk < 4096 || c.depth == 0 || c.slots < 2 {
-            return Err(Error::invalid_argument(format!(
-                "copy mode needs chunk >= 4096, depth >= 1 and slots >= 2 (got chunk {}, depth {}, slots {})",
-                c.chunk, c.depth, c.slots
-            )));
         }
         Ok(c)
     }
