@@ -18,7 +18,7 @@ pub enum Error {
     /// A layer below the message layer failed: a system call, the memory monitor, a NIC
     /// provider, start-up (its error, as it reported it).
     #[error(transparent)]
-    System(#[from] pagewire_sys::Error),
+    System(pagewire_sys::Error),
 
     /// A call was made with an argument or in a state MPI gives a class of its own: a
     /// request started twice (`MPI_ERR_REQUEST`), a reduction an operation does not define
@@ -106,6 +106,16 @@ pub enum Error {
     /// The request was cancelled before it matched.
     #[error("the request was cancelled before it matched a message")]
     Cancelled,
+}
+
+// Out of line: the conversion is the error path of the layer's hottest calls (posting,
+// polling), whose own code stays small without it.
+impl From<pagewire_sys::Error> for Error {
+    #[cold]
+    #[inline(never)]
+    fn from(e: pagewire_sys::Error) -> Self {
+        Error::System(e)
+    }
 }
 
 impl Error {

@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 
 /// Sends `bytes` to world rank `dest` in `context` and waits (`MPI_Send`, `MPI_Ssend` when
 /// `sync`).
+#[inline]
 pub(super) fn send(
     p2p: &mut PointToPoint,
     dest: usize,
@@ -33,6 +34,7 @@ pub(super) fn send(
 
 /// Receives into `bytes` from world rank `source` (or any) in `context` and waits
 /// (`MPI_Recv`).
+#[inline]
 pub(super) fn receive(
     p2p: &mut PointToPoint,
     source: Option<usize>,
@@ -48,6 +50,7 @@ pub(super) fn receive(
 
 /// Receives the message a matched probe parked under `handle` into `bytes` and waits
 /// (`MPI_Mrecv`).
+#[inline]
 pub(super) fn matched_receive(
     p2p: &RefCell<PointToPoint>,
     handle: MessageHandle,

@@ -160,12 +160,14 @@ impl std::fmt::Debug for PagewireRequest {
 }
 
 impl RequestBackend for PagewireRequest {
+    #[inline]
     fn wait(&mut self) -> Result<Status> {
         let id = self.id.take().expect("a request not completed yet");
         let r = self.universe.p2p.borrow_mut().wait(id);
         Ok(in_group(self.ranks.as_deref(), r?))
     }
 
+    #[inline]
     fn test(&mut self) -> Result<Option<Status>> {
         let id = self.id.expect("a request not completed yet");
         let r = self.universe.p2p.borrow_mut().test(id)?;
